@@ -1,0 +1,136 @@
+"""Self-validating config dataclasses: dict (from TOML / --set) -> dataclass, with errors that name the key.
+
+Every config section in the project (cluster profile, train.toml) is a plain dataclass. `build`
+turns a nested dict into one, rejecting unknown keys (listing the valid ones) and wrong types,
+then calls the dataclass's own `validate()` if it has one. No torch here: the CLI must stay instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A usage/config error: one line naming the key. The CLI turns it into exit code 2."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+def closest(name: str, choices: typing.Iterable[str]) -> str:
+    """' (did you mean: a, b?)' or '' — for error messages."""
+    matches = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    return f" (did you mean: {', '.join(matches)}?)" if matches else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against annotation `tp`; allow int -> float. Returns the (possibly converted) value."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}", key)
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{key}: must be one of {', '.join(map(repr, allowed))}, got {value!r}", key)
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}", key)
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {value!r}", key)
+        _, val_tp = typing.get_args(tp) or (str, Any)
+        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {value!r}", key)
+        return build(tp, value, prefix=key)
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {value!r}", key)
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key}: expected an integer, got {value!r}", key)
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}", key)
+    return value
+
+
+def build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from `data`; unknown keys and wrong types raise ConfigError naming the dotted key."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name not in fields:
+            raise ConfigError(
+                f"unknown key '{key}'{closest(name, fields)}; valid keys: {', '.join(sorted(fields))}", key
+            )
+        kwargs[name] = _coerce(value, hints[name], key)
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ConfigError as err:
+            if prefix and err.key and not err.key.startswith(prefix):
+                raise ConfigError(f"{prefix}.{err}", f"{prefix}.{err.key}") from None
+            raise
+    return obj
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Dataclass -> plain dict with None values dropped (TOML has no null)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if v is not None}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    return clean(dataclasses.asdict(obj))
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """data['a']['b']['c'] = value for 'a.b.c', creating tables as needed."""
+    *parents, leaf = dotted.split(".")
+    node = data
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: '{part}' is a value, not a table", dotted)
+        node = child
+    node[leaf] = value
+
+
+def require(condition: bool, key: str, message: str) -> None:
+    """Raise ConfigError('key: message') unless condition holds. Used by validate() methods."""
+    if not condition:
+        raise ConfigError(f"{key}: {message}", key)

@@ -1,0 +1,1 @@
+"""Jinja templates (this folder ships inside the wheel as launcher.templates)."""
