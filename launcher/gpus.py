@@ -1,0 +1,72 @@
+"""GPU facts shared by the launcher (validation, planner) and train (MFU): peak dense bf16 FLOP/s,
+memory and compute capability, keyed by a short type name. Pure Python (no torch).
+
+Peak numbers are the datasheets' *dense* (no sparsity) 16-bit tensor-core rates. An unknown GPU
+has no entry: callers then report no MFU and warn once, never guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str  # short type name used in cluster profiles (gpu_type)
+    peak_tflops_bf16: float  # dense; for GPUs without bf16 (V100) the fp16 rate
+    memory_gib: float
+    compute_capability: tuple[int, int]
+    has_bf16: bool = True
+
+
+GPUS: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in [
+        GpuSpec("v100", 125.0, 32.0, (7, 0), has_bf16=False),
+        GpuSpec("t4", 65.0, 16.0, (7, 5), has_bf16=False),
+        GpuSpec("a10", 125.0, 24.0, (8, 6)),
+        GpuSpec("a10g", 70.0, 24.0, (8, 6)),
+        GpuSpec("a100-40gb", 312.0, 40.0, (8, 0)),
+        GpuSpec("a100", 312.0, 80.0, (8, 0)),
+        GpuSpec("l4", 121.0, 24.0, (8, 9)),
+        GpuSpec("l40s", 362.0, 48.0, (8, 9)),
+        GpuSpec("h100-pcie", 756.0, 80.0, (9, 0)),
+        GpuSpec("h100", 989.0, 80.0, (9, 0)),  # SXM
+        GpuSpec("h100-nvl", 835.0, 94.0, (9, 0)),
+        GpuSpec("gh200", 989.0, 96.0, (9, 0)),
+        GpuSpec("h200", 989.0, 141.0, (9, 0)),
+        GpuSpec("b200", 2250.0, 180.0, (10, 0)),
+    ]
+}
+
+# torch.cuda.get_device_name() substrings -> type name; most specific first.
+_DEVICE_NAME_PATTERNS: list[tuple[str, str]] = [
+    ("gh200", "gh200"),
+    ("h200", "h200"),
+    ("h100 nvl", "h100-nvl"),
+    ("h100 pcie", "h100-pcie"),
+    ("h100", "h100"),
+    ("b200", "b200"),
+    ("a100-sxm4-40gb", "a100-40gb"),
+    ("a100-pcie-40gb", "a100-40gb"),
+    ("a100", "a100"),
+    ("l40s", "l40s"),
+    ("a10g", "a10g"),
+    ("a10", "a10"),
+    ("l4", "l4"),
+    ("v100", "v100"),
+    ("tesla t4", "t4"),
+]
+
+
+def gpu_type_from_device_name(device_name: str) -> str | None:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; None when unknown."""
+    lowered = device_name.lower()
+    for pattern, type_name in _DEVICE_NAME_PATTERNS:
+        if pattern in lowered:
+            return type_name
+    return None
+
+
+def lookup(gpu_type: str) -> GpuSpec | None:
+    return GPUS.get(gpu_type.lower()) if gpu_type else None
