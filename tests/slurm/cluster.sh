@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# A real 2-node SLURM cluster on this one machine, for the `slurm` tests.
+#
+#   bash tests/slurm/cluster.sh install   # apt packages (Debian 12: slurm 22.05 + munge), idempotent
+#   bash tests/slurm/cluster.sh up        # munged, slurmctld, slurmd node1 + node2; idempotent
+#   bash tests/slurm/cluster.sh status
+#   bash tests/slurm/cluster.sh down      # stops only what `up` started
+#
+# Each node is one `slurmd -N nodeN` in its own UTS namespace (hostname nodeN) and, when the sandbox
+# allows it, its own network namespace on a bridge (10.99.0.0/24); otherwise the nodes share loopback
+# with 127.0.99.x addresses and one slurmd port each (force that with SFT_SLURM_NETNS=0).
+# State (config, logs, pids, spool) lives in $SFT_SLURM_DIR (default /tmp/sft-slurm). Must run as root.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+STATE="${SFT_SLURM_DIR:-/tmp/sft-slurm}"
+CONF="$STATE/slurm.conf"
+NODES=(node1 node2)
+NODE_CPUS="${SFT_SLURM_CPUS:-16}"
+BRIDGE=sftbr0
+SUBNET=10.99.0
+HOSTS_BEGIN="# >>> sft-slurm test cluster"
+HOSTS_END="# <<< sft-slurm test cluster"
+
+log() { echo "cluster.sh: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---------------------------------------------------------------- install
+cmd_install() {
+    if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
+        && command -v munged >/dev/null; then
+        log "packages already installed"
+        return 0
+    fi
+    # Keep the packages from starting daemons; we start them ourselves and remember their PIDs.
+    local policy=/usr/sbin/policy-rc.d made_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        slurmctld slurmd slurm-client munge >/dev/null
+    if ((made_policy)); then rm -f "$policy"; fi
+    log "installed: $(slurmctld -V)"
+}
+
+# ---------------------------------------------------------------- helpers
+alive() { [[ -n ${1:-} && -d /proc/$1 ]]; }
+pid_of() { [[ -s $1 ]] && cat "$1" || true; }
+
+use_netns() {
+    [[ ${SFT_SLURM_NETNS:-1} != 0 ]] || return 1
+    [[ -f $STATE/mode ]] && { [[ $(cat "$STATE/mode") == netns ]]; return; }
+    # Probe: can we create a namespace and a bridge? (Not in every sandbox.)
+    ip netns add sft-probe 2>/dev/null || return 1
+    ip netns del sft-probe
+    ip link add sft-probebr type bridge 2>/dev/null || return 1
+    ip link del sft-probebr
+}
+
+node_index() { echo "${1#node}"; }
+
+node_addr() {  # address of node $1 (or "ctl")
+    local idx
+    if [[ $1 == ctl ]]; then idx=1; else idx=$((10 + $(node_index "$1"))); fi
+    if [[ $(cat "$STATE/mode") == netns ]]; then echo "$SUBNET.$idx"; else echo "127.0.99.$idx"; fi
+}
+
+write_hosts() {  # replace our block in /etc/hosts in place (it may be a bind mount: keep the inode)
+    local body
+    body="$(sed "/^$HOSTS_BEGIN\$/,/^$HOSTS_END\$/d" /etc/hosts)"
+    if [[ ${1:-} == add ]]; then
+        body+=$'\n'"$HOSTS_BEGIN"$'\n'"$(node_addr ctl) sftctl"
+        for n in "${NODES[@]}"; do body+=$'\n'"$(node_addr "$n") $n"; done
+        body+=$'\n'"$HOSTS_END"
+    fi
+    printf '%s\n' "$body" >/etc/hosts
+}
+
+render_conf() {
+    local nodes="" n port=""
+    for n in "${NODES[@]}"; do
+        [[ $(cat "$STATE/mode") == netns ]] || port=" Port=$((6820 + $(node_index "$n")))"
+        nodes+="NodeName=$n NodeAddr=$(node_addr "$n") NodeHostname=$n CPUs=$NODE_CPUS"
+        nodes+=" RealMemory=65536 State=UNKNOWN$port"$'\n'
+    done
+    sed -e "s|@STATE@|$STATE|g" -e "s|@CTL_ADDR@|$(node_addr ctl)|g" "$HERE/slurm.conf.in" \
+        | awk -v nodes="$nodes" '{ if ($0 == "@NODES@") printf "%s", nodes; else print }' >"$CONF"
+    # Client commands (sbatch, srun inside jobs) read the default path.
+    mkdir -p /etc/slurm
+    if [[ -e /etc/slurm/slurm.conf && ! -L /etc/slurm/slurm.conf ]]; then
+        die "/etc/slurm/slurm.conf exists and is not ours; move it away first"
+    fi
+    ln -sfn "$CONF" /etc/slurm/slurm.conf
+}
+
+make_network() {
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$(node_addr ctl)/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    local n ns
+    for n in "${NODES[@]}"; do
+        ns="sft-$n"
+        ip netns add "$ns"
+        ip link add "sft-${n}h" type veth peer name "sft-${n}n"
+        ip link set "sft-${n}h" master "$BRIDGE"
+        ip link set "sft-${n}h" up
+        ip link set "sft-${n}n" netns "$ns"
+        nsenter --net="/run/netns/$ns" ip addr add "$(node_addr "$n")/24" dev "sft-${n}n"
+        nsenter --net="/run/netns/$ns" ip link set "sft-${n}n" up
+        nsenter --net="/run/netns/$ns" ip link set lo up
+    done
+}
+
+remove_network() {
+    local n
+    for n in "${NODES[@]}"; do
+        ip link del "sft-${n}h" 2>/dev/null || true
+        ip netns del "sft-$n" 2>/dev/null || true
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+start_munged() {
+    local pid
+    pid="$(pid_of /run/munge/munged.pid)"
+    if alive "$pid" && [[ $(cat "/proc/$pid/comm") == munged ]]; then return 0; fi
+    [[ -s /etc/munge/munge.key ]] || { mungekey --create --keyfile=/etc/munge/munge.key; chown munge: /etc/munge/munge.key; }
+    mkdir -p /run/munge && chown munge: /run/munge && chmod 755 /run/munge
+    runuser -u munge -- /usr/sbin/munged --force
+    for _ in $(seq 50); do [[ -s /run/munge/munged.pid ]] && break; sleep 0.1; done
+    cp /run/munge/munged.pid "$STATE/munged.pid"  # ours: `down` stops it
+}
+
+# Start "$@" detached in a new UTS namespace with hostname $1 (and net namespace $2 if not "-").
+start_in_ns() {
+    local host=$1 netns=$2 logfile=$3; shift 3
+    local enter=()
+    [[ $netns == - ]] || enter=(nsenter --net="/run/netns/$netns" --)
+    setsid "${enter[@]}" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "$host" "$@" \
+        </dev/null >>"$logfile" 2>&1 &
+    echo $!
+}
+
+wait_idle() {
+    local out
+    for _ in $(seq 150); do
+        out="$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u || true)"
+        [[ $(grep -c ' idle$' <<<"$out") -ge ${#NODES[@]} ]] && return 0
+        sleep 0.2
+    done
+    log "nodes not idle after 30 s: ${out:-no answer from slurmctld}"
+    log "see $STATE/*.log"
+    return 1
+}
+
+healthy() {
+    [[ -f $STATE/mode ]] || return 1
+    alive "$(pid_of "$STATE/ctld.pid")" || return 1
+    local n; for n in "${NODES[@]}"; do alive "$(pid_of "$STATE/$n.pid")" || return 1; done
+    alive "$(pid_of /run/munge/munged.pid)"
+}
+
+# ---------------------------------------------------------------- up / down / status
+cmd_up() {
+    [[ $EUID == 0 ]] || die "must run as root"
+    command -v slurmctld >/dev/null || die "SLURM not installed: run tests/slurm/cluster.sh install"
+    if healthy && wait_idle; then log "already up"; return 0; fi
+    cmd_down >/dev/null 2>&1 || true
+    mkdir -p "$STATE"
+    rm -rf "${STATE:?}"/ctld "${STATE:?}"/spool-* "$STATE"/*.log "$STATE"/*.pid
+    mkdir -p "$STATE/ctld"
+    if use_netns; then echo netns >"$STATE/mode"; make_network; else echo loopback >"$STATE/mode"; fi
+    render_conf
+    write_hosts add
+    start_munged
+    start_in_ns sftctl - "$STATE/ctld.out" /usr/sbin/slurmctld -D -f "$CONF" >"$STATE/ctld.pid"
+    local n netns=-
+    for n in "${NODES[@]}"; do
+        [[ $(cat "$STATE/mode") == netns ]] && netns="sft-$n"
+        start_in_ns "$n" "$netns" "$STATE/$n.out" /usr/sbin/slurmd -D -N "$n" -f "$CONF" >"$STATE/$n.pid"
+    done
+    for f in ctld "${NODES[@]}"; do  # record each daemon's UTS namespace: `down` kills its members
+        for _ in $(seq 50); do
+            [[ $(readlink "/proc/$(cat "$STATE/$f.pid")/ns/uts" 2>/dev/null) != "$(readlink /proc/self/ns/uts)" ]] && break
+            sleep 0.1
+        done
+        readlink "/proc/$(cat "$STATE/$f.pid")/ns/uts" >"$STATE/$f.uts" || die "$f did not start: see $STATE/$f.out"
+    done
+    wait_idle || exit 1
+    log "up ($(cat "$STATE/mode")): $(sinfo -h -o '%P %D %t %N' | tr '\n' ' ')"
+}
+
+kill_namespace_members() {  # SIGKILL every process in the UTS namespace recorded in $1 (slurmstepd ignores TERM)
+    local ns pid
+    ns="$(cat "$1" 2>/dev/null)" || return 0
+    [[ -n $ns && $ns != "$(readlink /proc/self/ns/uts)" ]] || return 0
+    for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+        [[ $(readlink "/proc/$pid/ns/uts" 2>/dev/null) == "$ns" ]] && kill -KILL "$pid" 2>/dev/null || true
+    done
+}
+
+cmd_down() {
+    local f pid
+    for f in "${NODES[@]}" ctld; do
+        pid="$(pid_of "$STATE/$f.pid")"
+        alive "$pid" && kill -TERM "$pid" 2>/dev/null || true
+    done
+    sleep 0.5
+    for f in "${NODES[@]}" ctld; do
+        kill_namespace_members "$STATE/$f.uts"
+        rm -f "$STATE/$f.pid" "$STATE/$f.uts"
+    done
+    pid="$(pid_of "$STATE/munged.pid")"
+    if alive "$pid" && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == munged ]]; then kill -TERM "$pid"; fi
+    rm -f "$STATE/munged.pid"
+    if [[ -f $STATE/mode ]]; then
+        [[ $(cat "$STATE/mode") == netns ]] && remove_network
+        write_hosts remove
+        rm -f "$STATE/mode"
+    fi
+    [[ -L /etc/slurm/slurm.conf && $(readlink /etc/slurm/slurm.conf) == "$CONF" ]] && rm -f /etc/slurm/slurm.conf
+    log "down"
+}
+
+cmd_status() {
+    if ! healthy; then echo "down"; return 1; fi
+    echo "up ($(cat "$STATE/mode")); state in $STATE"
+    local f; for f in ctld "${NODES[@]}"; do echo "  $f pid $(cat "$STATE/$f.pid")"; done
+    sinfo -N -o '%N %P %t %c'
+}
+
+case "${1:-}" in
+    install) cmd_install ;;
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
+esac
