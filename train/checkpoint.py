@@ -1,0 +1,151 @@
+"""Preemption-safe checkpoints: temp dir → rename → COMPLETE marker, resume from the newest complete one.
+
+Layout under ``run.checkpoint_dir``::
+
+    .tmp-step-00000050/   being written (all ranks: accelerate save_state + our train_state.json)
+    step-00000050/        renamed by rank 0 after a barrier; complete only once it holds COMPLETE
+
+Accelerate's ``save_state`` writes model (sharded under FSDP), optimizer, registered objects
+(the LR scheduler) and one ``random_states_<rank>.pkl`` per process (Python, NumPy, torch CPU and
+CUDA RNG), so each rank's RNG comes back on resume. ``train_state.json`` holds the data position.
+A crash at any point leaves either a ``.tmp-*`` dir (deleted at the next start, never resumed
+from) or a renamed dir without COMPLETE (ignored); the previous complete checkpoint is only pruned
+after the new one has its marker, so there is always one to resume from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from accelerate import Accelerator
+
+logger = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+STATE_FILE = "train_state.json"
+PREFIX = "step-"
+TMP_PREFIX = ".tmp-step-"
+# Test hook: sleep this many seconds after the temp dir is written, before the rename (lets a
+# test kill -9 the job in the middle of a save). Never set in production.
+TEST_SAVE_SLEEP_ENV = "SFT_TEST_SAVE_SLEEP_S"
+
+
+@dataclass
+class TrainState:
+    """Where training stands. `micro_batch_index` is the next global micro-batch of `epoch`'s plan."""
+
+    step: int = 0
+    epoch: int = 0
+    micro_batch_index: int = 0
+    tokens_seen: int = 0
+    elapsed_s: float = 0.0
+
+
+def _dir_name(step: int, prefix: str = PREFIX) -> str:
+    return f"{prefix}{step:08d}"
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint dirs, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def remove_stale(root: Path, accelerator: Accelerator) -> None:
+    """Delete in-progress saves of a killed run and renamed-but-unmarked dirs (rank 0), then barrier."""
+    if accelerator.is_main_process and root.is_dir():
+        for path in root.iterdir():
+            unfinished = path.name.startswith(PREFIX) and not (path / MARKER).exists()
+            if path.name.startswith(TMP_PREFIX) or unfinished:
+                logger.warning("removing incomplete checkpoint %s", path)
+                shutil.rmtree(path)
+    accelerator.wait_for_everyone()
+
+
+def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, keep: int) -> Path:
+    """Collective: every rank calls it. Returns the complete checkpoint dir.
+
+    Errors (full disk, I/O) propagate: the caller exits 1 and the previous checkpoint stays intact.
+    """
+    tmp = root / _dir_name(state.step, TMP_PREFIX)
+    final = root / _dir_name(state.step)
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        _write_json(tmp / STATE_FILE, asdict(state))
+    accelerator.wait_for_everyone()
+    if sleep_s := float(os.environ.get(TEST_SAVE_SLEEP_ENV, "0") or 0):
+        time.sleep(sleep_s)
+    if accelerator.is_main_process:
+        _publish(tmp, final)
+        _prune(root, keep)
+    accelerator.wait_for_everyone()
+    logger.info("checkpoint saved: %s", final)
+    return final
+
+
+def _write_json(path: Path, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """fsync the files, rename, then write and fsync the marker: COMPLETE implies durable contents."""
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync_path(path)
+    if final.exists():  # a complete save of the same step from an earlier incarnation
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_path(final.parent)
+    marker = final / MARKER
+    with open(marker, "w", encoding="utf-8") as fh:
+        fh.write("ok\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_path(final)
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Keep the newest `keep` complete checkpoints; the newest complete one is never removed."""
+    done = complete_checkpoints(root)
+    for old in done[: max(0, len(done) - max(1, keep))]:
+        logger.info("pruning old checkpoint %s", old)
+        shutil.rmtree(old)
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainState:
+    """Collective: restores model, optimizer, scheduler, RNG of this rank; returns the data position."""
+    accelerator.load_state(str(path))
+    data = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    state = TrainState(**data)
+    logger.info("resumed from %s (step %d, epoch %d, micro-batch %d)", path, state.step, state.epoch,
+                state.micro_batch_index)
+    return state

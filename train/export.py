@@ -1,0 +1,73 @@
+"""Final export: a Hugging Face directory that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+``accelerator.get_state_dict`` consolidates the trained weights on rank 0's CPU (under FSDP2 with
+``full_state_dict + cpu_offload``, shard by shard — never the whole model on one GPU); rank 0 then
+writes safetensors shards, config.json, generation_config.json and the tokenizer with its chat
+template. LoRA: the directory holds the adapter (adapter_config.json + adapter_model.safetensors);
+with ``lora.merge_on_export`` it holds the merged full model and the adapter goes to ``adapter/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from train.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+def export_model(
+    accelerator: Accelerator, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig
+) -> Path | None:
+    """Collective (every rank calls it). Returns the export dir on rank 0, None elsewhere."""
+    out = cfg.run.resolve(cfg.run.export_dir)
+    state_dict = accelerator.get_state_dict(model)  # full, on CPU, only meaningful on rank 0
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        out.mkdir(parents=True, exist_ok=True)
+        _set_special_tokens(_base_model(unwrapped), tokenizer)
+        if cfg.lora.enabled and cfg.lora.merge_on_export:
+            unwrapped.save_pretrained(out / "adapter", state_dict=state_dict)
+            _merged_copy(unwrapped, state_dict).save_pretrained(out)
+        else:
+            unwrapped.save_pretrained(out, state_dict=state_dict)
+        tokenizer.save_pretrained(out)
+        logger.info("exported %s to %s", "LoRA adapter" if cfg.lora.enabled and not cfg.lora.merge_on_export
+                    else "model", out)
+    accelerator.wait_for_everyone()
+    return out if accelerator.is_main_process else None
+
+
+def _base_model(model: torch.nn.Module) -> PreTrainedModel:
+    get_base = getattr(model, "get_base_model", None)  # peft
+    return get_base() if get_base is not None else model
+
+
+def _set_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """generate() needs eos/pad ids; take them from the tokenizer we trained with."""
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    for key, value in ids.items():
+        setattr(model.config, key, value)
+    if model.generation_config is None:
+        model.generation_config = GenerationConfig.from_model_config(model.config)
+    for key, value in ids.items():
+        setattr(model.generation_config, key, value)
+    model.config.use_cache = True  # the exported model is for inference
+
+
+def _merged_copy(peft_model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> PreTrainedModel:
+    """Merged full model built on CPU from the consolidated state dict (works for sharded training too)."""
+    from peft import get_peft_model
+
+    base = _base_model(peft_model)
+    fresh = AutoModelForCausalLM.from_config(base.config, dtype=torch.float32)
+    fresh.generation_config = base.generation_config
+    merged = get_peft_model(fresh, peft_model.peft_config["default"])
+    merged.load_state_dict(state_dict)
+    return merged.merge_and_unload()

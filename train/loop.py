@@ -1,0 +1,265 @@
+"""The training loop, top to bottom: data → model → resume → steps (stop check, save, log, eval) → export.
+
+Data position: the global plan of micro-batches for an epoch is a deterministic function of
+(lengths, budget, seed, epoch) (``train.packing.plan_micro_batches``); rank r of W takes global
+micro-batches r, r+W, …; one optimizer step consumes ``gradient_accumulation_steps`` of them per
+rank. ``TrainState.micro_batch_index`` is the next global micro-batch, so resuming needs no replay.
+
+Loss normalisation: the gradient must be that of Σ(token losses of the step, all ranks) / (label
+tokens of the step, all ranks), whatever the token counts of the individual micro-batches. The
+label-token count is all-reduced once per step before the forwards; each micro-batch's loss is its
+token-loss *sum* divided by (count / W) — ``num_items_in_batch`` in transformers' loss — because
+DDP/FSDP average gradients over the W ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from launcher.schema import ConfigError
+from train.attention import setup_attention
+from train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
+from train.config import EXIT_REQUEUE, TrainConfig
+from train.data import build_datasets, load_tokenizer
+from train.export import export_model
+from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_per_gpu, step_record
+from train.model import build_model
+from train.optim import build_optimizer, build_scheduler
+from train.packing import collate_packed, collate_padded, plan_micro_batches
+from train.stop import StopRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Batches:
+    """Turns plan indices into collated micro-batches for this rank."""
+
+    dataset: Any
+    lengths: list[int]
+    budget: int
+    seed: int
+    packed: bool
+    pad_id: int
+    _plans: dict[int, list[list[int]]] = field(default_factory=dict)
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._plans:
+            self._plans = {epoch: plan_micro_batches(self.lengths, self.budget, self.seed, epoch)}
+        return self._plans[epoch]
+
+    def collate(self, indices: list[int], device: torch.device) -> dict[str, Any]:
+        examples = [self.dataset[i] for i in indices]
+        batch = collate_packed(examples) if self.packed else collate_padded(examples, self.pad_id)
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@dataclass
+class Window:
+    """Sums over the optimizer steps since the last log line."""
+
+    loss: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    doc_len_sq: float = 0.0
+    slots: int = 0
+    seconds: float = 0.0
+
+
+def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
+    """Run (or resume) training; returns the process exit code (0 done, 75 stopped and saved)."""
+    make_deterministic()
+    set_seed(cfg.train.seed)  # same init on every rank
+    stop = StopRequest(cfg.run.resolve(cfg.run.stop_file), accelerator.device)
+    stop.install_signal_handlers()
+    stop.clear_stale_file(accelerator.is_main_process)
+    ckpt_root = cfg.run.resolve(cfg.run.checkpoint_dir)
+    remove_stale(ckpt_root, accelerator)
+
+    tokenizer = load_tokenizer(cfg)
+    with accelerator.main_process_first():  # rank 0 tokenizes and caches, the others read the cache
+        bundle = build_datasets(cfg, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
+                      cfg.data.packing, pad_id)
+    attn = setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing)
+    model = build_model(cfg, accelerator, attn)
+
+    steps_per_epoch = _steps_per_epoch(batches, accelerator.num_processes, cfg.train.gradient_accumulation_steps)
+    total_steps = cfg.train.max_steps if cfg.train.max_steps > 0 else math.ceil(
+        cfg.train.num_train_epochs * steps_per_epoch)
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg, total_steps)
+    # The scheduler is not prepare()d: AcceleratedScheduler would step it once per process.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+
+    state = TrainState()
+    if (latest := latest_checkpoint(ckpt_root)) is not None:
+        state = load_checkpoint(accelerator, latest)  # restores RNG last: nothing may consume it after
+    _log_summary(cfg, accelerator, bundle.stats, batches, steps_per_epoch, total_steps, state)
+
+    loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval, total_steps, steps_per_epoch)
+    sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
+    try:
+        stopped = loop.run(state, stop, sink, ckpt_root)
+        if stopped:
+            return EXIT_REQUEUE
+        if bundle.eval is not None and len(bundle.eval) > 0:
+            sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": loop.evaluate()})
+        export_model(accelerator, model, tokenizer, cfg)
+        sink.write({"event": "done", "step": state.step, "epoch": state.epoch, "elapsed_s": state.elapsed_s,
+                    "tokens_seen": state.tokens_seen})
+    finally:
+        sink.close()
+    return 0
+
+
+def make_deterministic() -> None:
+    """Bitwise-reproducible CPU runs (resume == uninterrupted); on GPU only cheap settings."""
+    if not torch.cuda.is_available():
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _steps_per_epoch(batches: Batches, world: int, accumulation: int) -> int:
+    per_step = world * accumulation
+    n = len(batches.plan(0)) // per_step
+    if n == 0:
+        raise ConfigError(
+            f"data.tokens_per_micro_batch: the data packs into {len(batches.plan(0))} micro-batches, fewer than "
+            f"one optimizer step needs ({world} ranks x {accumulation} accumulation); lower the budget",
+            "data.tokens_per_micro_batch")
+    return n
+
+
+def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches: Batches,
+                 steps_per_epoch: int, total_steps: int, state: TrainState) -> None:
+    if not accelerator.is_main_process:
+        return
+    plan = batches.plan(0)
+    real = sum(batches.lengths)
+    slots = len(plan) * batches.budget
+    per_step = cfg.micro_batch_tokens * cfg.train.gradient_accumulation_steps * accelerator.num_processes
+    logger.info(
+        "world size %d (%s) | %d examples, %d tokens, data stats %s | %d micro-batches/epoch, "
+        "packing efficiency %.3f | token slots per optimizer step %d | %d steps/epoch, %d steps total, "
+        "starting at step %d", accelerator.num_processes, accelerator.distributed_type, len(batches.lengths),
+        real, stats, len(plan), real / slots if slots else 0.0, per_step, steps_per_epoch, total_steps,
+        state.step)
+
+
+class Loop:
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, scheduler: Any, batches: Batches, eval_dataset: Any,
+                 total_steps: int, steps_per_epoch: int):
+        self.cfg, self.acc, self.model = cfg, accelerator, model
+        self.optimizer, self.scheduler, self.batches = optimizer, scheduler, batches
+        self.eval_dataset, self.total_steps, self.steps_per_epoch = eval_dataset, total_steps, steps_per_epoch
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        self.accumulation = cfg.train.gradient_accumulation_steps
+        self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type)
+        self.arch = accelerator.unwrap_model(model).config.to_dict()
+
+    def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path) -> bool:
+        """Train until total_steps; True when stopped (and saved) on request."""
+        window, watch = Window(), Stopwatch()
+        self.model.train()
+        while state.step < self.total_steps:
+            lr = self.scheduler.get_last_lr()[0]
+            grad_norm = self.step(state, window)
+            seconds = watch.lap()
+            state.elapsed_s += seconds
+            window.seconds += seconds
+            sink.advance()
+            if state.step % self.cfg.train.logging_steps == 0 or state.step == self.total_steps:
+                sink.write(self.record(state, window, lr, grad_norm))
+                window = Window()
+            if self.cfg.train.eval_steps and state.step % self.cfg.train.eval_steps == 0 and self.eval_dataset:
+                sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": self.evaluate()})
+            if stop.agreed(state.step, self.acc.is_main_process):
+                save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                return True
+            if state.step % self.cfg.train.save_steps == 0 and state.step < self.total_steps:
+                save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+            watch.lap()  # saving and eval are not training throughput
+        return False
+
+    def _my_micro_batches(self, state: TrainState) -> list[list[int]]:
+        plan = self.batches.plan(state.epoch)
+        first = state.micro_batch_index
+        return [plan[first + k * self.world + self.rank] for k in range(self.accumulation)]
+
+    def _advance(self, state: TrainState) -> None:
+        state.step += 1
+        state.micro_batch_index += self.world * self.accumulation
+        if state.micro_batch_index + self.world * self.accumulation > len(self.batches.plan(state.epoch)):
+            state.epoch, state.micro_batch_index = state.epoch + 1, 0
+
+    def step(self, state: TrainState, window: Window) -> float:
+        """One optimizer step over this rank's micro-batches; returns the gradient norm."""
+        index_lists = self._my_micro_batches(state)
+        micro = [self.batches.collate(ix, self.acc.device) for ix in index_lists]
+        doc_lengths = [self.batches.lengths[i] for ix in index_lists for i in ix]
+        label_tokens = sum(int((b["labels"][..., 1:] != -100).sum()) for b in micro)
+        counts = torch.tensor([label_tokens, sum(doc_lengths), attended_length(doc_lengths) * sum(doc_lengths),
+                               sum(b["input_ids"].numel() if not self.cfg.data.packing else self.batches.budget
+                                   for b in micro)], dtype=torch.float64, device=self.acc.device)
+        counts = self.acc.reduce(counts, reduction="sum")
+        items_per_rank = torch.clamp(counts[0], min=1.0).float() / self.world
+        loss_sum = torch.zeros((), device=self.acc.device)
+        for i, batch in enumerate(micro):
+            last = i == len(micro) - 1
+            with contextlib.nullcontext() if last else self.acc.no_sync(self.model):
+                loss = self.model(**batch, num_items_in_batch=items_per_rank).loss
+                self.acc.backward(loss)
+            loss_sum += loss.detach().float()
+        max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
+        grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        window.loss += float(self.acc.reduce(loss_sum, reduction="mean"))
+        window.steps += 1
+        window.tokens += int(counts[1])
+        window.doc_len_sq += float(counts[2])
+        window.slots += int(counts[3])
+        state.tokens_seen += int(counts[1])
+        self._advance(state)
+        return float(grad_norm)
+
+    def record(self, state: TrainState, window: Window, lr: float, grad_norm: float) -> dict[str, Any]:
+        return step_record(
+            step=state.step, epoch=state.epoch, loss=window.loss / max(1, window.steps), lr=lr,
+            grad_norm=grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
+            seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
+            packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean token loss on the eval split. Every rank runs the same number of forwards (DDP syncs
+        buffers and FSDP gathers in forward), padding with a repeated batch whose loss is dropped."""
+        lengths = list(self.eval_dataset["length"])
+        evals = Batches(self.eval_dataset, lengths, self.batches.budget, self.cfg.train.seed,
+                        self.cfg.data.packing, self.batches.pad_id)
+        plan = evals.plan(0)
+        sums = torch.zeros(2, dtype=torch.float64, device=self.acc.device)
+        self.model.eval()
+        one = torch.ones((), device=self.acc.device)
+        for j in range(math.ceil(len(plan) / self.world)):
+            g = j * self.world + self.rank
+            batch = evals.collate(plan[min(g, len(plan) - 1)], self.acc.device)
+            loss_sum = self.model(**batch, num_items_in_batch=one).loss
+            if g < len(plan):
+                sums += torch.stack([loss_sum.double(), (batch["labels"][..., 1:] != -100).sum().double()])
+        self.model.train()
+        sums = self.acc.reduce(sums, reduction="sum")
+        return float(sums[0] / torch.clamp(sums[1], min=1.0))

@@ -1,0 +1,172 @@
+"""Throughput, FLOPs/MFU and the per-step records (metrics.jsonl, console, wandb, progress bar).
+
+Model FLOPs per trained token (forward + backward = 3 × forward, 2 FLOPs per multiply-add)::
+
+    flops_per_token = 6·N + 6·L·d·s̄
+
+* N — every matmul weight: per layer q, k, v, o and the three MLP projections, plus the lm_head
+  (counted whether or not it is tied to the embedding, since it is a real matmul); the embedding
+  lookup is a gather and is excluded. Norm weights are negligible and excluded.
+* 6·L·d·s̄ — attention scores and weighted values: 2 matmuls × 2 FLOPs × d per pair of attended
+  positions, × 3 for backward, halved because attention is causal (12·L·d·s̄ / 2).
+* s̄ — the mean *document* length attended, token-weighted (Σ nᵢ² / Σ nᵢ over the documents of the
+  step), because packed documents do not attend to each other.
+
+MFU = flops_per_token · tokens_per_s_per_gpu / peak_flops_per_gpu, with the peak (dense bf16) from
+``launcher.gpus``, looked up from ``torch.cuda.get_device_name()`` and falling back to
+``run.gpu_type``. An unknown GPU, or a CPU run, gives ``mfu = null`` (one warning, never a guess).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from launcher.gpus import gpu_type_from_device_name, lookup
+from train.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+def matmul_params(arch: dict[str, Any]) -> int:
+    """N: matmul weights of a Llama-shaped model (LlamaConfig key names), lm_head included."""
+    d, layers = arch["hidden_size"], arch["num_hidden_layers"]
+    heads = arch["num_attention_heads"]
+    kv_heads = arch.get("num_key_value_heads") or heads
+    head_dim = arch.get("head_dim") or d // heads
+    attention = d * heads * head_dim * 2 + d * kv_heads * head_dim * 2  # q, o + k, v
+    mlp = 3 * d * arch["intermediate_size"]
+    return layers * (attention + mlp) + d * arch["vocab_size"]
+
+
+def flops_per_token(arch: dict[str, Any], mean_doc_len: float) -> float:
+    """6·N + 6·L·d·s̄ (see the module docstring)."""
+    return 6.0 * matmul_params(arch) + 6.0 * arch["num_hidden_layers"] * arch["hidden_size"] * mean_doc_len
+
+
+def attended_length(doc_lengths: list[int]) -> float:
+    """s̄ = Σ nᵢ² / Σ nᵢ: the document length seen by the average token."""
+    total = sum(doc_lengths)
+    return sum(n * n for n in doc_lengths) / total if total else 0.0
+
+
+def peak_flops_per_gpu(configured_gpu_type: str) -> float | None:
+    """Dense bf16 peak FLOP/s of this process's GPU; None on CPU or for an unknown GPU (warns)."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    spec = lookup(gpu_type_from_device_name(name) or "") or lookup(configured_gpu_type)
+    if spec is None:
+        logger.warning("unknown GPU %r (run.gpu_type=%r): MFU will not be reported", name, configured_gpu_type)
+        return None
+    return spec.peak_tflops_bf16 * 1e12
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def peak_gpu_mem_gib() -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
+def step_record(
+    *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, tokens: int, doc_len_sq: float,
+    seconds: float, world_size: int, arch: dict[str, Any], peak_flops: float | None,
+    packing_efficiency: float, elapsed_s: float,
+) -> dict[str, Any]:
+    """One metrics.jsonl record for the steps since the last log (tokens/docs summed over all ranks)."""
+    tokens_per_s = tokens / seconds if seconds > 0 else 0.0
+    per_gpu = tokens_per_s / world_size
+    mean_doc = doc_len_sq / tokens if tokens else 0.0
+    tflops = flops_per_token(arch, mean_doc) * per_gpu / 1e12
+    return {
+        "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+        "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu, "tflops_per_gpu": tflops,
+        "mfu": tflops * 1e12 / peak_flops if peak_flops else None, "peak_mem_gib": peak_gpu_mem_gib(),
+        "packing_efficiency": packing_efficiency, "elapsed_s": elapsed_s,
+        "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    }
+
+
+def console_line(record: dict[str, Any], total_steps: int) -> str:
+    if "eval_loss" in record:
+        return f"step {record['step']}/{total_steps} eval_loss {record['eval_loss']:.4f}"
+    mfu = f"{record['mfu'] * 100:.1f}%" if record.get("mfu") is not None else "n/a"
+    return (
+        f"step {record['step']}/{total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+        f"gnorm {record['grad_norm']:.3f} tok/s {record['tokens_per_s']:.0f} "
+        f"({record['tokens_per_s_per_gpu']:.0f}/gpu) TFLOP/s/gpu {record['tflops_per_gpu']:.2f} MFU {mfu} "
+        f"pack {record['packing_efficiency']:.2f}"
+    )
+
+
+class MetricsSink:
+    """Rank-0 writer: metrics.jsonl, console, optional wandb, tqdm progress bar with ETA."""
+
+    def __init__(self, cfg: TrainConfig, total_steps: int, start_step: int, enabled: bool):
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.jsonl_path = cfg.run.resolve(cfg.run.metrics_file) if "jsonl" in cfg.train.report_to else None
+        self.wandb_run = _init_wandb(cfg) if enabled and "wandb" in cfg.train.report_to else None
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                            disable=not sys.stderr.isatty())
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        logger.info(console_line(record, self.total_steps))
+        if self.jsonl_path is not None:
+            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.jsonl_path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in record.items() if isinstance(v, (int, float))},
+                               step=record["step"])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def _init_wandb(cfg: TrainConfig) -> Any:
+    """wandb run that resumes across requeues (id = run dir name); offline without an API key."""
+    import wandb
+
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file()
+    if not has_key:
+        os.environ.setdefault("WANDB_MODE", "offline")
+    run_dir = Path(cfg.run.dir)
+    run_id = (cfg.run.name or run_dir.name).replace("/", "-")
+    return wandb.init(project=cfg.run.wandb_project, name=cfg.run.name or run_dir.name, id=run_id,
+                      resume="allow", dir=str(run_dir), config=asdict(cfg))
+
+
+class Stopwatch:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        seconds, self.start = now - self.start, now
+        return seconds

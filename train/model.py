@@ -1,0 +1,127 @@
+"""Build the model to train: random init (tiny) or pretrained weights read by one process only,
+RoPE scaling, LoRA, non-reentrant gradient checkpointing, ``use_cache=False``.
+
+Rank-0-only loading, per distribution type:
+
+* FSDP (GPU): transformers 5.x skips reading weights on ranks that are not *local* rank 0 when
+  ``ACCELERATE_USE_FSDP`` and ``FSDP_CPU_RAM_EFFICIENT_LOADING`` are set (``modeling_utils``:
+  ``is_fsdp_enabled() and not is_local_dist_rank_0()``) — so one reader per *node*, not per job —
+  and Accelerate's ``sync_module_states`` broadcasts rank 0's weights when it shards. We rely on it.
+* DeepSpeed: from_pretrained's own ZeRO-3 handling.
+* DDP (CPU/gloo, or plain multi-GPU): done here. Rank 0 reads the safetensors; the other ranks build
+  the model on the meta device (no memory), materialise empty storage, and receive every parameter
+  and buffer (RoPE ``inv_freq`` included) by broadcast from rank 0.
+Each rank logs its peak RSS before and after, so the saving can be checked in the logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel
+
+from train.config import TrainConfig
+from train.metrics import peak_rss_mib
+
+logger = logging.getLogger(__name__)
+
+
+def mixed_precision(precision: str) -> str:
+    """Accelerate's mixed_precision value: 'auto' = bf16 on GPUs that support it, else fp32 ('no')."""
+    if precision == "auto":
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    return {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]
+
+
+def build_config(cfg: TrainConfig) -> PretrainedConfig:
+    """LlamaConfig from model.arch (random init) or the checkpoint's config, with RoPE scaling applied."""
+    config = AutoConfig.from_pretrained(cfg.model.path) if cfg.model.path else LlamaConfig(**cfg.model.arch)
+    config.use_cache = False  # no KV cache while training (and required by gradient checkpointing)
+    if cfg.model.rope_scaling:
+        apply_rope_scaling(config, cfg.train.model_max_length)
+    return config
+
+
+def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
+    """Linear RoPE interpolation by ceil(max_length / context) when training past the context (FastChat)."""
+    context = getattr(config, "max_position_embeddings", None)
+    if not context or model_max_length <= context:
+        return
+    factor = float(math.ceil(model_max_length / context))
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if params.get("rope_type", "default") != "default":
+        logger.warning("model already has rope %s; not rescaling", params)
+        return
+    params.update(rope_type="linear", factor=factor)
+    config.rope_parameters = params
+    config.max_position_embeddings = model_max_length
+    logger.info("RoPE linear scaling x%.0f (context %d -> %d)", factor, context, model_max_length)
+
+
+def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation: str) -> PreTrainedModel:
+    config = build_config(cfg)
+    # fp32 master weights; bf16/fp16 compute comes from Accelerate's mixed precision (autocast / FSDP policy).
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, dtype=torch.float32)
+    rss_before = peak_rss_mib()
+    if not cfg.model.path:
+        model = AutoModelForCausalLM.from_config(config, **kwargs)  # same seed on every rank
+    elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        model = _load_on_rank0_and_broadcast(cfg.model.path, config, accelerator, kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, config=config, **kwargs)
+    logger.info("rank %d peak RSS: %.0f MiB before model load, %.0f MiB after",
+                accelerator.process_index, rss_before, peak_rss_mib())
+    model.config.use_cache = False
+    if cfg.train.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs (LoRA), FSDP2 and keyword arguments (packing).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora.enabled:
+        model = apply_lora(model, cfg)
+    return model
+
+
+def _load_on_rank0_and_broadcast(
+    path: str, config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]
+) -> PreTrainedModel:
+    if accelerator.is_main_process:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        logger.info("rank %d built the model on meta; peak RSS %.0f MiB", accelerator.process_index, peak_rss_mib())
+        model.to_empty(device="cpu")
+        model.tie_weights()  # to_empty re-creates parameters; restore the embedding/lm_head tie
+    broadcast_module(model, accelerator.device)
+    return model
+
+
+@torch.no_grad()
+def broadcast_module(model: torch.nn.Module, device: torch.device) -> None:
+    """Copy rank 0's parameters and buffers to every rank (tensor by tensor: bounded extra memory)."""
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    for _name, tensor in tensors:
+        staged = tensor.data.to(device) if tensor.device != device else tensor.data
+        dist.broadcast(staged, src=0)
+        if staged is not tensor.data:
+            tensor.data.copy_(staged)
+
+
+def apply_lora(model: PreTrainedModel, cfg: TrainConfig) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, lora)
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in peft_model.parameters())
+    logger.info("LoRA r=%d: %d trainable of %d parameters (%.2f%%)", cfg.lora.r, trainable, total,
+                100.0 * trainable / total)
+    return peft_model

@@ -1,0 +1,60 @@
+"""Optimizer and learning-rate schedule.
+
+AdamW, fused where the installed torch supports it for the parameters' device (CUDA, and CPU in
+recent torch), else the foreach implementation. Weight decay skips biases and norm weights (1-D
+tensors), as is usual for transformers. The schedule is a LambdaLR: linear warmup from 0 to the
+peak, then cosine / linear decay to ``min_lr_ratio * peak`` at the last step (or constant).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from train.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": cfg.train.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    kwargs = dict(lr=cfg.train.learning_rate, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2))
+    try:
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, ValueError) as err:  # e.g. a device/dtype the fused kernel lacks
+        logger.info("fused AdamW unavailable (%s); using foreach", err)
+        return torch.optim.AdamW(groups, foreach=True, **kwargs)
+
+
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int, kind: str, min_ratio: float) -> float:
+    """Factor applied to the peak LR for optimizer step `step` (0-based: the LR used by step+1)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if kind == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    if kind == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:  # linear
+        shape = 1.0 - progress
+    return min_ratio + (1.0 - min_ratio) * shape
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    warmup = math.ceil(cfg.train.warmup_ratio * total_steps)
+    kind, min_ratio = cfg.train.lr_scheduler_type, cfg.train.min_lr_ratio
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_multiplier(step, total_steps, warmup, kind, min_ratio)
+    )

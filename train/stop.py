@@ -1,0 +1,64 @@
+"""Stop requests: turn "please stop" (a file, SIGUSR1, SIGTERM) into one flag every rank agrees on.
+
+SLURM sends SIGUSR1 (``--signal=B:USR1@…``) to the batch shell, whose trap writes the stop file;
+SIGTERM / SIGUSR1 may also reach the Python processes directly. A signal handler only sets a flag
+(no I/O, no collectives inside a handler). At each optimizer-step boundary every rank calls
+``StopRequest.agreed()``, which all-reduces the flag with MAX so that all ranks save and exit
+together — a rank that saw the signal a moment later would otherwise deadlock the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+# Test hook: rank 0 writes the stop file itself after this optimizer step (exercises the real
+# file + all-reduce path at a deterministic step). Never set in production.
+TEST_STOP_AT_STEP_ENV = "SFT_TEST_STOP_AT_STEP"
+
+
+class StopRequest:
+    def __init__(self, stop_file: Path, device: torch.device):
+        self.stop_file = stop_file
+        self.device = device
+        self.signalled: str | None = None
+        hook = os.environ.get(TEST_STOP_AT_STEP_ENV, "")
+        self._test_stop_step = int(hook) if hook else None
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signalled = signal.Signals(signum).name
+
+    def clear_stale_file(self, is_main_process: bool) -> None:
+        """A stop file left by the previous (requeued) incarnation must not stop this one."""
+        if is_main_process and self.stop_file.exists():
+            logger.info("removing stop file left by the previous run: %s", self.stop_file)
+            self.stop_file.unlink(missing_ok=True)
+
+    def requested_locally(self) -> bool:
+        return self.signalled is not None or self.stop_file.exists()
+
+    def agreed(self, step: int, is_main_process: bool) -> bool:
+        """True on every rank when any rank saw a stop request. Collective: call on all ranks."""
+        if self._test_stop_step == step and is_main_process:
+            self.stop_file.touch()
+        local = self.requested_locally()
+        if not (dist.is_available() and dist.is_initialized()):
+            return local
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        agreed = bool(flag.item())
+        if agreed:
+            reason = self.signalled or (str(self.stop_file) if self.stop_file.exists() else "another rank")
+            logger.info("stop requested (%s) at step %d", reason, step)
+        return agreed
