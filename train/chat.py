@@ -1,0 +1,117 @@
+"""Tokenizing one example into (input_ids, labels) with loss only where the model must generate.
+
+Chat examples go through the tokenizer's own chat template. The assistant mask comes from the
+template itself, never from a hard-coded offset (FastChat's "-2" breaks as soon as a template
+changes):
+  1. templates with `{% generation %}` markers: `return_assistant_tokens_mask=True` marks exactly
+     the generated span (the tiny tokenizer marks the reply plus its end-of-turn token);
+  2. otherwise, turn by turn: render the conversation up to the assistant turn with the generation
+     prompt, then including that turn; the new tokens are the assistant's. This is only trusted if
+     every prefix renders and tokenizes as a prefix of the whole conversation (the pieces re-join
+     exactly); if not, MaskError and the caller skips the example.
+Plain text examples get BOS + text + EOS with loss on every token.
+"""
+
+from __future__ import annotations
+
+import re
+
+from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100  # label value that transformers' causal-LM loss ignores
+_GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+class MaskError(ValueError):
+    """The assistant mask of an example cannot be computed reliably."""
+
+
+def has_generation_markers(tokenizer: PreTrainedTokenizerBase) -> bool:
+    template = tokenizer.chat_template
+    if isinstance(template, dict):  # named templates: the default one is what apply_chat_template uses
+        template = template.get("default", "")
+    return bool(template) and bool(_GENERATION_TAG.search(template))
+
+
+def tokenize_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], use_generation_markers: bool
+) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) of a conversation, untruncated; raises MaskError."""
+    if not tokenizer.chat_template:
+        raise MaskError("the tokenizer has no chat template")
+    if use_generation_markers:
+        input_ids, mask = _mask_from_generation_markers(tokenizer, messages)
+    else:
+        input_ids, mask = _mask_turn_by_turn(tokenizer, messages)
+    if not any(mask):
+        raise MaskError("no assistant token found by the template")
+    labels = [tok if keep else IGNORE_INDEX for tok, keep in zip(input_ids, mask)]
+    return input_ids, labels
+
+
+def tokenize_text(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) of plain text: BOS (if the tokenizer has one) + text + EOS, loss everywhere."""
+    ids = _encode(tokenizer, text)
+    if tokenizer.bos_token_id is not None:
+        ids = [tokenizer.bos_token_id, *ids]
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return ids, list(ids)
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    # The chat template already writes BOS; apply_chat_template also tokenizes this way.
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], prompt: bool) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+    except Exception as err:  # jinja raise_exception(...) in templates, e.g. "roles must alternate"
+        raise MaskError(f"chat template failed: {err}") from None
+
+
+def _mask_from_generation_markers(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
+) -> tuple[list[int], list[int]]:
+    try:
+        out = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+    except Exception as err:
+        raise MaskError(f"chat template failed: {err}") from None
+    input_ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+    spans = sum(1 for prev, cur in zip([0, *mask], mask) if cur and not prev)
+    n_assistant = sum(m["role"] == "assistant" for m in messages)
+    if spans < n_assistant:
+        # Adjacent assistant turns would merge into one span, but fewer spans than turns in a
+        # normal conversation means the template skipped (or the offsets lost) a reply.
+        if not _has_adjacent_assistant_turns(messages):
+            raise MaskError(f"template marked {spans} assistant span(s) for {n_assistant} assistant turn(s)")
+    return input_ids, mask
+
+
+def _has_adjacent_assistant_turns(messages: list[dict[str, str]]) -> bool:
+    return any(a["role"] == b["role"] == "assistant" for a, b in zip(messages, messages[1:]))
+
+
+def _mask_turn_by_turn(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
+) -> tuple[list[int], list[int]]:
+    full_text = _render(tokenizer, messages, prompt=False)
+    input_ids = _encode(tokenizer, full_text)
+    mask = [0] * len(input_ids)
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:index], prompt=True)
+        after = _render(tokenizer, messages[: index + 1], prompt=False)
+        if not (after.startswith(before) and full_text.startswith(after)):
+            raise MaskError(f"turn {index}: the template renders a prefix differently from the whole")
+        before_ids = _encode(tokenizer, before)
+        after_ids = _encode(tokenizer, after)
+        start, end = len(before_ids), len(after_ids)
+        if start >= end or input_ids[:start] != before_ids or input_ids[:end] != after_ids:
+            raise MaskError(f"turn {index}: the tokens of the prefixes do not re-join the whole")
+        mask[start:end] = [1] * (end - start)
+    return input_ids, mask

@@ -1,0 +1,225 @@
+"""Reading raw dataset rows and normalising the supported formats into chat messages or plain text.
+
+Rows carry their location (`file:line`, 1-based, for JSON/JSONL; `file[row N]` for Parquet and
+saved `datasets` directories) so a bad row is reported where the user can find it. Formats:
+  sharegpt  {"conversations": [{"from": "system|human|gpt", "value": ...}, ...]}  (FastChat)
+  messages  {"messages": [{"role": "system|user|assistant", "content": ...}, ...]}  (OpenAI)
+  alpaca    {"instruction": ..., "input": ... (optional), "output": ..., "system": ... (optional)}
+  text      {<text_field>: ...}  — loss on every token
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.schema import ConfigError
+
+FORMATS = ("sharegpt", "messages", "alpaca", "text")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+MESSAGE_ROLES = ("system", "user", "assistant")
+
+
+class BadRowError(ValueError):
+    """A row that cannot be used; the message names its location."""
+
+
+@dataclass
+class RawRow:
+    location: str  # "file:line" or "file[row N]"
+    data: Any = None  # the decoded row (a dict when well-formed)
+    error: str = ""  # why the row could not even be decoded (non-UTF-8, invalid JSON)
+
+
+@dataclass
+class Example:
+    """One normalised row: chat `messages` ({role, content}) or plain `text`, never both."""
+
+    messages: list[dict[str, str]] | None = None
+    text: str | None = None
+
+
+def iter_rows(path: Path) -> Iterator[RawRow]:
+    """Every row of a JSON / JSONL / Parquet file or a saved `datasets` directory."""
+    if path.is_dir():
+        yield from _iter_saved_dataset(path)
+    elif path.suffix == ".parquet":
+        yield from _iter_parquet(path)
+    elif path.suffix in (".jsonl", ".json"):
+        raw = path.read_bytes()
+        head = raw.lstrip()[:1]
+        yield from (_iter_json_array(path, raw) if head == b"[" else _iter_jsonl(path, raw))
+    else:
+        raise ConfigError(f"{path}: unsupported data file (use .jsonl, .json, .parquet or a saved datasets dir)")
+
+
+def _iter_jsonl(path: Path, raw: bytes) -> Iterator[RawRow]:
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        location = f"{path}:{number}"
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            yield RawRow(location, error=f"not valid UTF-8 (byte {err.start})")
+            continue
+        try:
+            yield RawRow(location, json.loads(text))
+        except json.JSONDecodeError as err:
+            yield RawRow(location, error=f"invalid JSON: {err.msg} (column {err.colno})")
+
+
+def _iter_json_array(path: Path, raw: bytes) -> Iterator[RawRow]:
+    """A JSON array of objects, decoded one element at a time so each row keeps its line number."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (a JSON array cannot skip one row)") from None
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        pos = _skip_separators(text, pos)
+        if pos >= len(text) or text[pos] == "]":
+            return
+        line = text.count("\n", 0, pos) + 1
+        try:
+            row, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}:{err.lineno}: invalid JSON: {err.msg}") from None
+        yield RawRow(f"{path}:{line}", row)
+
+
+def _skip_separators(text: str, pos: int) -> int:
+    while pos < len(text) and (text[pos].isspace() or text[pos] == ","):
+        pos += 1
+    return pos
+
+
+def _iter_parquet(path: Path) -> Iterator[RawRow]:
+    import pyarrow.parquet as pq
+
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            yield RawRow(f"{path}[row {index}]", row)
+            index += 1
+
+
+def _iter_saved_dataset(path: Path) -> Iterator[RawRow]:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not a saved datasets directory (no dataset_info.json/state.json)") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded:
+            raise ConfigError(f"{path}: saved DatasetDict has no 'train' split (has {sorted(loaded)})")
+        loaded = loaded["train"]
+    for index, row in enumerate(loaded):
+        yield RawRow(f"{path}[row {index}]", row)
+
+
+def detect_format(row: Any, text_field: str, location: str) -> str:
+    """The format of a dataset, judged from its first row's keys."""
+    if isinstance(row, dict):
+        if "conversations" in row:
+            return "sharegpt"
+        if "messages" in row:
+            return "messages"
+        if "instruction" in row and "output" in row:
+            return "alpaca"
+        if text_field in row:
+            return "text"
+    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+    raise ConfigError(
+        f"{location}: cannot detect data.format from keys {keys}; expected 'conversations', 'messages', "
+        f"'instruction'+'output' or the text field {text_field!r} (set data.format / data.text_field)",
+        "data.format",
+    )
+
+
+def normalize(row: Any, fmt: str, text_field: str) -> Example:
+    """Validate one decoded row and turn it into an Example; raises BadRowError(reason)."""
+    if not isinstance(row, dict):
+        raise BadRowError(f"expected a JSON object, got {type(row).__name__}")
+    if fmt == "text":
+        return Example(text=_required_text(row, text_field))
+    if fmt == "alpaca":
+        return Example(messages=_alpaca_messages(row))
+    if fmt == "sharegpt":
+        turns = _required_list(row, "conversations")
+        messages = [_sharegpt_turn(turn, i) for i, turn in enumerate(turns)]
+    else:
+        turns = _required_list(row, "messages")
+        messages = [_openai_turn(turn, i) for i, turn in enumerate(turns)]
+    _check_conversation(messages)
+    return Example(messages=messages)
+
+
+def _required_text(row: dict, key: str, allow_empty: bool = False) -> str:
+    if key not in row or row[key] is None:
+        raise BadRowError(f"missing field {key!r}")
+    value = row[key]
+    if not isinstance(value, str):
+        raise BadRowError(f"field {key!r} must be a string, got {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise BadRowError(f"field {key!r} is empty")
+    _check_encodable(value, key)
+    return value
+
+
+def _check_encodable(value: str, key: str) -> None:
+    # JSON escapes can smuggle in lone surrogates ("\ud800") that no tokenizer can encode.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRowError(f"field {key!r} is not valid UTF-8 (lone surrogate)") from None
+
+
+def _required_list(row: dict, key: str) -> list:
+    value = row.get(key)
+    if not isinstance(value, list) or not value:
+        raise BadRowError(f"field {key!r} must be a non-empty list")
+    return value
+
+
+def _sharegpt_turn(turn: Any, index: int) -> dict[str, str]:
+    if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
+        raise BadRowError(f"conversations[{index}] needs 'from' and 'value'")
+    role = SHAREGPT_ROLES.get(turn["from"])
+    if role is None:
+        raise BadRowError(f"conversations[{index}]: unknown role {turn['from']!r} (valid: system, human, gpt)")
+    content = _required_text(turn, "value", allow_empty=role != "assistant")
+    return {"role": role, "content": content}
+
+
+def _openai_turn(turn: Any, index: int) -> dict[str, str]:
+    if not isinstance(turn, dict) or "role" not in turn or "content" not in turn:
+        raise BadRowError(f"messages[{index}] needs 'role' and 'content'")
+    if turn["role"] not in MESSAGE_ROLES:
+        raise BadRowError(f"messages[{index}]: unknown role {turn['role']!r} (valid: {', '.join(MESSAGE_ROLES)})")
+    content = _required_text(turn, "content", allow_empty=turn["role"] != "assistant")
+    return {"role": turn["role"], "content": content}
+
+
+def _check_conversation(messages: list[dict[str, str]]) -> None:
+    if any(m["role"] == "system" for m in messages[1:]):
+        raise BadRowError("a system turn may only come first")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise BadRowError("no assistant turn (nothing to learn)")
+
+
+def _alpaca_messages(row: dict) -> list[dict[str, str]]:
+    instruction = _required_text(row, "instruction")
+    extra = _required_text(row, "input", allow_empty=True) if row.get("input") is not None else ""
+    output = _required_text(row, "output")
+    prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
+    if isinstance(row.get("system"), str) and row["system"].strip():
+        messages.insert(0, {"role": "system", "content": _required_text(row, "system")})
+    return messages
