@@ -1,0 +1,367 @@
+"""Per-GPU and per-node memory model for LLaMA-family fine-tuning. Pure Python (no torch).
+
+The starting point is the ZeRO paper's accounting for AdamW mixed precision (16 bytes per trainable
+parameter: 2 bf16 params + 2 grads + 12 fp32 master/moments; ZeRO-3 and full sharding divide all of
+it by the shard degree P), adapted to what the stacks we render really allocate:
+
+* FSDP2/FSDP1 through Accelerate 1.15 with `mixed_precision: bf16`: `fsdp2_prepare_model` upcasts
+  every trainable parameter to fp32, so the *sharded* parameters are the fp32 master weights
+  (4 B/param), their gradients are fp32 shards (4 B), AdamW moments 8 B: still 16 B/param / P, but
+  with no separate bf16 copy. `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)` makes the
+  all-gathered (unsharded) layer weights and the unsharded gradients bf16: those are the per-layer
+  communication buffers. Accelerate puts [final norm, lm_head (+ tied embedding)] in their own unit
+  with `reshard_after_forward=False`, so lm_head stays unsharded from the loss to the start of backward.
+* DeepSpeed ZeRO-2/3 with bf16: bf16 params (2 B; full copy in ZeRO-2), bf16 gradient partitions
+  (`grad_accum_dtype` defaults to the model dtype), fp32 master (4 B) + moments (8 B) partitions.
+* LoRA: the frozen base stays in its loaded dtype (bf16, 2 B, sharded like the params) with no grads
+  or optimizer state; only the adapters pay 16 B/param.
+
+Activations are counted from the tensors autograd saves in `LlamaDecoderLayer` (transformers 5,
+flash/SDPA attention, so no T x T matrix); see `layer_activation_bytes_per_token`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.schema import ConfigError
+
+GIB = 1024**3
+
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # CUDA context + cuBLAS workspaces; invisible to torch's allocator
+NCCL_BYTES = int(0.5 * GIB)  # NCCL communicator buffers (channels x peers), allocated outside torch
+NCCL_MULTI_NODE_EXTRA_BYTES = int(0.25 * GIB)  # extra IB/network proxies when ranks span nodes
+ALLOCATOR_SLACK = 0.08  # reserved - allocated (fragmentation of the caching allocator), fraction
+PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
+DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP bucket_cap_mb default
+
+REQUIRED_ARCH_KEYS = (
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """LLaMA architecture numbers (from an HF LlamaConfig-style dict) and derived parameter counts."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_arch(cls, arch: dict[str, Any]) -> ModelShape:
+        for key in REQUIRED_ARCH_KEYS:
+            value = arch.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"arch.{key}: expected a positive integer, got {value!r}", f"arch.{key}")
+        heads = arch["num_attention_heads"]
+        if arch["hidden_size"] % heads:
+            raise ConfigError("arch.hidden_size: must be divisible by num_attention_heads", "arch.hidden_size")
+        return cls(
+            layers=arch["num_hidden_layers"], hidden=arch["hidden_size"], heads=heads,
+            kv_heads=int(arch.get("num_key_value_heads") or heads), intermediate=arch["intermediate_size"],
+            vocab=arch["vocab_size"], tied=bool(arch.get("tie_word_embeddings", False)),
+        )
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    @property
+    def layer_params(self) -> int:
+        """q,o (d x d) + k,v (d x kv) + gate,up,down (3 d I) + two RMSNorm weights."""
+        d = self.hidden
+        return 2 * d * d + 2 * d * self.kv_dim + 3 * d * self.intermediate + 2 * d
+
+    @property
+    def total_params(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * self.layer_params + embeddings + self.hidden
+
+    @property
+    def matmul_params(self) -> int:
+        """N of the MFU formula: every matmul weight incl. lm_head (tied or not), no embedding lookup."""
+        return self.layers * (self.layer_params - 2 * self.hidden) + self.vocab * self.hidden
+
+    def lora_params(self, r: int, targets: list[str]) -> int:
+        """r x (in + out) per adapted linear per layer."""
+        d, kv, i = self.hidden, self.kv_dim, self.intermediate
+        dims = {"q_proj": (d, d), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (d, d),
+                "gate_proj": (d, i), "up_proj": (d, i), "down_proj": (i, d)}
+        total = 0
+        for name in targets:
+            if name not in dims:
+                raise ConfigError(f"lora_target_modules: unknown module {name!r}; valid: {', '.join(LORA_TARGETS)}",
+                                  "lora_target_modules")
+            total += r * sum(dims[name])
+        return self.layers * total
+
+
+def layer_activation_bytes_per_token(shape: ModelShape, elem: int) -> int:
+    """Bytes autograd keeps per token for one LlamaDecoderLayer without checkpointing (elem = 2 for bf16).
+
+    Saved tensors, in forward order (d hidden, kv = kv_heads x head_dim, I intermediate):
+      2 x RMSNorm: fp32 copy of the input (saved by pow and by x*rsqrt, 4d) + the normalized
+        activation in the input dtype (saved by weight*x, elem*d)             -> 2 (4 + elem) d
+      q/k/v_proj input (one shared tensor)                                    -> elem d
+      attention kernel: q, k, v after RoPE (RoPE itself saves only cos/sin)   -> elem (d + 2 kv)
+      attention output + fp32 log-sum-exp per head                            -> elem d + 4 heads
+      o_proj input (the `.contiguous()` re-layout of the output is a copy)    -> elem d
+      gate/up_proj input (shared)                                             -> elem d
+      SwiGLU: gate out (for SiLU), SiLU out and up out (for the product),
+        product (down_proj input)                                             -> 4 elem I
+    Residual adds save nothing. For Llama-3-8B in bf16 this is ~204 KiB/token/layer (22d + 4kv + 8I).
+    """
+    d = shape.hidden
+    norms = 2 * (4 + elem) * d
+    attention = elem * d + elem * (d + 2 * shape.kv_dim) + elem * d + 4 * shape.heads + elem * d
+    mlp = elem * d + 4 * elem * shape.intermediate
+    return norms + attention + mlp
+
+
+def lora_dropout_bytes_per_token(shape: ModelShape, r: int, targets: list[str], elem: int) -> int:
+    """PEFT applies a separate Dropout per adapted module: its output (elem x in) and bool mask (1 x in)
+    are saved, plus lora_A's r-dim output saved by lora_B. With dropout 0 PEFT uses Identity (no copy)."""
+    in_features = {"down_proj": shape.intermediate}
+    per_layer = sum((elem + 1) * in_features.get(t, shape.hidden) + elem * r for t in targets)
+    return shape.layers * per_layer
+
+
+@dataclass
+class MemoryOptions:
+    """What the memory model needs from a plan input (kept separate so memory.py has no planner import)."""
+
+    strategy: str  # fsdp, fsdp1, hsdp, zero2, zero3, ddp
+    world_size: int
+    gpus_per_node: int
+    nodes: int
+    micro_batch_tokens: int
+    gradient_checkpointing: bool
+    cpu_offload: bool
+    precision: str  # bf16 / fp16 / fp32
+    lora: bool
+    lora_r: int
+    lora_target_modules: list[str]
+    lora_dropout: float
+    loss_chunk_tokens: int  # 0 = full logits; else a chunked cross-entropy over this many tokens
+    hold_outputs: bool  # the training loop keeps `outputs` (bf16 logits) alive through backward
+    cpu_ram_efficient_loading: bool
+
+
+@dataclass
+class MemoryBreakdown:
+    """Per-GPU bytes at the peak moment of a training step (`peak_phase`), with one note per term."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    master_weights: int
+    activations: int
+    logits_loss: int
+    comm_buffers: int
+    allocator_slack: int
+    cuda_context_nccl: int
+    peak_phase: str
+    notes: dict[str, str] = field(default_factory=dict)
+
+    TERMS = ("parameters", "gradients", "optimizer_states", "master_weights", "activations",
+             "logits_loss", "comm_buffers", "allocator_slack", "cuda_context_nccl")
+
+    @property
+    def allocated(self) -> int:
+        """What torch.cuda.max_memory_allocated should report: the tensors only."""
+        return (self.parameters + self.gradients + self.optimizer_states + self.master_weights
+                + self.activations + self.logits_loss + self.comm_buffers)
+
+    @property
+    def total(self) -> int:
+        return self.allocated + self.allocator_slack + self.cuda_context_nccl
+
+
+def shard_degree(opts: MemoryOptions) -> int:
+    """ddp replicates; hsdp shards inside a node and replicates across nodes; the rest shard over all."""
+    if opts.strategy == "ddp":
+        return 1
+    if opts.strategy == "hsdp":
+        return opts.gpus_per_node
+    return opts.world_size
+
+
+def _div(n: float, p: int) -> int:
+    return int(-(-n // p))  # ceil: the last shard is padded
+
+
+def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, str]]:
+    """Persistent per-GPU model state: params, grads, optimizer moments, fp32 master (bytes, note).
+
+    Trainable params cost 16 B each (see module docstring); where each byte lives depends on the
+    strategy. With CPU offload, FSDP moves params+grads+moments to host; ZeRO-2 offloads the optimizer
+    (fp32 master, moments, and the fp32 grad partitions it steps on); ZeRO-3 offloads params as well.
+    """
+    p = shard_degree(opts)
+    trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
+    frozen = shape.total_params if opts.lora else 0
+    low = 4 if opts.precision == "fp32" else 2
+    s, off, st = opts.strategy, opts.cpu_offload, opts.strategy.startswith("zero")
+    if not st:  # FSDP/DDP: the trainable params are themselves fp32 (Accelerate upcast / autocast)
+        gpu_params = 0 if off else _div(4 * trainable + low * frozen, p)
+        what = f"fp32 adapters + {low}B frozen base" if frozen else "fp32 (= master)"
+        return {
+            "parameters": (gpu_params, f"{what}, /{p}" + (" (on CPU)" if off else "")),
+            "gradients": (0 if off else _div(4 * trainable, p), f"fp32, /{p}"),
+            "optimizer_states": (0 if off else _div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
+            "master_weights": (0, "none: the fp32 params are the master copy"),
+        }
+    param_shard = p if s == "zero3" else 1
+    params = 0 if (off and s == "zero3") else _div(low * (trainable + frozen), param_shard)
+    return {
+        "parameters": (params, f"{low}B params, /{param_shard}"),
+        "gradients": (0 if off else _div(low * trainable, p), f"{low}B grad partitions, /{p}"),
+        "optimizer_states": (0 if off else _div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
+        "master_weights": (0 if (off or low == 4) else _div(4 * trainable, p), f"fp32 master, /{p}"),
+    }
+
+
+def _activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
+    """Saved activations for the micro-batch, plus the transient per-layer backward memory.
+
+    With non-reentrant per-layer checkpointing only each layer's input (elem x d per token) is kept;
+    during backward one layer at a time is recomputed, so one layer's full activations come back.
+    `workspace` approximates the gradients of one layer's intermediates alive during its backward
+    (grads of gate/up/SiLU outputs ~3 I, of the hidden/residual stream ~3 d).
+    """
+    tokens, d = opts.micro_batch_tokens, shape.hidden
+    per_layer = layer_activation_bytes_per_token(shape, elem)
+    lora_extra = 0
+    if opts.lora and opts.lora_dropout > 0:
+        lora_extra = lora_dropout_bytes_per_token(shape, opts.lora_r, opts.lora_target_modules, elem)
+    head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
+    if opts.gradient_checkpointing:
+        saved = shape.layers * elem * d + head
+        recompute = per_layer + lora_extra // shape.layers
+    else:
+        saved = shape.layers * per_layer + lora_extra + head
+        recompute = 0
+    return {"saved": tokens * saved, "recompute": tokens * recompute,
+            "workspace": tokens * elem * 3 * (shape.intermediate + d)}
+
+
+def _logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
+    """transformers' ForCausalLMLoss: logits (elem) -> `.float()` copy (4) -> log_softmax output (4,
+    saved) = 10 B/token/vocab at the loss; its backward adds grad_output and grad_input (fp32 each) while
+    the saved output lives. A chunked cross-entropy only ever materializes one chunk's logits."""
+    chunked = 0 < opts.loss_chunk_tokens < opts.micro_batch_tokens
+    rows = opts.loss_chunk_tokens if chunked else opts.micro_batch_tokens
+    held = elem * shape.vocab * rows if (opts.hold_outputs and not chunked) else 0
+    return {
+        "forward": rows * shape.vocab * (elem + 4 + 4),
+        "head_backward": rows * shape.vocab * (4 + 4 + 4) + held,
+        "held": held,
+    }
+
+
+def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
+    """Unsharded/gathered weights and gradient buffers alive in each phase (bytes per GPU).
+
+    FSDP2/FSDP1: the current layer's all-gathered bf16 weights plus the prefetched next layer (2 x
+    layer), plus the unsharded bf16 gradient of the layer being reduce-scattered; lm_head (the tail
+    unit, or the FSDP1 root flat param, which also holds an untied embedding) stays unsharded from the
+    loss into backward. ZeRO-3 gathers like FSDP and reduces through two `reduce_bucket_size` buffers
+    (Accelerate's "auto" = hidden^2); ZeRO-2 holds full bf16 params already, so only gradient buckets.
+    DDP (autocast): bf16 casts of every matmul weight are saved for backward; multi-GPU DDP also keeps a
+    gradient bucket copy (gradient_as_bucket_view=False).
+    """
+    low = 4 if opts.precision == "fp32" else 2
+    d, s = shape.hidden, opts.strategy
+    layer = low * shape.layer_params
+    layer_grad = low * (shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
+                        if opts.lora else shape.layer_params)
+    lm_head = low * shape.vocab * d
+    lm_grad = 0 if opts.lora else lm_head
+    if s in ("fsdp", "hsdp", "fsdp1"):
+        root = lm_head * (2 if (s == "fsdp1" and not shape.tied) else 1)
+        layers_bwd = 2 * layer + layer_grad + (root if s == "fsdp1" else 0)
+        return {"forward": root + (layer if s != "fsdp1" else 0), "head_backward": root + lm_grad,
+                "layers_backward": layers_bwd}
+    buckets = 2 * low * d * d
+    if s == "zero3":
+        return {"forward": lm_head + layer, "head_backward": lm_head + lm_grad + buckets,
+                "layers_backward": 2 * layer + layer_grad + buckets}
+    if s == "zero2":
+        return {"forward": 0, "head_backward": lm_grad + buckets, "layers_backward": layer_grad + buckets}
+    cast_cache = 0 if low == 4 else low * shape.matmul_params
+    ddp_bucket = 4 * shape.total_params if (opts.world_size > 1 and not opts.lora) else 0
+    return {"forward": cast_cache, "head_backward": cast_cache + ddp_bucket,
+            "layers_backward": cast_cache + ddp_bucket}
+
+
+def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
+    """Peak per-GPU memory = persistent state + the largest of three phases of a step:
+    forward/loss (all activations saved + logits), backward/lm_head (logits gradients), and
+    backward/layers (recomputed layer + workspace + gathered layer buffers)."""
+    elem = 4 if opts.precision == "fp32" else 2
+    state = state_bytes(shape, opts)
+    act = _activation_terms(shape, opts, elem)
+    logits = _logits_terms(shape, opts, elem)
+    comm = _comm_terms(shape, opts)
+    phases = {
+        "forward/loss": (act["saved"], logits["forward"], comm["forward"]),
+        "backward/lm_head": (act["saved"], logits["head_backward"], comm["head_backward"]),
+        "backward/layers": (act["saved"] + act["recompute"] + act["workspace"], logits["held"],
+                            comm["layers_backward"]),
+    }
+    phase, (activations, logits_loss, buffers) = max(phases.items(), key=lambda kv: sum(kv[1]))
+    context = CUDA_CONTEXT_BYTES
+    if opts.world_size > 1:
+        context += NCCL_BYTES + (NCCL_MULTI_NODE_EXTRA_BYTES if opts.nodes > 1 else 0)
+    breakdown = MemoryBreakdown(
+        **{name: value for name, (value, _) in state.items()},
+        activations=activations, logits_loss=logits_loss, comm_buffers=buffers,
+        allocator_slack=0, cuda_context_nccl=context, peak_phase=phase,
+        notes={name: note for name, (_, note) in state.items()},
+    )
+    breakdown.allocator_slack = int(ALLOCATOR_SLACK * breakdown.allocated)
+    ckpt = "per-layer checkpointing" if opts.gradient_checkpointing else "no checkpointing"
+    breakdown.notes |= {
+        "activations": f"{opts.micro_batch_tokens} tok, {ckpt}",
+        "logits_loss": "chunked CE" if 0 < opts.loss_chunk_tokens < opts.micro_batch_tokens else "full logits",
+        "comm_buffers": f"{opts.strategy} gather/reduce buffers",
+        "allocator_slack": f"{ALLOCATOR_SLACK:.0%} fragmentation",
+        "cuda_context_nccl": "outside torch's allocator",
+    }
+    return breakdown
+
+
+def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
+    """Host RAM on the busiest node (node 0): rank processes, model loading, offloaded state.
+
+    Loading: with Accelerate's `cpu_ram_efficient_loading` (FSDP) only rank 0 materializes the full
+    weights (trainable upcast to fp32, frozen in bf16); otherwise every local rank does. ZeRO-3 under
+    `zero.Init` streams one copy; ZeRO-2/DDP load a full copy per rank. Offload keeps each local rank's
+    share of the state on the host (pinned): FSDP params+grads+moments; ZeRO fp32 master + moments +
+    fp32 grad partitions (+ bf16 params for ZeRO-3).
+    """
+    low = 4 if opts.precision == "fp32" else 2
+    trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
+    frozen = shape.total_params if opts.lora else 0
+    p, local = shard_degree(opts), opts.gpus_per_node
+    s = opts.strategy
+    if s in ("fsdp", "hsdp", "fsdp1"):
+        full = 4 * trainable + low * frozen
+        loading = full if opts.cpu_ram_efficient_loading else local * full
+        offload = local * _div(16 * trainable + low * frozen, p) if opts.cpu_offload else 0
+    elif s == "zero3":
+        loading = low * (trainable + frozen)
+        offload = local * _div((16 + low) * trainable + low * frozen, p) if opts.cpu_offload else 0
+    else:
+        loading = local * (4 if s == "ddp" else low) * (trainable + frozen)
+        offload = local * _div(16 * trainable, p) if opts.cpu_offload else 0
+    baseline = PROCESS_CPU_BYTES * local
+    return {"process_baseline": baseline, "model_loading": loading, "offload": offload,
+            "total": baseline + loading + offload}
