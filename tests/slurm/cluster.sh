@@ -106,8 +106,10 @@ make_network() {
         ip link set "sft-${n}h" master "$BRIDGE"
         ip link set "sft-${n}h" up
         ip link set "sft-${n}n" netns "$ns"
-        nsenter --net="/run/netns/$ns" ip addr add "$(node_addr "$n")/24" dev "sft-${n}n"
-        nsenter --net="/run/netns/$ns" ip link set "sft-${n}n" up
+        # Inside its namespace the node's interface is eth0, as on a real node (same GLOO/NCCL_SOCKET_IFNAME).
+        nsenter --net="/run/netns/$ns" ip link set "sft-${n}n" name eth0
+        nsenter --net="/run/netns/$ns" ip addr add "$(node_addr "$n")/24" dev eth0
+        nsenter --net="/run/netns/$ns" ip link set eth0 up
         nsenter --net="/run/netns/$ns" ip link set lo up
     done
 }
