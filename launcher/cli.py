@@ -1,0 +1,47 @@
+"""`sft-launch` entry point: dispatch to a subcommand module, else launch a run.
+
+Subcommands are modules with `main(argv: list[str]) -> int`, registered by dotted name in
+COMMANDS and imported only when used (the CLI must start instantly; no torch on this path).
+Exit codes: 0 ok, 1 runtime failure (e.g. sbatch refused), 2 usage/config error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+# name -> module with main(argv); other engineers add status/runs/logs/cancel/plot/plan here.
+COMMANDS: dict[str, str] = {
+    "models": "launcher.models_cmd",
+}
+LAUNCH_MODULE = "launcher.launch"
+
+
+def _error(message: str, code: int) -> int:
+    print(f"sft-launch: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    logging.basicConfig(level=logging.INFO, format="sft-launch: %(message)s")
+    module_name = COMMANDS.get(args[0], LAUNCH_MODULE) if args else LAUNCH_MODULE
+    command_args = args[1:] if args and args[0] in COMMANDS else args
+    from launcher.schema import ConfigError
+
+    try:
+        return int(importlib.import_module(module_name).main(command_args) or 0)
+    except ConfigError as err:
+        return _error(str(err).splitlines()[0] if str(err) else "bad configuration", 2)
+    except RuntimeError as err:  # e.g. sbatch.SubmitError
+        return _error(str(err), 1)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `sft-launch models | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

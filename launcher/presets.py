@@ -1,0 +1,139 @@
+"""Model presets and `--model` resolution (preset name, local directory, or HF id in the local cache).
+
+Architecture numbers use Hugging Face `LlamaConfig` key names (the planner and train's MFU read them).
+Never touches the network: an HF id that is not a preset must already be in the HF cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.schema import ConfigError, closest
+
+ARCH_KEYS = (
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings",
+)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    hf_id: str  # "" = random init from `arch` (tiny)
+    arch: dict[str, Any]
+    layer_class: str = "LlamaDecoderLayer"  # decoder layer FSDP wraps
+    train_defaults: dict[str, Any] = field(default_factory=dict)  # [train] keys the preset suggests
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count from the architecture numbers (embeddings + layers + norm + lm_head)."""
+        a = self.arch
+        hidden, heads, kv = a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"]
+        head_dim = hidden // heads
+        attention = hidden * head_dim * (2 * heads + 2 * kv)
+        mlp = 3 * hidden * a["intermediate_size"]
+        per_layer = attention + mlp + 2 * hidden
+        embeddings = a["vocab_size"] * hidden * (1 if a["tie_word_embeddings"] else 2)
+        return a["num_hidden_layers"] * per_layer + embeddings + hidden
+
+
+def _arch(layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, ctx: int, tied: bool) -> dict[str, Any]:
+    return dict(zip(ARCH_KEYS, (layers, hidden, heads, kv, inter, vocab, tied, ctx)))
+
+
+def _llama2(ctx_defaults: dict[str, Any], **kw: Any) -> Preset:
+    return Preset(**kw, train_defaults={"model_max_length": 4096, **ctx_defaults})
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset("tiny", "", _arch(2, 64, 4, 2, 128, 512, 2048, False),
+               train_defaults={"model_max_length": 256, "learning_rate": 1e-3, "per_device_train_batch_size": 2,
+                               "gradient_checkpointing": False, "save_steps": 20, "logging_steps": 1}),
+        _llama2({}, name="llama-7b", hf_id="meta-llama/Llama-2-7b-hf",
+                arch=_arch(32, 4096, 32, 32, 11008, 32000, 4096, False)),
+        _llama2({}, name="llama-13b", hf_id="meta-llama/Llama-2-13b-hf",
+                arch=_arch(40, 5120, 40, 40, 13824, 32000, 4096, False)),
+        _llama2({"learning_rate": 1e-5}, name="llama-70b", hf_id="meta-llama/Llama-2-70b-hf",
+                arch=_arch(80, 8192, 64, 8, 28672, 32000, 4096, False)),
+        Preset("llama3-8b", "meta-llama/Meta-Llama-3-8B", _arch(32, 4096, 32, 8, 14336, 128256, 8192, False),
+               train_defaults={"model_max_length": 8192}),
+        Preset("llama3-70b", "meta-llama/Meta-Llama-3-70B", _arch(80, 8192, 64, 8, 28672, 128256, 8192, False),
+               train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
+        Preset("llama3.2-1b", "meta-llama/Llama-3.2-1B", _arch(16, 2048, 32, 8, 8192, 128256, 131072, True),
+               train_defaults={"model_max_length": 8192, "per_device_train_batch_size": 8}),
+        Preset("mistral-7b", "mistralai/Mistral-7B-v0.1", _arch(32, 4096, 32, 8, 14336, 32000, 32768, False),
+               layer_class="MistralDecoderLayer", train_defaults={"model_max_length": 8192}),
+        Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B", _arch(28, 3584, 28, 4, 18944, 152064, 131072, False),
+               layer_class="Qwen2DecoderLayer", train_defaults={"model_max_length": 8192}),
+    ]
+}
+
+
+def _layer_class(config: dict[str, Any]) -> str:
+    """'LlamaForCausalLM' -> 'LlamaDecoderLayer' (the naming every HF decoder-only model follows)."""
+    architectures = config.get("architectures") or ["LlamaForCausalLM"]
+    return architectures[0].replace("ForCausalLM", "DecoderLayer")
+
+
+def preset_from_config_json(path: Path, name: str, hf_id: str) -> Preset:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"--model {name}: cannot read {path}: {err}") from None
+    missing = [k for k in ARCH_KEYS if k not in config and k not in ("num_key_value_heads", "tie_word_embeddings")]
+    if missing:
+        raise ConfigError(f"--model {name}: {path} lacks {', '.join(missing)} (not a decoder-only LM config?)")
+    arch = {k: config.get(k) for k in ARCH_KEYS}
+    arch["num_key_value_heads"] = arch["num_key_value_heads"] or arch["num_attention_heads"]
+    arch["tie_word_embeddings"] = bool(arch["tie_word_embeddings"])
+    return Preset(name, hf_id, arch, layer_class=_layer_class(config))
+
+
+def _hf_cache_config(hf_id: str) -> Path | None:
+    """config.json of a cached HF snapshot, newest first; None when not downloaded."""
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+    snapshots = hub.expanduser() / f"models--{hf_id.replace('/', '--')}" / "snapshots"
+    candidates = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return candidates[0] if candidates else None
+
+
+def resolve_model(spec: str) -> Preset:
+    """Preset name, local model directory (config.json), or an HF id already in the HF cache."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    local = Path(spec).expanduser()
+    if local.is_dir():
+        config = local / "config.json"
+        if not config.is_file():
+            raise ConfigError(f"--model {spec}: directory has no config.json")
+        directory = local.resolve()
+        return preset_from_config_json(config, directory.name, str(directory))
+    if spec.count("/") == 1 and not spec.startswith((".", "/")):
+        for preset in PRESETS.values():
+            if preset.hf_id == spec:
+                return preset
+        cached = _hf_cache_config(spec)
+        if cached is not None:
+            return preset_from_config_json(cached, spec.split("/")[1], spec)
+        raise ConfigError(f"--model {spec}: not a preset and not in the HF cache; download it first "
+                          "(huggingface-cli download) or pass a local directory")
+    raise ConfigError(f"--model {spec}: unknown model{closest(spec, PRESETS)}; presets: {', '.join(PRESETS)}")
+
+
+def format_presets() -> str:
+    """The `sft-launch models` table."""
+    rows = [("name", "hf id", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "tied", "layer class")]
+    for p in PRESETS.values():
+        a = p.arch
+        rows.append((p.name, p.hf_id or "(random init)", f"{p.num_params / 1e9:.2f}B" if p.num_params > 1e8
+                     else f"{p.num_params / 1e6:.2f}M", str(a["num_hidden_layers"]), str(a["hidden_size"]),
+                     f"{a['num_attention_heads']}/{a['num_key_value_heads']}", str(a["intermediate_size"]),
+                     str(a["vocab_size"]), "yes" if a["tie_word_embeddings"] else "no", p.layer_class))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -1,0 +1,183 @@
+"""Launch -> run directory: render the Jinja templates, then write the files (and run.json).
+
+`render_files` is pure (no filesystem writes), so template errors surface before any directory
+exists. jinja2 and tomli_w are imported lazily: `sft-launch --help` must stay instant.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from launcher import __version__, gpus, runrecord
+from launcher.options import Launch
+from launcher.schema import to_dict
+from train.config import EXIT_REQUEUE
+
+TEMPLATE_NAMES = {
+    "launch.slurm": "launch.slurm.j2",
+    "accelerate.yaml": "accelerate.yaml.j2",
+    "deepspeed.json": "deepspeed.json.j2",
+    "train.toml": "train.toml.j2",
+}
+TRAIN_MODULE = "train"  # what `accelerate launch -m` runs on the cluster
+
+
+def template_dir() -> Path:
+    """Installed wheel: launcher/templates/; source checkout: the repo's templates/."""
+    for candidate in (Path(__file__).parent / "templates", Path(__file__).parent.parent / "templates"):
+        if (candidate / "launch.slurm.j2").is_file():
+            return candidate
+    raise FileNotFoundError("sft-launch templates not found (broken install?)")
+
+
+def _yaml_string(value: Any) -> str:
+    # A JSON string literal is a valid YAML double-quoted scalar: safe for any path.
+    return json.dumps(str(value))
+
+
+def _environment() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
+    env.filters["yamlstr"] = _yaml_string
+    return env
+
+
+def mixed_precision(launch: Launch) -> str:
+    """'bf16' / 'fp16' / 'no' for Accelerate and DeepSpeed, from model.precision and the GPU type."""
+    if launch.profile.gpus_per_node == 0:
+        return "no"
+    precision = launch.train.model.precision
+    spec = gpus.lookup(launch.profile.gpu_type)
+    if precision == "fp32":
+        return "no"
+    if precision == "fp16" or (precision == "auto" and spec is not None and not spec.has_bf16):
+        return "fp16"
+    return "bf16"
+
+
+def timeout_threshold_s(limit_s: int) -> int:
+    """A stop signal after this much run time is the time limit, not a preemption."""
+    return max(0, min(int(0.8 * limit_s), limit_s - 600))
+
+
+def context(launch: Launch) -> dict[str, Any]:
+    profile = launch.profile
+    profile_view = {**to_dict(profile), "procs_per_node": profile.procs_per_node}
+    return {
+        "version": __version__,
+        "profile_name": launch.profile_name,
+        "p": profile_view,
+        "container": profile_view["container"],
+        "job_name": launch.job_name,
+        "nodes": launch.nodes,
+        "world_size": launch.world_size,
+        "strategy": launch.strategy,
+        "time_limit": launch.time_limit,
+        "time_limit_s": launch.time_limit_s,
+        "timeout_after_s": timeout_threshold_s(launch.time_limit_s),
+        "run_dir": str(launch.run_dir),
+        "stop_path": str(launch.run_dir / launch.train.run.stop_file),
+        "checkpoint_path": str(launch.run_dir / launch.train.run.checkpoint_dir),
+        "deepspeed_path": str(launch.run_dir / "deepspeed.json"),
+        "exit_requeue": EXIT_REQUEUE,
+        "train_module": TRAIN_MODULE,
+        "layer_class": launch.train.model.layer_class,
+        "hidden": int(launch.preset.arch["hidden_size"]),
+        "mixed_precision": mixed_precision(launch),
+        "train": launch.train.train,
+    }
+
+
+def render_files(launch: Launch) -> dict[str, str]:
+    """{file name: content} for the run directory; deepspeed.json only for zero2/zero3."""
+    import tomli_w
+
+    env = _environment()
+    ctx = context(launch)
+    ctx["body"] = tomli_w.dumps(to_dict(launch.train))
+    names = [n for n in TEMPLATE_NAMES if n != "deepspeed.json" or launch.strategy in ("zero2", "zero3")]
+    return {name: env.get_template(TEMPLATE_NAMES[name]).render(ctx) for name in names}
+
+
+def git_sha() -> str | None:
+    """Commit of the sft-launch checkout this code runs from (None for an installed wheel)."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        result = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_run_dir(launch: Launch, command: list[str]) -> Path:
+    """Render, then create/refresh the run directory. An existing one (a resume) keeps its history."""
+    files = render_files(launch)
+    run_dir = launch.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    for name, text in files.items():
+        _write(run_dir / name, text)
+    (run_dir / "launch.slurm").chmod(0o755)
+    if "deepspeed.json" not in files:
+        (run_dir / "deepspeed.json").unlink(missing_ok=True)  # left over from an earlier zero run
+    submission = {
+        "time": runrecord.now(),
+        "command": command,
+        "cwd": str(Path.cwd()),
+        "executor": launch.executor,
+    }
+
+    def change(data: dict[str, Any]) -> None:
+        data.update({
+            "sft_launch_version": __version__,
+            "git_sha": git_sha(),
+            "cluster_file": launch.cluster_file,
+            "profile_name": launch.profile_name,
+            "profile": to_dict(launch.profile),
+            "model": launch.preset.name,
+            "nodes": launch.nodes,
+            "strategy": launch.strategy,
+            "world_size": launch.world_size,
+            "time_limit": launch.time_limit,
+            "python": sys.executable,
+        })
+        data.setdefault("job_ids", [])
+        data.setdefault("submissions", []).append(submission)
+        data.setdefault("events", [])
+
+    runrecord.update(run_dir / "run.json", change)
+    return run_dir
+
+
+def record_submission(run_dir: Path, job_id: str) -> None:
+    """After sbatch: remember the job id on the latest submission and in job_ids."""
+
+    def change(data: dict[str, Any]) -> None:
+        runrecord.add_job_id(data, job_id)
+        if data.get("submissions"):
+            data["submissions"][-1]["job_id"] = job_id
+
+    runrecord.update(run_dir / "run.json", change)
