@@ -165,19 +165,20 @@ class MemoryBreakdown:
     activations: int
     logits_loss: int
     comm_buffers: int
+    optimizer_temporaries: int  # nonzero only when the peak is the optimizer step
     allocator_slack: int
     cuda_context_nccl: int
     peak_phase: str
     notes: dict[str, str] = field(default_factory=dict)
 
     TERMS = ("parameters", "gradients", "optimizer_states", "master_weights", "activations",
-             "logits_loss", "comm_buffers", "allocator_slack", "cuda_context_nccl")
+             "logits_loss", "comm_buffers", "optimizer_temporaries", "allocator_slack", "cuda_context_nccl")
 
     @property
     def allocated(self) -> int:
         """What torch.cuda.max_memory_allocated should report: the tensors only."""
         return (self.parameters + self.gradients + self.optimizer_states + self.master_weights
-                + self.activations + self.logits_loss + self.comm_buffers)
+                + self.activations + self.logits_loss + self.comm_buffers + self.optimizer_temporaries)
 
     @property
     def total(self) -> int:
@@ -302,28 +303,34 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
 
 
 def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
-    """Peak per-GPU memory = persistent state + the largest of three phases of a step:
-    forward/loss (all activations saved + logits), backward/lm_head (logits gradients), and
-    backward/layers (recomputed layer + workspace + gathered layer buffers)."""
+    """Peak per-GPU memory = persistent state + the largest of four phases of a step:
+    forward/loss (all activations saved + logits), backward/lm_head (logits gradients),
+    backward/layers (recomputed layer + workspace + gathered layer buffers) and optimizer/step
+    (torch's foreach AdamW allocates one fp32 temporary per param, sqrt(v); DeepSpeed's fused Adam none)."""
     elem = 4 if opts.precision == "fp32" else 2
     state = state_bytes(shape, opts)
     act = _activation_terms(shape, opts, elem)
     logits = _logits_terms(shape, opts, elem)
     comm = _comm_terms(shape, opts)
+    step_temp = 0
+    if not (opts.strategy.startswith("zero") or opts.cpu_offload):
+        trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
+        step_temp = _div(4 * trainable, shard_degree(opts))
     phases = {
-        "forward/loss": (act["saved"], logits["forward"], comm["forward"]),
-        "backward/lm_head": (act["saved"], logits["head_backward"], comm["head_backward"]),
+        "forward/loss": (act["saved"], logits["forward"], comm["forward"], 0),
+        "backward/lm_head": (act["saved"], logits["head_backward"], comm["head_backward"], 0),
         "backward/layers": (act["saved"] + act["recompute"] + act["workspace"], logits["held"],
-                            comm["layers_backward"]),
+                            comm["layers_backward"], 0),
+        "optimizer/step": (0, logits["held"], 0, step_temp),
     }
-    phase, (activations, logits_loss, buffers) = max(phases.items(), key=lambda kv: sum(kv[1]))
+    phase, (activations, logits_loss, buffers, temporaries) = max(phases.items(), key=lambda kv: sum(kv[1]))
     context = CUDA_CONTEXT_BYTES
     if opts.world_size > 1:
         context += NCCL_BYTES + (NCCL_MULTI_NODE_EXTRA_BYTES if opts.nodes > 1 else 0)
     breakdown = MemoryBreakdown(
         **{name: value for name, (value, _) in state.items()},
         activations=activations, logits_loss=logits_loss, comm_buffers=buffers,
-        allocator_slack=0, cuda_context_nccl=context, peak_phase=phase,
+        optimizer_temporaries=temporaries, allocator_slack=0, cuda_context_nccl=context, peak_phase=phase,
         notes={name: note for name, (_, note) in state.items()},
     )
     breakdown.allocator_slack = int(ALLOCATOR_SLACK * breakdown.allocated)
@@ -332,6 +339,7 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
         "activations": f"{opts.micro_batch_tokens} tok, {ckpt}",
         "logits_loss": "chunked CE" if 0 < opts.loss_chunk_tokens < opts.micro_batch_tokens else "full logits",
         "comm_buffers": f"{opts.strategy} gather/reduce buffers",
+        "optimizer_temporaries": "foreach AdamW sqrt(v)",
         "allocator_slack": f"{ALLOCATOR_SLACK:.0%} fragmentation",
         "cuda_context_nccl": "outside torch's allocator",
     }

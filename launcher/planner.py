@@ -348,13 +348,13 @@ def _memory_lines(plan: Plan) -> list[str]:
     gpu = plan.gpu
     lines = [f"GPU memory per GPU (peak in {gpu.peak_phase})          GiB"]
     for term in MemoryBreakdown.TERMS:
-        lines.append(f"  {term.replace('_', ' '):<20}{_gib(getattr(gpu, term))}   {gpu.notes.get(term, '')}")
+        lines.append(f"  {term.replace('_', ' '):<22}{_gib(getattr(gpu, term))}   {gpu.notes.get(term, '')}")
     usable = "?" if plan.gpu_usable_bytes is None else _gib(plan.gpu_usable_bytes).strip()
-    lines.append(f"  {'total':<20}{_gib(gpu.total)}   of {usable} usable "
+    lines.append(f"  {'total':<22}{_gib(gpu.total)}   of {usable} usable "
                  f"({plan.input.usable_gpu_fraction:.0%} of {plan.input.gpu_type})")
     cpu = plan.cpu
     cpu_usable = "unchecked" if plan.cpu_usable_bytes is None else f"of {_gib(plan.cpu_usable_bytes).strip()} usable"
-    lines.append(f"CPU RAM node 0       {_gib(cpu['total'])}   {cpu_usable} (processes {_gib(cpu['process_baseline']).strip()}, "
+    lines.append(f"CPU RAM node 0         {_gib(cpu['total'])}   {cpu_usable} (processes {_gib(cpu['process_baseline']).strip()}, "
                  f"loading {_gib(cpu['model_loading']).strip()}, offload {_gib(cpu['offload']).strip()})")
     return lines
 
