@@ -256,10 +256,14 @@ def _activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict
 def _logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
     """transformers' ForCausalLMLoss: logits (elem) -> `.float()` copy (4) -> log_softmax output (4,
     saved) = 10 B/token/vocab at the loss; its backward adds grad_output and grad_input (fp32 each) while
-    the saved output lives. A chunked cross-entropy only ever materializes one chunk's logits."""
+    the saved output lives. A chunked cross-entropy only ever materializes one chunk's logits.
+    `held`: the logits the loop keeps in `outputs` through backward. FSDP2 returns them in bf16;
+    where Accelerate's `prepare_model` wraps forward in autocast (FSDP1, DDP) it also converts the
+    outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
     chunked = 0 < opts.loss_chunk_tokens < opts.micro_batch_tokens
     rows = opts.loss_chunk_tokens if chunked else opts.micro_batch_tokens
-    held = elem * shape.vocab * rows if (opts.hold_outputs and not chunked) else 0
+    held_elem = 4 if opts.strategy in ("fsdp1", "ddp") else elem
+    held = held_elem * shape.vocab * rows if (opts.hold_outputs and not chunked) else 0
     return {
         "forward": rows * shape.vocab * (elem + 4 + 4),
         "head_backward": rows * shape.vocab * (4 + 4 + 4) + held,
