@@ -1,0 +1,101 @@
+"""Attention backends: packed forward == per-document forward on CPU; refusals carry a reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from launcher.schema import ConfigError
+from train.attention import (
+    PACKED_SDPA,
+    block_causal_mask,
+    document_ids,
+    setup_attention,
+    torch_varlen_options,
+)
+from train.packing import collate_packed
+
+DOC_LENGTHS = (5, 11, 1, 8)
+
+
+def packed_and_reference_logits(config, backend: str, reference: str, use_cu_seq_lens: bool = True):
+    torch.manual_seed(0)
+    config._attn_implementation = backend
+    model = LlamaForCausalLM(config).eval()
+    docs = [torch.randint(0, config.vocab_size, (n,)).tolist() for n in DOC_LENGTHS]
+    batch = collate_packed([{"input_ids": d, "labels": d} for d in docs])
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    if not use_cu_seq_lens:  # only position_ids tell where documents start
+        inputs = {"input_ids": inputs["input_ids"], "position_ids": inputs["position_ids"]}
+    with torch.no_grad():
+        packed = model(**inputs).logits[0]
+        model.set_attn_implementation(reference)
+        separate = torch.cat([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
+    return packed, separate
+
+
+@pytest.mark.parametrize("reference", ["sdpa", "eager"])
+def test_packed_sdpa_matches_per_document_forward(tiny_model_config, reference):
+    name = setup_attention("sdpa", "cpu", packed=True)
+    assert name == PACKED_SDPA
+    packed, separate = packed_and_reference_logits(tiny_model_config, name, reference)
+    torch.testing.assert_close(packed, separate, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_sdpa_from_position_ids_alone(tiny_model_config):
+    packed, separate = packed_and_reference_logits(tiny_model_config, PACKED_SDPA, "sdpa", use_cu_seq_lens=False)
+    torch.testing.assert_close(packed, separate, atol=1e-5, rtol=1e-5)
+
+
+def test_gqa_config_is_exercised(tiny_model_config):
+    assert tiny_model_config.num_key_value_heads < tiny_model_config.num_attention_heads
+
+
+def test_auto_picks_packed_sdpa_on_cpu():
+    assert setup_attention("auto", "cpu", packed=True) == PACKED_SDPA
+    assert setup_attention("auto", "cpu", packed=False) == "sdpa"
+    assert setup_attention("eager", "cpu", packed=False) == "eager"
+
+
+@pytest.mark.parametrize(
+    ("requested", "packed", "reason"),
+    [
+        ("varlen", True, "runs only on CUDA"),
+        ("flash_attn", True, "flash_attn"),
+        ("eager", True, "cannot keep packed documents apart"),
+        ("varlen", False, "needs packed batches"),
+        ("bogus", True, "unknown backend"),
+    ],
+)
+def test_backends_that_cannot_run_refuse_with_a_reason(requested, packed, reason):
+    with pytest.raises(ConfigError, match=reason) as info:
+        setup_attention(requested, "cpu", packed=packed)
+    assert str(info.value).startswith("model.attn_implementation:")
+    assert "\n" not in str(info.value)
+
+
+def test_block_causal_mask_from_cu_seq_lens():
+    ids = document_ids({"cu_seq_lens_q": torch.tensor([0, 2, 5], dtype=torch.int32)}, 1, 5, torch.device("cpu"))
+    assert ids.tolist() == [[0, 0, 1, 1, 1]]
+    mask = block_causal_mask(ids)[0, 0].int().tolist()
+    assert mask == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+    ]
+
+
+def test_torch_varlen_signature_detection():
+    v210 = {"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "is_causal", "return_aux"}
+    v211 = {"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "return_aux", "scale", "window_size"}
+    v212 = v211 | {"enable_gqa"}
+    assert torch_varlen_options(v210, 0.125, 64, gqa=True) == {"is_causal": True}
+    assert torch_varlen_options(v211, 0.125, 64, gqa=True) == {"window_size": (-1, 0), "scale": 0.125}
+    assert torch_varlen_options(v212, 0.125, 64, gqa=True) == {
+        "window_size": (-1, 0), "scale": 0.125, "enable_gqa": True
+    }
+    with pytest.raises(ValueError, match="no `scale`"):
+        torch_varlen_options(v210, 0.5, 64, gqa=False)
