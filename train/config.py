@@ -14,7 +14,7 @@ from typing import Any, Literal
 from launcher.schema import ConfigError, build, require
 
 AttnImpl = Literal["auto", "flash_attn", "varlen", "sdpa", "eager"]
-DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "text"]
+DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "text", "tokens"]  # tokens: pre-tokenized input_ids
 Scheduler = Literal["cosine", "linear", "constant"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]
 
@@ -79,6 +79,7 @@ class TrainSection:
     report_to: list[str] = field(default_factory=lambda: ["jsonl"])  # jsonl, wandb, none
     seed: int = 42
     compile: bool = False  # torch.compile each decoder layer
+    fused_loss: bool = True  # lm_head + cross-entropy fused (Liger on CUDA if installed, else chunked)
 
     def validate(self) -> None:
         require(self.learning_rate > 0, "train.learning_rate", "must be > 0")
@@ -115,7 +116,7 @@ class LoraSection:
 class RunSection:
     dir: str = "."  # the run directory; relative paths below are inside it
     checkpoint_dir: str = "checkpoints"
-    export_dir: str = "export"
+    export_dir: str = "export"  # "" = no export at the end (benchmarks)
     metrics_file: str = "metrics.jsonl"
     stop_file: str = "STOP_REQUESTED"  # written by the batch shell's trap
     gpu_type: str = ""  # from the profile; used for peak FLOP/s when the device name is unknown
