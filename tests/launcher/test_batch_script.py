@@ -1,0 +1,137 @@
+"""Run the rendered launch.slurm for real with stub `srun` / `scontrol` on PATH that record their argv.
+
+Proves: hostile run dir / job name / env values render safely (nothing executes), per-node expansion
+is deferred, the USR1 trap writes the stop file, exit 75 requeues, timeouts vs preemptions are counted
+apart and capped, and run.json records each (re)start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_stub
+from launcher.options import LaunchRequest, resolve
+from launcher.render import write_run_dir
+
+HOSTILE = "we ird 'q\" $(touch PWNED) ; `touch PWNED2` é☃ \\n"
+
+
+def _srun_stub(bin_dir: Path, behaviour: str) -> None:
+    # Records argv (NUL-separated) and the env value, then does `behaviour` and exits with its status.
+    write_stub(bin_dir, "srun", f"""
+trap 'echo USR1 >> "$STUB_LOG/srun.signals"' USR1  # real srun forwards it to the tasks
+printf '%s\\0' "$@" > "$STUB_LOG/srun.argv"
+printf '%s' "${{WEIRD_VALUE-unset}}" > "$STUB_LOG/srun.env"
+{behaviour}
+""")
+    write_stub(bin_dir, "scontrol", """
+printf '%s\\0' "$@" >> "$STUB_LOG/scontrol.argv"
+if [[ "$1" == show ]]; then printf 'node1\\nnode2\\n'; fi
+""")
+
+
+def _render(tmp_path: Path, run_name: str, sets: list[str], time_limit: str = "1:00:00") -> Path:
+    request = LaunchRequest(model="tiny", executor="local", output=str(tmp_path / run_name), job_name=HOSTILE,
+                            time=time_limit, sets=sets)
+    return write_run_dir(resolve(request), ["sft-launch", "test"])
+
+
+def _run_script(tmp_path: Path, run_dir: Path, behaviour: str, restart: int | None = None) -> subprocess.CompletedProcess[str]:
+    bin_dir, log_dir = tmp_path / "bin", tmp_path / "stublog"
+    log_dir.mkdir(exist_ok=True)
+    _srun_stub(bin_dir, behaviour)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", STUB_LOG=str(log_dir), SLURM_JOB_ID="4242",
+               SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]", PYTHONPATH=str(REPO))
+    if restart is not None:
+        env["SLURM_RESTART_COUNT"] = str(restart)
+    return subprocess.run(["bash", str(run_dir / "launch.slurm")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _argv(path: Path) -> list[str]:
+    return path.read_text().split("\0")[:-1]
+
+
+def test_hostile_names_render_safely_and_nothing_executes(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, HOSTILE.replace("\\n", "n"), [f"profile.env.WEIRD_VALUE={HOSTILE}"])
+    lint = subprocess.run(["shellcheck", str(run_dir / "launch.slurm")], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    result = _run_script(tmp_path, run_dir, "exit 0")
+    assert result.returncode == 0, result.stderr
+    assert not list(tmp_path.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
+    argv = _argv(tmp_path / "stublog" / "srun.argv")
+    # Values arrive intact as arguments; $SLURM_NODEID stays unexpanded for each node's own shell.
+    assert argv[argv.index("_") + 1] == str(run_dir / "accelerate.yaml")
+    assert argv[-1] == str(run_dir / "train.toml")
+    command = next(a for a in argv if "accelerate launch" in a)
+    assert '--machine_rank "$SLURM_NODEID"' in command and '--num_machines "$SLURM_NNODES"' in command
+    assert argv[argv.index("_") + 2 : argv.index("_") + 5] == ["4", "node1", str(20000 + 4242 % 10000)]
+    assert (tmp_path / "stublog" / "srun.env").read_text() == HOSTILE
+    log = (run_dir / "logs" / "4242-r0.log").read_text()
+    assert "training exited with 0" in log
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["job_ids"] == ["4242"] and [e["event"] for e in record["events"]] == ["start", "finish"]
+
+
+def test_job_name_is_sanitized_on_sbatch_line(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", [])
+    (line,) = [l for l in (run_dir / "launch.slurm").read_text().splitlines() if l.startswith("#SBATCH --job-name")]
+    assert line == "#SBATCH --job-name=we_ird_q_touch_PWNED_touch_PWNED2_n"
+
+
+def test_exit_75_after_early_signal_is_a_preemption_and_requeues(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", [])
+    # The stub plays SLURM: USR1 to the batch shell, then training "checkpoints" and exits 75.
+    result = _run_script(tmp_path, run_dir, 'kill -USR1 "$PPID"; sleep 1; exit 75', restart=2)
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "STOP_REQUESTED").exists()
+    assert (tmp_path / "stublog" / "srun.signals").read_text() == "USR1\n", "the trap forwards USR1 to srun"
+    assert _argv(tmp_path / "stublog" / "scontrol.argv")[-2:] == ["requeue", "4242"]
+    assert "preemption" in (run_dir / "logs" / "4242-r2.log").read_text()
+    events = json.loads((run_dir / "run.json").read_text())["events"]
+    assert events[-1]["event"] == "requeue" and events[-1]["kind"] == "preemption" and events[-1]["restart"] == 2
+
+
+def test_timeouts_are_counted_and_capped(tmp_path: Path) -> None:
+    # 2-minute limit: the timeout threshold min(96 s, -480 s) clamps to 0, so any signal is a timeout.
+    run_dir = _render(tmp_path, "run", ["profile.signal_lead_s=60", "profile.max_timeouts=1"], time_limit="2")
+    behaviour = 'kill -USR1 "$PPID"; sleep 1; exit 75'
+    first = _run_script(tmp_path, run_dir, behaviour, restart=0)
+    assert first.returncode == 0 and (run_dir / "logs" / "timeouts.txt").read_text().count("\n") == 1
+    second = _run_script(tmp_path, run_dir, behaviour, restart=1)
+    assert second.returncode == 75, "the second timeout exceeds max_timeouts = 1: give up, no requeue"
+    assert _argv(tmp_path / "stublog" / "scontrol.argv").count("requeue") == 1
+    assert json.loads((run_dir / "run.json").read_text())["events"][-1]["outcome"] == "gave-up"
+
+
+def test_checkpoint_after_stop_counts_as_75_when_torchrun_reports_1(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", [])
+    behaviour = ('kill -USR1 "$PPID"; sleep 1; mkdir -p "$PWD/checkpoints/step-00000007"; '
+                 'touch "$PWD/checkpoints/step-00000007/COMPLETE"; exit 1')
+    result = _run_script(tmp_path, run_dir, behaviour)
+    assert result.returncode == 0
+    assert "requeue" in _argv(tmp_path / "stublog" / "scontrol.argv")
+
+
+def test_failure_without_checkpoint_is_not_requeued(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", [])
+    (run_dir / "STOP_REQUESTED").touch()  # stale: removed at job start
+    time.sleep(0.01)
+    result = _run_script(tmp_path, run_dir, "exit 1")
+    assert result.returncode == 1 and not (tmp_path / "stublog" / "scontrol.argv").read_text().count("requeue")
+    assert not (run_dir / "STOP_REQUESTED").exists()
+
+
+@pytest.mark.parametrize("python", ["/nonexistent/python3"])
+def test_missing_python_does_not_fail_the_job(tmp_path: Path, python: str) -> None:
+    run_dir = _render(tmp_path, "run", [f"profile.python={python}"])
+    result = _run_script(tmp_path, run_dir, "exit 0")
+    assert result.returncode == 0
+    assert "run.json not updated" in (run_dir / "logs" / "4242-r0.log").read_text()
