@@ -139,6 +139,7 @@ start_in_ns() {
     local host=$1 netns=$2 logfile=$3; shift 3
     local enter=()
     [[ $netns == - ]] || enter=(nsenter --net="/run/netns/$netns" --)
+    # shellcheck disable=SC2016  # $0/$@ expand in the inner shell
     setsid "${enter[@]}" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "$host" "$@" \
         </dev/null >>"$logfile" 2>&1 &
     echo $!
@@ -197,7 +198,8 @@ kill_namespace_members() {  # SIGKILL every process in the UTS namespace recorde
     local ns pid
     ns="$(cat "$1" 2>/dev/null)" || return 0
     [[ -n $ns && $ns != "$(readlink /proc/self/ns/uts)" ]] || return 0
-    for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+    for pid in /proc/[0-9]*; do
+        pid="${pid#/proc/}"
         [[ $(readlink "/proc/$pid/ns/uts" 2>/dev/null) == "$ns" ]] && kill -KILL "$pid" 2>/dev/null || true
     done
 }

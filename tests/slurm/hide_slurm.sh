@@ -16,7 +16,13 @@ done
 _REAL_SRUN="$(type -P srun)"
 
 srun() {  # shadows the template's `srun`: the tasks (and everything they start) see TRAIN_BIN only
+  # shellcheck disable=SC2016  # expands on each node
   PATH="$TRAIN_BIN" "$_REAL_SRUN" --nodes="$SLURM_NNODES" --ntasks-per-node=1 \
     bash -c 'echo "$(hostname): scontrol=$(command -v scontrol || echo none)"' >>"$RUN_DIR/path-check.txt"
+  if [[ $BASHPID != "$$" ]]; then
+    # `srun ... &` runs this function in a subshell whose PID the batch shell signals: become srun
+    # (a bare subshell would die of the USR1 meant for srun and orphan it).
+    PATH="$TRAIN_BIN" exec "$_REAL_SRUN" "$@"
+  fi
   PATH="$TRAIN_BIN" "$_REAL_SRUN" "$@"
 }
