@@ -1,0 +1,59 @@
+"""The memory model against measured peaks (tests/fixtures/memory_calibration.json, written on the GPU
+machine by bench/memory_calibration.py), and the benchmark's CPU smoke run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.memory import GIB
+from launcher.planner import make_plan, plan_input_from_dict
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "tests" / "fixtures" / "memory_calibration.json"
+DATA = json.loads(FIXTURE.read_text())
+POINTS = DATA["points"]
+POINT_KEYS = {"name", "plan_input", "measured_allocated_gib", "measured_reserved_gib", "device_name", "versions"}
+
+
+def test_fixture_format():
+    assert DATA["format"] == 1 and 0 < DATA["tolerance"] <= 0.15
+    names = [p["name"] for p in POINTS]
+    assert len(names) == len(set(names)), "duplicate point names"
+    for point in POINTS:
+        assert POINT_KEYS <= point.keys(), f"{point.get('name')}: missing {POINT_KEYS - point.keys()}"
+        assert point["measured_allocated_gib"] and point["measured_reserved_gib"], point["name"]
+        plan_input_from_dict(point["plan_input"])  # every point still describes a valid PlanInput
+
+
+@pytest.mark.parametrize("point", POINTS or [None], ids=[p["name"] for p in POINTS] or ["no-points"])
+def test_prediction_within_tolerance_of_measured_peak(point):
+    if point is None:
+        pytest.skip("tests/fixtures/memory_calibration.json has no measured points yet: run "
+                    "bench/memory_calibration.py --gpus 1 / --gpus 4 on the GPU machine")
+    gpu = make_plan(plan_input_from_dict(point["plan_input"])).gpu
+    tolerance = DATA["tolerance"]
+    allocated, reserved = gpu.allocated / GIB, (gpu.allocated + gpu.allocator_slack) / GIB
+    measured_alloc, measured_resv = point["measured_allocated_gib"], point["measured_reserved_gib"]
+    assert abs(allocated - measured_alloc) <= tolerance * measured_alloc, (
+        f"{point['name']}: predicted {allocated:.2f} GiB allocated, measured {measured_alloc:.2f}")
+    assert abs(reserved - measured_resv) <= tolerance * measured_resv, (
+        f"{point['name']}: predicted {reserved:.2f} GiB reserved, measured {measured_resv:.2f}")
+
+
+@pytest.mark.slow
+def test_benchmark_cpu_smoke_runs_the_launch_path(tmp_path):
+    out = tmp_path / "calibration.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "memory_calibration.py"), "--cpu-smoke",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["points"] == []  # a CPU run never produces measurements
+    (smoke,) = data["smoke_results"]
+    assert smoke["device_name"] == "cpu" and smoke["measured_allocated_gib"] is None
+    assert smoke["predicted_allocated_gib"] > 0 and "tiny-smoke" in proc.stdout
+    plan_input_from_dict(smoke["plan_input"])
