@@ -98,20 +98,30 @@ def _has_adjacent_assistant_turns(messages: list[dict[str, str]]) -> bool:
 def _mask_turn_by_turn(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
 ) -> tuple[list[int], list[int]]:
+    """Mask from rendering prefixes: each assistant turn is the text that rendering it appends.
+
+    The text pieces must re-join exactly (each prefix is a prefix of the whole rendering), and the
+    whole is tokenized once: tokenizing a prompt that ends in "\n\n" on its own can merge
+    whitespace differently than inside the whole, so the reply's token span is found through
+    character offsets, and a token straddling a prompt/reply boundary makes the mask unreliable.
+    """
     full_text = _render(tokenizer, messages, prompt=False)
-    input_ids = _encode(tokenizer, full_text)
+    if not getattr(tokenizer, "is_fast", False):
+        raise MaskError("turn-by-turn masks need a fast tokenizer (character offsets)")
+    encoded = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
     mask = [0] * len(input_ids)
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         before = _render(tokenizer, messages[:index], prompt=True)
         after = _render(tokenizer, messages[: index + 1], prompt=False)
-        if not (after.startswith(before) and full_text.startswith(after)):
+        if not (after.startswith(before) and full_text.startswith(after)) or len(after) == len(before):
             raise MaskError(f"turn {index}: the template renders a prefix differently from the whole")
-        before_ids = _encode(tokenizer, before)
-        after_ids = _encode(tokenizer, after)
-        start, end = len(before_ids), len(after_ids)
-        if start >= end or input_ids[:start] != before_ids or input_ids[:end] != after_ids:
-            raise MaskError(f"turn {index}: the tokens of the prefixes do not re-join the whole")
-        mask[start:end] = [1] * (end - start)
+        first, last = len(before), len(after)  # the reply's characters: [first, last)
+        for token, (start, end) in enumerate(offsets):
+            if start < first < end or start < last < end:
+                raise MaskError(f"turn {index}: a token straddles the prompt/reply boundary")
+            if first <= start and end <= last and end > start:
+                mask[token] = 1
     return input_ids, mask
