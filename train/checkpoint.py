@@ -31,9 +31,9 @@ MARKER = "COMPLETE"
 STATE_FILE = "train_state.json"
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-step-"
-# Test hook: sleep this many seconds after the temp dir is written, before the rename (lets a
-# test kill -9 the job in the middle of a save). Never set in production.
-TEST_SAVE_SLEEP_ENV = "SFT_TEST_SAVE_SLEEP_S"
+# Test hook: at the save of this step, sleep after the temp dir is written and before the rename
+# (lets a test kill -9 the job in the middle of a save). Never set in production.
+TEST_SLOW_SAVE_STEP_ENV = "SFT_TEST_SLOW_SAVE_STEP"
 
 
 @dataclass
@@ -99,8 +99,8 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
     if accelerator.is_main_process:
         _write_json(tmp / STATE_FILE, asdict(state))
     accelerator.wait_for_everyone()
-    if sleep_s := float(os.environ.get(TEST_SAVE_SLEEP_ENV, "0") or 0):
-        time.sleep(sleep_s)
+    if os.environ.get(TEST_SLOW_SAVE_STEP_ENV) == str(state.step):
+        time.sleep(600)
     if accelerator.is_main_process:
         _publish(tmp, final)
         _prune(root, keep)

@@ -86,8 +86,9 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     remove_stale(ckpt_root, accelerator)
 
     tokenizer = load_tokenizer(cfg)
-    with accelerator.main_process_first():  # rank 0 tokenizes and caches, the others read the cache
-        bundle = build_datasets(cfg, tokenizer)
+    # Rank 0 tokenizes and caches; the others wait at the barrier, then read the cache.
+    bundle = build_datasets(cfg, tokenizer, is_main=accelerator.is_main_process,
+                            barrier=accelerator.wait_for_everyone)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
                       cfg.data.packing, pad_id)
@@ -113,6 +114,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     try:
         stopped = loop.run(state, stop, sink, ckpt_root)
         if stopped:
+            stop.restore_default_handlers()
             return EXIT_REQUEUE
         if bundle.eval is not None and len(bundle.eval) > 0:
             sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": loop.evaluate()})
@@ -153,7 +155,7 @@ def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches
         "world size %d (%s) | %d examples, %d tokens, data stats %s | %d micro-batches/epoch, "
         "packing efficiency %.3f | token slots per optimizer step %d | %d steps/epoch, %d steps total, "
         "starting at step %d", accelerator.num_processes, accelerator.distributed_type, len(batches.lengths),
-        real, stats, len(plan), real / slots if slots else 0.0, per_step, steps_per_epoch, total_steps,
+        real, {k: stats.get(k) for k in ("rows", "skipped", "truncated", "eval_examples")}, len(plan), real / slots if slots else 0.0, per_step, steps_per_epoch, total_steps,
         state.step)
 
 

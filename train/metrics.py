@@ -100,13 +100,15 @@ def step_record(
 
 
 def console_line(record: dict[str, Any], total_steps: int) -> str:
+    if record.get("event") == "done":
+        return f"done: step {record['step']}/{total_steps}, {record.get('tokens_seen', 0)} tokens"
     if "eval_loss" in record:
         return f"step {record['step']}/{total_steps} eval_loss {record['eval_loss']:.4f}"
     mfu = f"{record['mfu'] * 100:.1f}%" if record.get("mfu") is not None else "n/a"
     return (
         f"step {record['step']}/{total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
         f"gnorm {record['grad_norm']:.3f} tok/s {record['tokens_per_s']:.0f} "
-        f"({record['tokens_per_s_per_gpu']:.0f}/gpu) TFLOP/s/gpu {record['tflops_per_gpu']:.2f} MFU {mfu} "
+        f"({record['tokens_per_s_per_gpu']:.0f}/gpu) TFLOP/s/gpu {record['tflops_per_gpu']:.3g} MFU {mfu} "
         f"pack {record['packing_efficiency']:.2f}"
     )
 

@@ -89,16 +89,31 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
 def _load_on_rank0_and_broadcast(
     path: str, config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]
 ) -> PreTrainedModel:
+    model, rss_at_broadcast = load_on_rank0(path, config, accelerator, kwargs)
+    logger.info("rank %d peak RSS %.0f MiB when weights reached the broadcast", accelerator.process_index,
+                rss_at_broadcast)
+    return model
+
+
+def load_on_rank0(
+    path: str, config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]
+) -> tuple[PreTrainedModel, float]:
+    """Rank 0 reads the checkpoint, the others build on meta and receive it by broadcast.
+
+    Returns the model and this rank's peak RSS (MiB) just before the broadcast: on ranks > 0 it
+    stays at the baseline, since nothing was read or allocated yet.
+    """
     if accelerator.is_main_process:
         model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
     else:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, **kwargs)
-        logger.info("rank %d built the model on meta; peak RSS %.0f MiB", accelerator.process_index, peak_rss_mib())
+    rss_at_broadcast = peak_rss_mib()
+    if not accelerator.is_main_process:
         model.to_empty(device="cpu")
         model.tie_weights()  # to_empty re-creates parameters; restore the embedding/lm_head tie
     broadcast_module(model, accelerator.device)
-    return model
+    return model, rss_at_broadcast
 
 
 @torch.no_grad()

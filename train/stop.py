@@ -36,6 +36,12 @@ class StopRequest:
         for signum in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
 
+    def restore_default_handlers(self) -> None:
+        """After the stop-save: torchrun SIGTERMs the other workers when the first exits non-zero;
+        they must then die at once instead of waiting for torchrun's SIGKILL."""
+        for signum in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.signalled = signal.Signals(signum).name
 
@@ -54,10 +60,16 @@ class StopRequest:
             self.stop_file.touch()
         local = self.requested_locally()
         if not (dist.is_available() and dist.is_initialized()):
+            if local and is_main_process:
+                self.stop_file.touch()
             return local
         flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         agreed = bool(flag.item())
+        if agreed and is_main_process and not self.stop_file.exists():
+            # torchrun turns our exit 75 into its own exit 1; the launcher recovers 75 from "a
+            # complete checkpoint newer than the stop file", so a signal-only stop writes the file too.
+            self.stop_file.touch()
         if agreed:
             reason = self.signalled or (str(self.stop_file) if self.stop_file.exists() else "another rank")
             logger.info("stop requested (%s) at step %d", reason, step)

@@ -1,0 +1,105 @@
+"""Helpers for the multi-process training tests: a run directory (train.toml + accelerate.yaml)
+and the real ``accelerate launch`` CLI, which starts a 2-rank gloo world through torchrun on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY_ARCH = {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
+
+BASE_CONFIG: dict[str, dict[str, Any]] = {
+    "model": {"arch": TINY_ARCH, "attn_implementation": "sdpa"},
+    "data": {"tokens_per_micro_batch": 256},
+    "train": {"learning_rate": 3e-3, "max_steps": 30, "warmup_ratio": 0.1, "gradient_accumulation_steps": 2,
+              "logging_steps": 5, "save_steps": 1000, "model_max_length": 256, "seed": 7,
+              "gradient_checkpointing": True},
+    "run": {"dir": "."},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)  # numbers and basic strings are valid TOML as JSON
+
+
+def write_run(run_dir: Path, overrides: dict[str, dict[str, Any]] | None = None, processes: int = 2) -> Path:
+    """Create run_dir with train.toml (BASE_CONFIG + overrides per section) and accelerate.yaml."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sections = {name: dict(values) for name, values in BASE_CONFIG.items()}
+    for name, values in (overrides or {}).items():
+        sections.setdefault(name, {}).update(values)
+    lines = []
+    for name, values in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+    (run_dir / "train.toml").write_text("\n".join(lines) + "\n")
+    (run_dir / "accelerate.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nuse_cpu: false\nnum_machines: 1\n"
+        f"num_processes: {processes}\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\n"
+        f"main_process_port: {free_port()}\nmixed_precision: 'no'\nrdzv_backend: static\n"
+        "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+        "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+    )
+    return run_dir
+
+
+def launch_command(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(run_dir / "accelerate.yaml"),
+            "-m", "train", "--config", str(run_dir / "train.toml")]
+
+
+def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.update(extra or {})
+    return env
+
+
+def run_training(run_dir: Path, extra_env: dict[str, str] | None = None, timeout: float = 240,
+                 log_name: str = "train.log") -> int:
+    """Run to completion; the combined output goes to run_dir/log_name (printed on failure by callers)."""
+    with open(run_dir / log_name, "w") as log:
+        proc = subprocess.run(launch_command(run_dir), cwd=REPO, env=launch_env(extra_env), stdout=log,
+                              stderr=subprocess.STDOUT, timeout=timeout)
+    return proc.returncode
+
+
+def read_log(run_dir: Path, log_name: str = "train.log") -> str:
+    return (run_dir / log_name).read_text(errors="replace")
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def exported_tensors(run_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for path in sorted((run_dir / "export").glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
