@@ -6,9 +6,10 @@ changes):
   1. templates with `{% generation %}` markers: `return_assistant_tokens_mask=True` marks exactly
      the generated span (the tiny tokenizer marks the reply plus its end-of-turn token);
   2. otherwise, turn by turn: render the conversation up to the assistant turn with the generation
-     prompt, then including that turn; the new tokens are the assistant's. This is only trusted if
-     every prefix renders and tokenizes as a prefix of the whole conversation (the pieces re-join
-     exactly); if not, MaskError and the caller skips the example.
+     prompt, then including that turn; the appended text is the assistant's. This is only trusted
+     if every rendered prefix is an exact prefix of the whole rendering (the pieces re-join) and no
+     token of the whole straddles a prompt/reply boundary; if not, MaskError and the caller skips
+     the example.
 Plain text examples get BOS + text + EOS with loss on every token.
 """
 

@@ -120,7 +120,7 @@ def build_datasets(
     paths = {"train": resolve_data_path(cfg, cfg.data.path, "data.path") if cfg.data.path else SHIPPED_DATA}
     if cfg.data.eval_path:
         paths["eval"] = resolve_data_path(cfg, cfg.data.eval_path, "data.eval_path")
-    cache_root = Path(cfg.data.cache_dir and cfg.run.resolve(cfg.data.cache_dir) or cfg.run.resolve("cache"))
+    cache_root = cfg.run.resolve(cfg.data.cache_dir or "cache")
     entries = {name: cache_root / f"tokenized-{cache_key(path, tokenizer, cfg)}" for name, path in paths.items()}
     if is_main:
         try:
