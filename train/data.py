@@ -262,7 +262,9 @@ def _tokenize_row(
         stats.skip("skipped_bad_rows", index, raw.location, str(err))
         return None
     try:
-        if example.text is not None:
+        if example.tokens is not None:
+            input_ids, labels = example.tokens
+        elif example.text is not None:
             input_ids, labels = tokenize_text(tokenizer, example.text)
         else:
             input_ids, labels = tokenize_chat(tokenizer, example.messages, use_markers)

@@ -6,6 +6,8 @@ saved `datasets` directories) so a bad row is reported where the user can find i
   messages  {"messages": [{"role": "system|user|assistant", "content": ...}, ...]}  (OpenAI)
   alpaca    {"instruction": ..., "input": ... (optional), "output": ..., "system": ... (optional)}
   text      {<text_field>: ...}  — loss on every token
+  tokens    {"input_ids": [...], "labels": [...] (optional, -100 = no loss; absent = loss everywhere)}
+            — pre-tokenized (benchmarks, or data tokenized elsewhere); used as is
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from launcher.schema import ConfigError
 
-FORMATS = ("sharegpt", "messages", "alpaca", "text")
+FORMATS = ("sharegpt", "messages", "alpaca", "text", "tokens")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 MESSAGE_ROLES = ("system", "user", "assistant")
 
@@ -36,10 +38,11 @@ class RawRow:
 
 @dataclass
 class Example:
-    """One normalised row: chat `messages` ({role, content}) or plain `text`, never both."""
+    """One normalised row: chat `messages` ({role, content}), plain `text`, or `tokens`; exactly one."""
 
     messages: list[dict[str, str]] | None = None
     text: str | None = None
+    tokens: tuple[list[int], list[int]] | None = None  # (input_ids, labels), already tokenized
 
 
 def iter_rows(path: Path) -> Iterator[RawRow]:
@@ -135,6 +138,8 @@ def detect_format(row: Any, text_field: str, location: str) -> str:
             return "alpaca"
         if text_field in row:
             return "text"
+        if "input_ids" in row:
+            return "tokens"
     keys = sorted(row) if isinstance(row, dict) else type(row).__name__
     raise ConfigError(
         f"{location}: cannot detect data.format from keys {keys}; expected 'conversations', 'messages', "
@@ -151,6 +156,8 @@ def normalize(row: Any, fmt: str, text_field: str) -> Example:
         return Example(text=_required_text(row, text_field))
     if fmt == "alpaca":
         return Example(messages=_alpaca_messages(row))
+    if fmt == "tokens":
+        return Example(tokens=_token_lists(row))
     if fmt == "sharegpt":
         turns = _required_list(row, "conversations")
         messages = [_sharegpt_turn(turn, i) for i, turn in enumerate(turns)]
@@ -223,3 +230,15 @@ def _alpaca_messages(row: dict) -> list[dict[str, str]]:
     if isinstance(row.get("system"), str) and row["system"].strip():
         messages.insert(0, {"role": "system", "content": _required_text(row, "system")})
     return messages
+
+
+def _token_lists(row: dict) -> tuple[list[int], list[int]]:
+    ids = row.get("input_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        raise BadRowError("field 'input_ids' must be a non-empty list of token ids")
+    labels = row.get("labels")
+    if labels is None:
+        return list(ids), list(ids)
+    if not isinstance(labels, list) or len(labels) != len(ids) or not all(isinstance(t, int) for t in labels):
+        raise BadRowError(f"field 'labels' must be a list of {len(ids)} ints (one per input id)")
+    return list(ids), list(labels)

@@ -107,6 +107,16 @@ def test_plain_text_learns_every_token(tmp_path, tiny_tokenizer):
     assert (ids, labels) == expected(tiny_tokenizer, [(BOS + "The capital of Peru is Lima." + EOT, True)])
 
 
+def test_pretokenized_rows(tmp_path, tiny_tokenizer):
+    rows = [{"input_ids": [0, 7, 8, 9]}, {"input_ids": [0, 7, 8], "labels": [-100, -100, 8]}]
+    bundle = build_datasets(make_cfg(tmp_path, write_jsonl(tmp_path / "d.jsonl", rows)), tiny_tokenizer)
+    assert bundle.stats["format"] == "tokens"
+    assert bundle.train["labels"] == [[0, 7, 8, 9], [-100, -100, 8]]
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"input_ids": [1, 2], "labels": [1]}])
+    with pytest.raises(ConfigError, match=rf"^{bad}:1: field 'labels' must be a list of 2 ints"):
+        build_datasets(make_cfg(tmp_path, bad), tiny_tokenizer)
+
+
 def without_generation_markers(tokenizer):
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = tokenizer.chat_template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
