@@ -62,6 +62,10 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
         executor=args.executor, dry_run=args.dry_run, sets=args.sets, train_flags=flags)
 
 
+def _human_count(count: int) -> str:
+    return f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.2f}M"
+
+
 def summary(launch: Launch) -> str:
     t = launch.train.train
     p = launch.profile
@@ -69,7 +73,7 @@ def summary(launch: Launch) -> str:
         else f"{p.procs_per_node} CPU processes"
     lines = [
         f"profile     {launch.profile_name}" + (f" ({launch.cluster_file})" if launch.cluster_file else " (embedded)"),
-        f"model       {launch.preset.name} ({launch.preset.num_params / 1e9:.2f}B params)"
+        f"model       {launch.preset.name} ({_human_count(launch.preset.num_params)} params)"
         + (" + LoRA" if launch.train.lora.enabled else ""),
         f"world       {launch.nodes} node(s) x {per_node} = world size {launch.world_size}",
         f"batch       {t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"

@@ -152,3 +152,23 @@ def test_runrecord_module_cli(tmp_path: Path) -> None:
     assert data["job_ids"] == ["77"]
     assert {k: data["events"][0][k] for k in ("event", "kind", "timeouts", "restart")} == {
         "event": "requeue", "kind": "timeout", "timeouts": 2, "restart": 3}
+
+
+def _slurm_reachable() -> bool:
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(not _slurm_reachable(), reason="no reachable SLURM controller (tests/slurm/cluster.sh up)")
+def test_dry_run_test_only_against_local_slurm(tmp_path: Path) -> None:
+    base = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "cpu", "--model", "tiny", "--dry-run", "--time", "10",
+            "--set", "profile.cpus_per_task=0", "--set", 'profile.mem=""']
+    accepted = run_cli([*base, "--output", str(tmp_path / "ok")], tmp_path)
+    assert accepted.returncode == 0, accepted.stderr
+    assert "sbatch --test-only: sbatch: Job" in accepted.stdout
+    refused = run_cli([*base, "--set", "profile.partition=no-such-partition", "--output", str(tmp_path / "bad")],
+                      tmp_path)
+    assert refused.returncode == 1 and "invalid partition" in _error_line(refused)

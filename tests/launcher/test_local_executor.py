@@ -1,0 +1,79 @@
+"""The local executor's signal / exit-code protocol through the real `accelerate launch` (2 CPU workers).
+
+The training module is a stand-in (SFT_LAUNCH_TRAIN_MODULE) that follows the train contract: wait for
+the stop file or SIGUSR1, save a checkpoint with its COMPLETE marker, exit 75; when a complete
+checkpoint exists at start, "resume" and exit 0. The lead can point this at the real `train` module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env
+
+STAND_IN = '''
+import os, pathlib, signal, sys, time
+import tomllib
+config_path = pathlib.Path(sys.argv[sys.argv.index("--config") + 1])
+run_dir = config_path.parent
+cfg = tomllib.loads(config_path.read_text())
+stop_file = run_dir / cfg["run"]["stop_file"]
+checkpoint = run_dir / cfg["run"]["checkpoint_dir"] / "step-00000001"
+rank = int(os.environ.get("RANK", "0"))
+signalled = []
+signal.signal(signal.SIGUSR1, lambda *_: signalled.append("USR1"))
+if (checkpoint / "COMPLETE").exists():
+    (run_dir / f"resumed-{rank}").touch()
+    sys.exit(0)
+(run_dir / f"started-{rank}").touch()
+deadline = time.time() + 60
+while not (signalled or stop_file.exists()) and time.time() < deadline:
+    time.sleep(0.05)
+(run_dir / f"stopped-{rank}-{'signal' if signalled else 'file'}").touch()
+if rank == 0:
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint / "COMPLETE").touch()
+sys.exit(75)
+'''
+
+
+def _wait_for(paths: list[Path], timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.time() < deadline, f"timed out waiting for {[p.name for p in paths if not p.exists()]}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGUSR1, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, stop_signal: signal.Signals) -> None:
+    module_dir = tmp_path / "standin"
+    module_dir.mkdir()
+    (module_dir / "standin_train.py").write_text(STAND_IN)
+    env = cli_env(SFT_LAUNCH_TRAIN_MODULE="standin_train")
+    env["PYTHONPATH"] = f"{module_dir}{os.pathsep}{env['PYTHONPATH']}"
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--output", str(run_dir)]
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    try:
+        _wait_for([run_dir / "started-0", run_dir / "started-1"], timeout=120)
+        launcher.send_signal(stop_signal)
+        output, _ = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 75, output
+    assert "run the same command again to resume" in output
+    assert (run_dir / "STOP_REQUESTED").exists()
+    assert len(list(run_dir.glob("stopped-*"))) == 2, "both workers were asked to stop"
+    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (run_dir / "resumed-0").exists() and (run_dir / "resumed-1").exists()
+    assert not (run_dir / "STOP_REQUESTED").exists(), "a stale stop request is cleared at start"

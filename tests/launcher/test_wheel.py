@@ -1,0 +1,50 @@
+"""The installed wheel works: templates ship inside it and a run renders from outside the repo."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, path_without
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_fresh_venv_and_renders_a_run(tmp_path: Path) -> None:
+    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    source = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", "runs", "cache")
+    for name in ("launcher", "templates", "train", "pyproject.toml", "README.md"):
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=ignore)
+        elif (REPO / name).exists():
+            shutil.copy2(REPO / name, source / name)
+    if not (source / "README.md").exists():
+        (source / "README.md").write_text("sft-launch\n")
+    dist = tmp_path / "dist"
+    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
+                            "--outdir", str(dist), str(source)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (wheel,) = dist.glob("sft_launch-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--quiet", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {"PATH": f"{venv / 'bin'}:{path_without('sbatch')}", "HOME": str(tmp_path)}
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import launcher; print(launcher.__file__)"],
+                           cwd=outside, env=env, capture_output=True, text=True, check=True)
+    assert str(venv) in where.stdout, "the wheel, not the checkout, must be imported"
+    result = subprocess.run([str(venv / "bin" / "sft-launch"), "--model", "tiny", "--executor", "local", "--dry-run",
+                             "--output", str(outside / "run")], cwd=outside, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in (outside / "run").iterdir())
+    assert names == ["accelerate.yaml", "launch.slurm", "logs", "run.json", "train.toml"]
+    models = subprocess.run([str(venv / "bin" / "sft-launch"), "models"], cwd=outside, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert models.returncode == 0 and "llama3-70b" in models.stdout
