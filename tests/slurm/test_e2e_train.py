@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,11 +110,13 @@ def drive(runs: list[Run]) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Run]:
+def runs() -> Iterator[dict[str, Run]]:
     problem = sh.cluster_problem()
     if problem:
         pytest.skip(problem)
-    root = tmp_path_factory.mktemp("e2e")
+    # Not pytest's tmp_path: concurrent pytest sessions prune each other's older base dirs, and
+    # these jobs run for minutes. Kept for inspection when a test fails.
+    root = Path(tempfile.mkdtemp(prefix="sft-e2e-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
     common = ("--max_steps", str(STEPS), "--save_steps", str(SAVE_STEPS))
     started = [
         launch("baseline", root, "cpu", *common),
@@ -130,7 +133,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
         for run in started:
             if not run.job:
                 sh.cancel(run.job_id)
-    return {run.name: run for run in started}
+    yield {run.name: run for run in started}
 
 
 def log_text(run: Run, restart: int) -> str:
