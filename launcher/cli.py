@@ -14,6 +14,11 @@ import sys
 # name -> module with main(argv); other engineers add status/runs/logs/cancel/plot/plan here.
 COMMANDS: dict[str, str] = {
     "models": "launcher.models_cmd",
+    "status": "launcher.ops.status",
+    "runs": "launcher.ops.runs",
+    "logs": "launcher.ops.logs",
+    "cancel": "launcher.ops.cancel",
+    "plot": "launcher.ops.plot",
 }
 LAUNCH_MODULE = "launcher.launch"
 

@@ -1,0 +1,53 @@
+"""`sft-launch runs [--cluster F --profile P | --root DIR]`: one line per run under the storage root."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from launcher.ops import rundir, slurm, status
+
+
+def list_runs(root: Path) -> list[dict[str, Any]]:
+    """Status of every run directory directly under `root`, newest update first.
+
+    One `squeue` call answers for every job; jobs it does not list fall back to run.json.
+    """
+    try:
+        states = slurm.job_states()
+    except slurm.SlurmUnavailable:
+        states = {}
+
+    def query(job_id: str) -> dict[str, str] | None:
+        return {"JobState": states[job_id]} if job_id in states else None
+
+    runs = [status.run_status(path, query) for path in sorted(root.iterdir()) if rundir.is_run_dir(path)] \
+        if root.is_dir() else []
+    return sorted(runs, key=lambda r: r["updated"] or "", reverse=True)
+
+
+def format_runs(runs: list[dict[str, Any]]) -> str:
+    rows = [("NAME", "STATE", "STEP", "LOSS", "UPDATED")]
+    for run in runs:
+        step = "-" if run["step"] is None else str(run["step"])
+        if run["total_steps"]:
+            step += f"/{run['total_steps']}"
+        loss = "-" if run["loss"] is None else f"{run['loss']:.4f}"
+        rows.append((run["name"], run["state"], step, loss, run["updated"] or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4]
+                     for row in rows)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="sft-launch runs", description="List the runs under the storage root.")
+    rundir.add_root_arguments(parser)
+    args = parser.parse_args(argv)
+    root = rundir.storage_root(args)
+    runs = list_runs(root)
+    if not runs:
+        print(f"no runs under {root}")
+        return 0
+    print(format_runs(runs))
+    return 0

@@ -1,0 +1,69 @@
+"""The few SLURM queries and signals the run commands need (`scontrol -o`, `squeue`, `scancel`).
+
+No accounting database is assumed: a job that slurmctld has forgotten (after MinJobAge) answers
+"Invalid job id", and callers fall back to what run.json recorded.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+TIMEOUT_S = 30
+FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                             "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"})
+# `Key=value` pairs of `scontrol -o`; a value (e.g. Reason=...) may hold spaces, so it runs to the next ` Key=`.
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z:/_]+)=(.*?)(?=\s+[A-Za-z:/_]+=|\s*$)")
+
+
+class SlurmUnavailable(RuntimeError):
+    """No SLURM client here, or the controller did not answer."""
+
+
+def available() -> bool:
+    return shutil.which("scontrol") is not None
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SlurmUnavailable(f"{cmd[0]}: {err}") from None
+
+
+def job_fields(job_id: str) -> dict[str, str] | None:
+    """`scontrol show job -o JOB` as a dict; None when SLURM no longer knows the job."""
+    if not available():
+        raise SlurmUnavailable("scontrol not found")
+    proc = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    if proc.returncode != 0:
+        if "Invalid job id" in proc.stderr:
+            return None
+        raise SlurmUnavailable(f"scontrol show job {job_id}: {proc.stderr.strip() or proc.returncode}")
+    first = proc.stdout.splitlines()[0] if proc.stdout.strip() else ""
+    return {key: value for key, value in _FIELD.findall(first.strip())} or None
+
+
+def job_states() -> dict[str, str]:
+    """{job id: state} of every job slurmctld still knows (one `squeue` call for a whole listing)."""
+    if shutil.which("squeue") is None:
+        raise SlurmUnavailable("squeue not found")
+    proc = _run(["squeue", "-h", "-t", "all", "-o", "%i|%T"])
+    if proc.returncode != 0:
+        raise SlurmUnavailable(f"squeue: {proc.stderr.strip() or proc.returncode}")
+    states = {}
+    for line in proc.stdout.splitlines():
+        job_id, _, state = line.strip().partition("|")
+        if job_id:
+            states[job_id] = state
+    return states
+
+
+def scancel(*args: str) -> None:
+    """Run scancel; RuntimeError (exit 1) with its message when it refuses."""
+    if shutil.which("scancel") is None:
+        raise SlurmUnavailable("scancel not found")
+    proc = _run(["scancel", *args])
+    if proc.returncode != 0:
+        raise RuntimeError(f"scancel {' '.join(args)}: {proc.stderr.strip() or f'exit {proc.returncode}'}")

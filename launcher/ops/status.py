@@ -1,0 +1,167 @@
+"""`sft-launch status RUN [--json]`: where a run stands, across requeues.
+
+Sources: SLURM (`scontrol show job -o`) for the live state; run.json for job ids, restarts and
+what each stop was (preemption / time limit); metrics.jsonl for step, loss, throughput and ETA;
+checkpoints/ for the last complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from launcher.ops import rundir, slurm
+
+ETA_WINDOW = 20  # recent step records used for seconds per step
+ACTIVE_STATES = frozenset({"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
+                           "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT"})
+
+JobQuery = Callable[[str], dict[str, str] | None]
+
+
+def state_from_record(run: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """The outcome run.json / metrics.jsonl recorded, for jobs SLURM has forgotten (or local runs)."""
+    events = [e for e in run.get("events", []) if e.get("event") != "cancel_requested"]
+    last = events[-1] if events else {}
+    if last.get("event") == "cancel":
+        return "CANCELLED"
+    if last.get("event") == "finish":
+        outcome = last.get("outcome", "")
+        if outcome == "gave-up":
+            return "STOPPED (max_timeouts reached)"
+        if outcome == "cancelled":
+            return "CANCELLED"
+        return "COMPLETED" if int(last.get("exit_code", 1)) == 0 else f"FAILED (exit {last.get('exit_code')})"
+    if any(r.get("event") == "done" for r in records):
+        return "COMPLETED"
+    if last.get("event") == "requeue":
+        return "REQUEUED (job unknown to SLURM now)"
+    if last.get("event") == "start":
+        return "UNKNOWN (was running; job unknown to SLURM now)"
+    return "NOT STARTED" if not run.get("job_ids") else "UNKNOWN (job unknown to SLURM)"
+
+
+def slurm_state(job_id: str, query: JobQuery) -> tuple[str | None, dict[str, str]]:
+    """(state, scontrol fields) or (None, {}) when SLURM cannot tell."""
+    try:
+        fields = query(job_id)
+    except slurm.SlurmUnavailable:
+        return None, {}
+    if not fields:
+        return None, {}
+    return fields.get("JobState", "UNKNOWN"), fields
+
+
+def seconds_per_step(steps: list[dict[str, Any]]) -> float | None:
+    """Recent seconds per optimizer step, from elapsed_s of the newest restart's records."""
+    if not steps:
+        return None
+    restart = steps[-1].get("restart", 0)
+    recent = [r for r in steps if r.get("restart", 0) == restart][-ETA_WINDOW:]
+    if len(recent) < 2 or recent[-1].get("elapsed_s") is None or recent[0].get("elapsed_s") is None:
+        return None
+    dsteps = recent[-1]["step"] - recent[0]["step"]
+    dtime = recent[-1]["elapsed_s"] - recent[0]["elapsed_s"]
+    return dtime / dsteps if dsteps > 0 and dtime > 0 else None
+
+
+def _requeue_counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    requeues = [e for e in events if e.get("event") == "requeue"]
+    return {
+        "restarts": len(requeues),
+        "preemptions": sum(1 for e in requeues if e.get("kind") == "preemption"),
+        "timeouts": sum(1 for e in requeues if e.get("kind") == "timeout"),
+    }
+
+
+def _updated(run_dir: Path, logs: list[rundir.LogFile]) -> str | None:
+    paths = [run_dir / "run.json", run_dir / "metrics.jsonl", *(log.path for log in logs[-1:])]
+    times = [p.stat().st_mtime for p in paths if p.exists()]
+    if not times:
+        return None
+    return datetime.datetime.fromtimestamp(max(times)).astimezone().isoformat(timespec="seconds")
+
+
+def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, Any]:
+    """Everything `status` shows, as a JSON-ready dict (`query` is scontrol; tests pass a stand-in)."""
+    run = rundir.read_run_json(run_dir)
+    settings = rundir.train_settings(run_dir)
+    records = rundir.read_metrics(run_dir, settings)
+    steps = rundir.step_records(records)
+    job_ids = [str(j) for j in run.get("job_ids", [])]
+    logs = rundir.log_files(run_dir, job_ids)
+    state, fields = slurm_state(job_ids[-1], query) if job_ids else (None, {})
+    source = "slurm" if state else "run.json"
+    if state is None:
+        state = state_from_record(run, records)
+    last = steps[-1] if steps else {}
+    total = rundir.total_steps(run_dir, settings, logs)
+    pace = seconds_per_step(steps)
+    checkpoints = rundir.complete_checkpoints(run_dir, settings)
+    eta = None
+    if state in ACTIVE_STATES and pace and total and last:
+        eta = max(0, total - int(last["step"])) * pace
+    return {
+        "run_dir": str(run_dir), "name": run_dir.name, "executor": rundir.executor(run),
+        "state": state, "state_source": source, "reason": fields.get("Reason") if fields else None,
+        "job_ids": job_ids, **_requeue_counts(run.get("events", [])),
+        "slurm_restarts": int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else None,
+        "max_timeouts": run.get("profile", {}).get("max_timeouts"),
+        "last_checkpoint": {"step": checkpoints[-1][0], "path": str(checkpoints[-1][1])} if checkpoints else None,
+        "step": last.get("step"), "total_steps": total, "loss": last.get("loss"), "lr": last.get("lr"),
+        "tokens_per_s": last.get("tokens_per_s"), "mfu": last.get("mfu"),
+        "seconds_per_step": pace, "eta_s": eta, "done": any(r.get("event") == "done" for r in records),
+        "cancel_requested": (run_dir / rundir.CANCEL_FILE).exists(), "updated": _updated(run_dir, logs),
+    }
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_status(status: dict[str, Any]) -> str:
+    total = status["total_steps"]
+    step = "-" if status["step"] is None else f"{status['step']}" + (f"/{total}" if total else "")
+    state = status["state"] + (f" ({status['reason']})" if status.get("reason") not in (None, "None") else "")
+    ckpt = status["last_checkpoint"]
+    budget = f"/{status['max_timeouts']}" if status["max_timeouts"] is not None else ""
+    mfu = "n/a" if status["mfu"] is None else f"{status['mfu'] * 100:.1f}%"
+    checkpoint = f"step {ckpt['step']} ({ckpt['path']})" if ckpt else "-"
+    lines = [
+        f"run          {status['name']}  ({status['run_dir']})",
+        f"state        {state}  [{status['state_source']}, executor {status['executor']}]",
+        f"jobs         {', '.join(status['job_ids']) or '-'}",
+        f"restarts     {status['restarts']} (preemptions {status['preemptions']}, "
+        f"time-limit hits {status['timeouts']}{budget})",
+        f"checkpoint   {checkpoint}",
+        f"step         {step}   loss {_fmt(status['loss'], '.4f')}   lr {_fmt(status['lr'], '.2e')}",
+        f"throughput   {_fmt(status['tokens_per_s'], ',.0f')} tokens/s   MFU {mfu}   "
+        f"{_fmt(status['seconds_per_step'], '.2f')} s/step",
+        f"eta          {format_duration(status['eta_s'])}",
+        f"updated      {status['updated'] or '-'}",
+    ]
+    if status["cancel_requested"]:
+        lines.append(f"note         cancel requested ({rundir.CANCEL_FILE} present)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="sft-launch status", description="State of a run across requeues.")
+    rundir.add_run_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    args = parser.parse_args(argv)
+    status = run_status(rundir.resolve_run(args))
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return 0

@@ -1,0 +1,86 @@
+"""status / runs on hand-built run directories; SLURM answers come from a stand-in query."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ops_fixtures import make_run
+
+from launcher.ops import runs, status
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def running(job_id: str) -> dict[str, str]:
+    return {"JobId": job_id, "JobState": "RUNNING", "Reason": "None", "Restarts": "1"}
+
+
+def forgotten(_job_id: str) -> None:
+    return None
+
+
+def test_status_of_a_running_requeued_run(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    result = status.run_status(run_dir, running)
+    assert result["state"] == "RUNNING" and result["state_source"] == "slurm"
+    assert result["job_ids"] == ["900042"] and result["restarts"] == 1 and result["slurm_restarts"] == 1
+    assert (result["preemptions"], result["timeouts"], result["max_timeouts"]) == (1, 0, 3)
+    assert result["last_checkpoint"]["step"] == 18  # step-20 has no COMPLETE marker
+    assert result["step"] == 18 and result["total_steps"] == 40
+    assert result["loss"] == pytest.approx(6.0 - 0.05 * 18)
+    assert result["seconds_per_step"] == pytest.approx(2.0)  # from the newest restart only
+    assert result["eta_s"] == pytest.approx((40 - 18) * 2.0)
+    assert result["mfu"] is None
+    text = status.format_status(result)
+    assert "RUNNING" in text and "step 18 (" in text and "18/40" in text and "MFU n/a" in text
+    assert "preemptions 1, time-limit hits 0/3" in text and "eta          0m44s" in text
+
+
+def test_status_falls_back_to_run_json_when_slurm_forgot_the_job(tmp_path: Path) -> None:
+    done = status.run_status(make_run(tmp_path, "done", finished=True), forgotten)
+    assert done["state"] == "COMPLETED" and done["state_source"] == "run.json" and done["eta_s"] is None
+    requeued = status.run_status(make_run(tmp_path, "req", steps_per_restart=(5,), kinds=("timeout",)), forgotten)
+    assert requeued["state"].startswith("REQUEUED") and requeued["timeouts"] == 1
+
+
+def test_status_total_steps_from_the_log_when_max_steps_unset(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, max_steps=40)
+    (run_dir / "train.toml").write_text("[train]\nnum_train_epochs = 2.0\n")
+    assert status.run_status(run_dir, running)["total_steps"] == 40  # "step N/40" in the newest log
+
+
+def test_status_json_and_unknown_run_through_the_cli(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, finished=True)
+    cli = [sys.executable, "-m", "launcher.cli"]
+    proc = subprocess.run([*cli, "status", str(run_dir), "--json"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["step"] == 18
+    proc = subprocess.run([*cli, "status", "nope", "--root", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "RUN nope" in proc.stderr
+    by_name = subprocess.run([*cli, "status", "run-a", "--root", str(tmp_path)], capture_output=True, text=True,
+                             cwd=REPO)
+    assert by_name.returncode == 0 and "run-a" in by_name.stdout
+
+
+def test_runs_lists_every_run_under_the_root(tmp_path: Path) -> None:
+    make_run(tmp_path, "alpha", finished=True)
+    make_run(tmp_path, "beta", job_id="900043", steps_per_restart=(3,), kinds=())
+    (tmp_path / "not-a-run").mkdir()
+    listed = runs.list_runs(tmp_path)
+    assert {r["name"] for r in listed} == {"alpha", "beta"}
+    text = runs.format_runs(listed)
+    lines = text.splitlines()
+    assert lines[0].split()[:4] == ["NAME", "STATE", "STEP", "LOSS"] and len(lines) == 3
+    alpha = next(line for line in lines if line.startswith("alpha"))
+    assert "18/40" in alpha and f"{6.0 - 0.05 * 18:.4f}" in alpha
+
+
+def test_runs_cli_with_an_empty_root(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "runs", "--root", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and "no runs under" in proc.stdout
