@@ -81,3 +81,23 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, re
     assert "step-00000005 (step 5" in log and "removing incomplete checkpoint" in log
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-00000020", "step-00000025"]  # last K kept
     assert_same_weights(run_dir, reference)
+
+
+def test_reference_run_trains_logs_and_exports(reference):
+    """The uninterrupted 2-rank run: the loss falls, metrics.jsonl has the contract's keys, and the
+    export is a Hugging Face directory that loads and generates."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    records = [r for r in metrics(reference) if "loss" in r]
+    assert records[-1]["loss"] < records[0]["loss"] - 1.0
+    assert {"tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "packing_efficiency", "restart"} <= set(records[0])
+    assert records[0]["mfu"] is None  # CPU: no peak FLOP/s, no guess
+    assert metrics(reference)[-1]["event"] == "done"
+    export = reference / "export"
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    assert tokenizer.chat_template
+    model = AutoModelForCausalLM.from_pretrained(export)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**prompt, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > prompt["input_ids"].shape[1]

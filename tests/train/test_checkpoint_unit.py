@@ -1,0 +1,54 @@
+"""In-process checks of the checkpoint directory rules and the stop flag (single process)."""
+
+import os
+import signal
+
+import torch
+
+from train.checkpoint import MARKER, _prune, complete_checkpoints, latest_checkpoint
+from train.stop import StopRequest
+
+
+def _make(root, name, complete=True):
+    path = root / name
+    path.mkdir(parents=True)
+    if complete:
+        (path / MARKER).write_text("ok\n")
+    return path
+
+
+def test_latest_ignores_unmarked_and_tmp(tmp_path):
+    _make(tmp_path, "step-00000005")
+    _make(tmp_path, "step-00000010")
+    _make(tmp_path, "step-00000015", complete=False)  # renamed, marker not yet written
+    _make(tmp_path, ".tmp-step-00000020", complete=False)
+    assert latest_checkpoint(tmp_path).name == "step-00000010"
+    assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_prune_keeps_last_k_complete(tmp_path):
+    for step in (5, 10, 15, 20):
+        _make(tmp_path, f"step-{step:08d}")
+    _prune(tmp_path, keep=2)
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000015", "step-00000020"]
+    _prune(tmp_path, keep=0)  # the newest complete checkpoint is never removed
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000020"]
+
+
+def test_stop_request_from_signal_or_file(tmp_path):
+    stop_file = tmp_path / "STOP_REQUESTED"
+    stop = StopRequest(stop_file, torch.device("cpu"))
+    previous = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        stop.install_signal_handlers()
+        assert not stop.agreed(step=1, is_main_process=True)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.agreed(step=2, is_main_process=True) and stop.signalled == "SIGUSR1"
+        assert stop_file.exists()  # written for the launcher's "checkpoint newer than stop file" rule
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    fresh = StopRequest(stop_file, torch.device("cpu"))
+    assert fresh.requested_locally()  # the file alone is a request
+    fresh.clear_stale_file(is_main_process=True)
+    assert not fresh.requested_locally()
