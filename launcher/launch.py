@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
     parser.add_argument("--time", metavar="D-HH:MM:SS", help="time limit (default: the profile's)")
     parser.add_argument("--job-name", metavar="NAME", help="SLURM job name (default: sft-<run dir name>)")
-    parser.add_argument("--executor", choices=("sbatch", "local"), default="sbatch",
-                        help="sbatch (default) or local: run here without SLURM")
+    parser.add_argument("--executor", choices=("sbatch", "local", "submitit"), default="sbatch",
+                        help="sbatch (default), local: run here without SLURM, or submitit: through submitit")
     parser.add_argument("--dry-run", action="store_true", help="render and check, submit nothing")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a profile or training key (repeatable)")
@@ -105,6 +105,10 @@ def main(argv: list[str]) -> int:
         if code == 75:
             print("sft-launch: training checkpointed and stopped (exit 75); run the same command again to resume")
         return code
+    if launch.executor == "submitit":  # launcher/submitit_exec.py (issue 7)
+        from launcher.submitit_exec import launch_main
+
+        return launch_main(launch, run_dir, dry_run=args.dry_run)
     from launcher import sbatch
 
     if args.dry_run:
