@@ -1,0 +1,161 @@
+"""One-GPU benchmark: the FastChat-style peer and our train package on the same documents.
+
+    python -m bench.gpu_single --shape llama3.2-1b --docs 1200 --out /tmp/bench
+    python -m bench.gpu_single --cpu-smoke          # tiny shape on CPU: proves the script runs
+
+Both sides train one epoch over the same synthetic documents (bench/synthetic.py), so they see the
+same real tokens. Throughput is real (non-padding) tokens per second after the first steps
+(warm-up, torch.compile); MFU uses train.metrics.flops_per_token for both sides. Prints a table
+last and writes one JSON file per run (bench/results format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
+from launcher.gpus import gpu_type_from_device_name, lookup
+from launcher.schema import to_dict
+from train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+WARMUP_STEPS = 3
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
+
+# Variants of our package: name -> train.toml overrides (section -> key -> value).
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "ours": {"train": {"compile": True, "gradient_checkpointing": False}},
+    "ours-nocompile": {"train": {"compile": False, "gradient_checkpointing": False}},
+    "ours-ckpt": {"train": {"compile": True, "gradient_checkpointing": True}},
+}
+
+
+def write_train_toml(run_dir: Path, data: Path, arch: dict, budget: int, overrides: dict) -> Path:
+    cfg = TrainConfig()
+    cfg.model.name, cfg.model.path, cfg.model.arch = "bench", "", dict(arch)
+    cfg.model.precision = "bf16" if not os.environ.get("BENCH_CPU") else "fp32"
+    cfg.data.path, cfg.data.format, cfg.data.tokens_per_micro_batch = str(data), "tokens", budget
+    cfg.data.cache_dir = str(run_dir / "cache")
+    cfg.train.num_train_epochs, cfg.train.logging_steps, cfg.train.save_steps = 1.0, 1, 10**9
+    cfg.train.learning_rate, cfg.train.warmup_ratio, cfg.train.model_max_length = 2e-5, 0.03, budget
+    cfg.run.dir, cfg.run.export_dir = str(run_dir), ""
+    for section, values in overrides.items():
+        for key, value in values.items():
+            setattr(getattr(cfg, section), key, value)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "train.toml"
+    path.write_bytes(tomli_w.dumps(to_dict(cfg)).encode())
+    return path
+
+
+def steady_state(metrics: Path) -> dict[str, float]:
+    """Aggregate the per-step records (logging_steps = 1) after the warm-up steps."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r for r in records if "tokens_per_s" in r]
+    timed = list(zip(steps, steps[1:]))[WARMUP_STEPS:]  # (previous, current): current's duration
+    seconds = sum(cur["elapsed_s"] - prev["elapsed_s"] for prev, cur in timed)
+    tokens = sum(cur["tokens_per_s"] * (cur["elapsed_s"] - prev["elapsed_s"]) for prev, cur in timed)
+    return {
+        "real_tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "peak_mem_gib": max((r.get("peak_mem_gib") or 0.0) for r in steps),
+        "steps": len(timed),
+        "final_loss": steps[-1]["loss"],
+    }
+
+
+def run_ours(name: str, out: Path, data: Path, arch: dict, budget: int) -> dict[str, Any]:
+    run_dir = out / name
+    toml = write_train_toml(run_dir, data, arch, budget, VARIANTS[name])
+    log = run_dir / "train.log"
+    with log.open("w") as f:
+        proc = subprocess.run([sys.executable, "-m", "train", "--config", str(toml)], cwd=ROOT,
+                              stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        print(log.read_text()[-3000:])
+        return {"path": name, "error": f"exit {proc.returncode}"}
+    return {"path": name, **steady_state(run_dir / "metrics.jsonl")}
+
+
+def run_peer(out: Path, data: Path, shape: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "bench.peer_fastchat", "--data", str(data), "--shape", shape,
+                           "--out", str(out / "peer")], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-2000:], proc.stderr[-3000:])
+        return {"path": "peer-fastchat", "error": f"exit {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
+    parser.add_argument("--docs", type=int, default=1200)
+    parser.add_argument("--budget", type=int, default=32768, help="packed tokens per micro-batch")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench-single"))
+    parser.add_argument("--results", type=Path, default=None, help="folder for one JSON per run")
+    parser.add_argument("--cpu-smoke", action="store_true")
+    args = parser.parse_args()
+    arch = TINY if args.cpu_smoke else SHAPES[args.shape]
+    if args.cpu_smoke:
+        os.environ["BENCH_CPU"] = "1"
+        args.docs, args.budget, args.no_peer = 64, 2048, True
+        args.variants = "ours-nocompile"
+    lengths = sample_lengths(args.docs, seed=0, hi=min(4096, args.budget))
+    data = args.out / "docs.jsonl"
+    write_token_jsonl(data, lengths, arch["vocab_size"])
+    results = [] if args.no_peer else [run_peer(args.out, data, args.shape)]
+    results += [run_ours(name, args.out, data, arch, args.budget) for name in args.variants.split(",")]
+    report(results, arch, lengths, args)
+
+
+def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.Namespace) -> None:
+    from train.metrics import flops_per_token
+
+    gpu, peak = device_peak()
+    mean_doc = sum(n * n for n in lengths) / sum(lengths)
+    peer = next((r for r in results if r["path"] == "peer-fastchat" and "error" not in r), None)
+    rows = []
+    for r in results:
+        if "error" in r:
+            rows.append(f"| {r['path']} | error: {r['error']} | | | |")
+            continue
+        tflops = flops_per_token(arch, mean_doc) * r["real_tokens_per_s"] / 1e12
+        r.update(gpu=gpu, gpu_count=1, shape=args.shape if not args.cpu_smoke else "tiny",
+                 tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak if peak else None, budget=args.budget,
+                 total_real_tokens=sum(lengths), docs=len(lengths))
+        if peer:
+            r.update(peer_real_tokens_per_s=peer["real_tokens_per_s"],
+                     ratio_vs_peer=r["real_tokens_per_s"] / peer["real_tokens_per_s"])
+        mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "n/a"
+        ratio = f"{r.get('ratio_vs_peer', 0):.2f}x" if peer else "-"
+        rows.append(f"| {r['path']} | {r['real_tokens_per_s']:,.0f} | {mfu} | {r['peak_mem_gib'] or 0:.1f} | {ratio} |")
+        if args.results:
+            args.results.mkdir(parents=True, exist_ok=True)
+            (args.results / f"single-{r['shape']}-{r['path']}.json").write_text(json.dumps(r, indent=1))
+    print(f"\n{gpu}, {len(lengths)} docs, {sum(lengths):,} real tokens, mean attended length {mean_doc:.0f}")
+    print("| path | real tokens/s | MFU | peak GiB | vs peer |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def device_peak() -> tuple[str, float | None]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu", None
+    name = torch.cuda.get_device_name()
+    spec = lookup(gpu_type_from_device_name(name) or "")
+    return name, spec.peak_tflops_bf16 * 1e12 if spec else None
+
+
+if __name__ == "__main__":
+    main()

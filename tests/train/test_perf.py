@@ -1,0 +1,45 @@
+"""The fused-loss forward gives the stock loss and gradients (packed batch, num_items_in_batch)."""
+
+import copy
+
+import torch
+from transformers import LlamaForCausalLM
+
+from train.packing import collate_packed
+from train.perf import use_fused_loss
+
+
+def _packed_batch(vocab: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    docs = []
+    for n in (7, 12, 5):
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        labels = list(ids)
+        labels[:2] = [-100, -100]  # a prompt without loss
+        docs.append({"input_ids": ids, "labels": labels})
+    return collate_packed(docs)
+
+
+def test_fused_loss_matches_stock_loss_and_grads(tiny_model_config):
+    torch.manual_seed(0)
+    stock = LlamaForCausalLM(tiny_model_config).double()
+    fused = copy.deepcopy(stock)
+    use_fused_loss(fused)
+    batch = _packed_batch(tiny_model_config.vocab_size)
+    for items in (None, torch.tensor(9.0, dtype=torch.float64)):
+        ref = stock(**batch, num_items_in_batch=items).loss
+        got = fused(**batch, num_items_in_batch=items).loss
+        torch.testing.assert_close(got, ref)
+    ref.backward()
+    got.backward()
+    for (name, a), (_, b) in zip(stock.named_parameters(), fused.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+
+
+def test_fused_forward_without_labels_returns_logits(tiny_model_config):
+    model = LlamaForCausalLM(tiny_model_config)
+    use_fused_loss(model)
+    ids = torch.randint(0, tiny_model_config.vocab_size, (1, 6))
+    out = model(input_ids=ids)
+    assert out.logits.shape == (1, 6, tiny_model_config.vocab_size)
+    assert set(model.state_dict()) == set(LlamaForCausalLM(tiny_model_config).state_dict())

@@ -1,0 +1,63 @@
+"""Speed features applied to a built model: fused lm_head + loss, torch.compile per decoder layer.
+
+Both act on one model *instance* (no class is patched) and leave parameter names untouched, so
+checkpoints, FSDP wrapping and the export see the same model as without them.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any
+
+import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from train.loss import IGNORE_INDEX, linear_cross_entropy_sum
+
+logger = logging.getLogger(__name__)
+
+
+def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                   num_items_in_batch: torch.Tensor | int | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
+    """LlamaForCausalLM.forward without materialising the logits when labels are given.
+
+    Runs inside the root module's forward, so under FSDP2 the root's parameters (embedding, final
+    norm, lm_head) are unsharded here exactly as in the stock forward. Loss semantics match
+    transformers' ForCausalLMLoss: sum over tokens / num_items_in_batch (or / label count).
+    """
+    kwargs.pop("logits_to_keep", None)
+    hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
+    if labels is None:
+        return CausalLMOutputWithPast(logits=self.lm_head(hidden))
+    weight = self.lm_head.weight
+    if torch.is_autocast_enabled(hidden.device.type):
+        # Autocast would run the lm_head matmul in bf16/fp16; the fused kernels do not see autocast.
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    loss_sum = linear_cross_entropy_sum(hidden, weight, labels)
+    if num_items_in_batch is None:
+        num_items_in_batch = (labels[..., 1:] != IGNORE_INDEX).sum().clamp(min=1)
+    return CausalLMOutputWithPast(loss=loss_sum / num_items_in_batch)
+
+
+def use_fused_loss(model: torch.nn.Module) -> None:
+    """Make `model(**batch, labels=...)` compute the loss from hidden states (train/loss.py)."""
+    if not (hasattr(model, "model") and hasattr(model, "lm_head")):
+        raise TypeError(f"fused loss needs a *ForCausalLM model with .model and .lm_head, got {type(model)}")
+    model.forward = types.MethodType(_fused_forward, model)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return list(base.model.layers)
+
+
+def compile_decoder_layers(model: torch.nn.Module) -> int:
+    """torch.compile each decoder layer's forward (the repeated block; hooks and checkpointing stay
+    outside the compiled region, which keeps FSDP's per-layer hooks and recompute intact)."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+    logger.info("torch.compile: %d decoder layers", len(layers))
+    return len(layers)
