@@ -151,11 +151,12 @@ def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches
     real = sum(batches.lengths)
     slots = len(plan) * batches.budget
     per_step = cfg.micro_batch_tokens * cfg.train.gradient_accumulation_steps * accelerator.num_processes
+    data_stats = {k: stats.get(k) for k in ("rows", "skipped", "truncated", "eval_examples")}
     logger.info(
         "world size %d (%s) | %d examples, %d tokens, data stats %s | %d micro-batches/epoch, "
         "packing efficiency %.3f | token slots per optimizer step %d | %d steps/epoch, %d steps total, "
         "starting at step %d", accelerator.num_processes, accelerator.distributed_type, len(batches.lengths),
-        real, {k: stats.get(k) for k in ("rows", "skipped", "truncated", "eval_examples")}, len(plan), real / slots if slots else 0.0, per_step, steps_per_epoch, total_steps,
+        real, data_stats, len(plan), real / slots if slots else 0.0, per_step, steps_per_epoch, total_steps,
         state.step)
 
 
