@@ -77,3 +77,18 @@ def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, s
     assert again.returncode == 0, again.stdout + again.stderr
     assert (run_dir / "resumed-0").exists() and (run_dir / "resumed-1").exists()
     assert not (run_dir / "STOP_REQUESTED").exists(), "a stale stop request is cleared at start"
+
+
+@pytest.mark.slow
+def test_real_train_module_stop_exit_75_and_resume(tmp_path: Path) -> None:
+    """The real `train` package: its exit 75 is reported by torchrun as 1 and recovered by the launcher."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--max_steps", "4",
+               "--save_steps", "100", "--output", str(run_dir)]
+    stopped = subprocess.run(command, cwd=tmp_path, env=cli_env(SFT_TEST_STOP_AT_STEP="2"), capture_output=True,
+                             text=True, timeout=300)
+    assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "step-00000002" / "COMPLETE").exists()
+    resumed = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert (run_dir / "export").is_dir()
