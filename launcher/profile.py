@@ -21,7 +21,12 @@ STRATEGIES: tuple[str, ...] = ("fsdp", "fsdp1", "zero2", "zero3")
 # Values that end up on `#SBATCH` lines must be literal tokens: sbatch never expands or unquotes them.
 _SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:|&!*=+@/\[\]%-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
+# Credential-looking env names: a last word TOKEN/KEY (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, PRIVATE_KEY), or
+# SECRET/PASSWORD/PASSWD/API_KEY/ACCESS_KEY anywhere (AWS_SECRET_ACCESS_KEY, AWS_ACCESS_KEY_ID, DB_PASSWORD_FILE).
+# Whole words only for TOKEN/KEY, so TOKENIZERS_PARALLELISM or a KEYS_DIR are not mistaken for secrets.
+_SECRET_NAME = re.compile(r"(^|_)(TOKEN|KEY)$|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY", re.IGNORECASE)
+# `NAME=` assignments inside a shell setup line (export X=..., env X=... cmd, X=... cmd).
+_SHELL_ASSIGNMENT = re.compile(r"(?<![\w$-])([A-Za-z_][A-Za-z0-9_]*)=")
 _TIME_FORMATS = (
     re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2})(:(?P<m>\d{1,2})(:(?P<s>\d{1,2}))?)?$"),
     re.compile(r"^(?P<h>\d+):(?P<m>\d{1,2}):(?P<s>\d{1,2})$"),
@@ -129,8 +134,9 @@ class ClusterProfile:
             require(not is_secret_name(name), f"env.{name}",
                     "looks like a secret; export it in your shell instead (sbatch passes the environment on)")
         for line in self.setup:
-            require(not re.search(r"(TOKEN|KEY|SECRET|PASSWORD)\w*=", line, re.IGNORECASE), "setup",
-                    "a setup line sets a secret; export it in your shell instead")
+            secret = next((n for n in _SHELL_ASSIGNMENT.findall(line) if is_secret_name(n)), None)
+            require(secret is None, "setup", f"a setup line sets {secret}, which looks like a secret; "
+                    "export it in your shell instead")
 
     def _validate_resources(self) -> None:
         require(self.gpus_per_node >= 0, "gpus_per_node", "must be >= 0")
