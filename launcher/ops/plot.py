@@ -44,11 +44,12 @@ def make_figure(steps: list[dict[str, Any]], title: str) -> Any:
         else:
             axis.text(0.5, 0.5, "n/a (CPU)" if key == "mfu" else "no data", transform=axis.transAxes,
                       ha="center", va="center", fontsize=14, color="gray")
-        for index, step in enumerate(marks):
+        for index, step in enumerate(marks if points else []):  # an empty panel keeps its note readable
             axis.axvline(step, color="tab:red", linestyle="--", linewidth=1,
                          label="requeue" if index == 0 else None)
         axis.set_title(label)
-        axis.set_xlabel("step")
+        if key in ("tokens_per_s", "mfu"):  # bottom row; the x axis is shared
+            axis.set_xlabel("step")
         axis.grid(True, alpha=0.3)
         if key == "mfu" and points:
             axis.yaxis.set_major_formatter(PercentFormatter(1.0))
