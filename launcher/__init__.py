@@ -1,3 +1,17 @@
-"""sft-launch: the login-node side. Never imports torch."""
+"""sft-launch: the login-node side. Never imports torch.
+
+`launcher.submit(...)` / `launcher.attach(run_dir)` are the Python API (launcher/api.py), loaded
+lazily so that `import launcher` stays instant.
+"""
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("submit", "attach"):
+        from launcher import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'launcher' has no attribute {name!r}")

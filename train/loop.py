@@ -81,9 +81,9 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     set_seed(cfg.train.seed)  # same init on every rank
     stop = StopRequest(cfg.run.resolve(cfg.run.stop_file), accelerator.device)
     stop.install_signal_handlers()
-    stop.clear_stale_file(accelerator.is_main_process)
     ckpt_root = cfg.run.resolve(cfg.run.checkpoint_dir)
     remove_stale(ckpt_root, accelerator)
+    stop.clear_answered_file(accelerator.is_main_process, latest_checkpoint(ckpt_root))
 
     tokenizer = load_tokenizer(cfg)
     # Rank 0 tokenizes and caches; the others wait at the barrier, then read the cache.

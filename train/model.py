@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Pretrain
 
 from train.config import TrainConfig
 from train.metrics import peak_rss_mib
+from train.perf import compile_decoder_layers, use_fused_loss
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,10 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if cfg.train.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA), FSDP2 and keyword arguments (packing).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.train.fused_loss:
+        use_fused_loss(model)  # no vocabulary-sized logits (train/loss.py)
+    if cfg.train.compile:
+        compile_decoder_layers(model)
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
     return model

@@ -45,10 +45,17 @@ class StopRequest:
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.signalled = signal.Signals(signum).name
 
-    def clear_stale_file(self, is_main_process: bool) -> None:
-        """A stop file left by the previous (requeued) incarnation must not stop this one."""
-        if is_main_process and self.stop_file.exists():
-            logger.info("removing stop file left by the previous run: %s", self.stop_file)
+    def clear_answered_file(self, is_main_process: bool, latest_checkpoint: Path | None) -> None:
+        """Drop a stop file that a complete checkpoint already answered (the previous run saved
+        after it), so a plain re-run resumes instead of stopping at once. A stop file newer than
+        the newest complete checkpoint is a live request (e.g. SLURM's signal arrived while this
+        run was starting up) and must stop this run at its first step boundary."""
+        if not is_main_process or not self.stop_file.exists() or latest_checkpoint is None:
+            return
+        from train.checkpoint import MARKER
+
+        if (latest_checkpoint / MARKER).stat().st_mtime >= self.stop_file.stat().st_mtime:
+            logger.info("removing stop file answered by %s", latest_checkpoint.name)
             self.stop_file.unlink(missing_ok=True)
 
     def requested_locally(self) -> bool:

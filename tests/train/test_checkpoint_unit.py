@@ -50,5 +50,23 @@ def test_stop_request_from_signal_or_file(tmp_path):
             signal.signal(signum, handler)
     fresh = StopRequest(stop_file, torch.device("cpu"))
     assert fresh.requested_locally()  # the file alone is a request
-    fresh.clear_stale_file(is_main_process=True)
-    assert not fresh.requested_locally()
+
+
+def test_stop_file_is_dropped_only_once_a_checkpoint_answered_it(tmp_path):
+    stop_file = tmp_path / "STOP_REQUESTED"
+    checkpoint = tmp_path / "checkpoints" / "step-00000005"
+    checkpoint.mkdir(parents=True)
+    stop = StopRequest(stop_file, torch.device("cpu"))
+    stop_file.touch()
+    os.utime(stop_file, (1000, 1000))
+    (checkpoint / MARKER).touch()  # saved after the request: the request was answered
+    stop.clear_answered_file(is_main_process=True, latest_checkpoint=None)
+    assert stop_file.exists()  # no checkpoint: a live request (e.g. signal during startup)
+    stop.clear_answered_file(is_main_process=False, latest_checkpoint=checkpoint)
+    assert stop_file.exists()  # only rank 0 touches the file
+    stop.clear_answered_file(is_main_process=True, latest_checkpoint=checkpoint)
+    assert not stop_file.exists()
+    stop_file.touch()  # a new request after that checkpoint stays
+    os.utime(checkpoint / MARKER, (1000, 1000))
+    stop.clear_answered_file(is_main_process=True, latest_checkpoint=checkpoint)
+    assert stop_file.exists()

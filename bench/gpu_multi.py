@@ -1,0 +1,216 @@
+"""Multi-GPU benchmark on one host, started exactly as a 2-node job would be (2 machines x G/2
+processes, machine_rank 0 and 1, the accelerate.yaml and train.toml rendered by `sft-launch`).
+
+    python -m bench.gpu_multi --gpus 4 --out /tmp/bench-multi --results bench/results
+
+Measures, in one call:
+  1. disk write bandwidth (the bound for checkpoint saves);
+  2. an 8B Llama-3-shaped safetensors checkpoint with random weights, written once;
+  3. naive loading (every rank reads the checkpoint) vs our rank-0-only loading: peak RSS per rank
+     and load time;
+  4. 8B FSDP2 training throughput / MFU, a sharded checkpoint save, then a resumed run (resume time);
+  5. 1B weak scaling: tokens/s per GPU on 1 GPU vs on all GPUs.
+Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gpu_single import steady_state
+from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE_TOML = """
+[profiles.bench]
+gpus_per_node = {gpn}
+gpu_type = "{gpu_type}"
+partition = ""
+storage_root = "{root}"
+strategy = "fsdp"
+time = "1:00:00"
+"""
+
+
+def disk_write_gbps(folder: Path, gib: int = 4) -> float:
+    path = folder / "ddtest.bin"
+    start = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={gib * 64}", "conv=fsync"],
+                   check=True, capture_output=True)
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return gib * 2**30 / seconds / 1e9
+
+
+def write_checkpoint(folder: Path, arch: dict) -> float:
+    """Random-weight bf16 safetensors checkpoint (+ the tiny tokenizer); returns seconds."""
+    code = f"""
+import torch, shutil
+from transformers import LlamaConfig, LlamaForCausalLM
+cfg = LlamaConfig(**{arch!r})
+with torch.device("cuda"):
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+model.save_pretrained({str(folder)!r}, max_shard_size="5GB")
+import train, pathlib
+tok = pathlib.Path(train.__file__).parent / "assets" / "tiny-tokenizer"
+for f in tok.iterdir(): shutil.copy(f, {str(folder)!r})
+"""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    return time.perf_counter() - start
+
+
+NAIVE_LOAD = """
+import json, resource, sys, time, torch
+from transformers import AutoModelForCausalLM
+t = time.perf_counter()
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+print(json.dumps({"seconds": time.perf_counter() - t,
+                  "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+"""
+
+
+def naive_loading(folder: Path, ranks: int) -> list[dict]:
+    """Every rank reads the whole checkpoint into CPU RAM (fp32 master weights), all at once."""
+    procs = [subprocess.Popen([sys.executable, "-c", NAIVE_LOAD, str(folder)], stdout=subprocess.PIPE, text=True)
+             for _ in range(ranks)]
+    return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+
+
+def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -> None:
+    cluster = run_dir.parent / "cluster.toml"
+    cluster.write_text(PROFILE_TOML.format(gpn=max(1, gpus // 2), gpu_type=os.environ.get("BENCH_GPU", "h200"),
+                                           root=run_dir.parent))
+    cmd = ["sft-launch", "--cluster", str(cluster), "--profile", "bench", "--nodes", "2" if gpus > 1 else "1",
+           "--model", model, "--data", str(data), "--output", str(run_dir), "--dry-run", "--executor", "local",
+           "--logging_steps", "1", "--set", "data.format=tokens", "--set", 'run.export_dir=""',
+           "--set", "model.precision=bf16", *extra]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+
+
+def launch(run_dir: Path, gpus: int, port: int) -> tuple[int, str]:
+    """2 machines x gpus/2 processes on this host (or 1 x 1); returns (exit code, combined log)."""
+    machines = 2 if gpus > 1 else 1
+    per = gpus // machines
+    procs = []
+    for rank in range(machines):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(rank * per + i) for i in range(per)))
+        cmd = ["accelerate", "launch", "--config_file", str(run_dir / "accelerate.yaml"), "--num_machines",
+               str(machines), "--machine_rank", str(rank), "--num_processes", str(gpus), "--main_process_ip",
+               "127.0.0.1", "--main_process_port", str(port), "-m", "train", "--config", str(run_dir / "train.toml")]
+        log = (run_dir / f"machine{rank}.log").open("a")
+        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+    codes = [p.wait() for p in procs]
+    text = "".join((run_dir / f"machine{r}.log").read_text() for r in range(machines))
+    return max(codes), text
+
+
+def log_numbers(text: str, pattern: str) -> list[float]:
+    return [float(x) for x in re.findall(pattern, text)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench-multi"))
+    parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument("--steps8b", type=int, default=12)
+    parser.add_argument("--tokens8b", type=int, default=16384)
+    parser.add_argument("--skip", default="", help="comma list of phases to skip: naive,8b,scaling")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    rows: list[tuple[str, str]] = []
+    result: dict[str, Any] = {"gpu_count": args.gpus}
+
+    result["disk_write_gbps"] = disk_write_gbps(args.out)
+    rows.append(("disk write bandwidth", f"{result['disk_write_gbps']:.2f} GB/s"))
+    lengths = sample_lengths(6000, seed=0)
+    data = args.out / "docs.jsonl"
+    write_token_jsonl(data, lengths, SHAPES["llama3-8b"]["vocab_size"])
+
+    ckpt = args.out / "llama3-8b-random"
+    if "8b" not in skip or "naive" not in skip:
+        result["checkpoint_write_s"] = write_checkpoint(ckpt, SHAPES["llama3-8b"])
+        rows.append(("write 8B bf16 checkpoint", f"{result['checkpoint_write_s']:.1f} s"))
+    if "naive" not in skip:
+        naive = naive_loading(ckpt, args.gpus)
+        result["naive_load"] = naive
+        rows.append(("naive load: peak RSS per rank", f"{max(r['peak_rss_gib'] for r in naive):.1f} GiB, "
+                     f"{max(r['seconds'] for r in naive):.0f} s"))
+    if "8b" not in skip:
+        bench_8b(args, ckpt, data, result, rows)
+    if "scaling" not in skip:
+        bench_scaling(args, data, result, rows)
+
+    if args.results:
+        args.results.mkdir(parents=True, exist_ok=True)
+        (args.results / f"multi-{args.gpus}gpu.json").write_text(json.dumps(result, indent=1))
+    print("\n| measurement | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+
+
+def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, rows: list) -> None:
+    run = args.out / "run-8b"
+    save_at = args.steps8b - 2
+    render(run, str(ckpt), data, args.gpus, ["--max_steps", str(args.steps8b), "--save_steps", str(save_at),
+           "--gradient_checkpointing", "true", "--set", f"data.tokens_per_micro_batch={args.tokens8b}"])
+    code, text = launch(run, args.gpus, 29600)
+    result["8b_exit"] = code
+    if code != 0:
+        print(text[-4000:])
+        rows.append(("8B FSDP2 run", f"failed (exit {code})"))
+        return
+    stats = steady_state(run / "metrics.jsonl")
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    mfus = [r["mfu"] for r in records if r.get("mfu")][3:]
+    stats["mfu"] = sum(mfus) / len(mfus) if mfus else None
+    result["8b"] = stats
+    rss = log_numbers(text, r"rank (\d+) peak RSS: [\d.]+ MiB before model load, ([\d.]+) MiB after")
+    result["8b_log_tail"] = text[-2000:]
+    rows.append(("8B FSDP2 tokens/s/GPU", f"{stats['real_tokens_per_s'] / args.gpus:,.0f}"))
+    rows.append(("8B FSDP2 MFU", f"{(stats['mfu'] or 0) * 100:.1f}%"))
+    rows.append(("8B peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
+    del rss
+    # Resume: drop the finished marker's later steps by running again with more steps.
+    render(run, str(ckpt), data, args.gpus, ["--max_steps", str(args.steps8b + 2), "--save_steps", "1000000",
+           "--gradient_checkpointing", "true", "--set", f"data.tokens_per_micro_batch={args.tokens8b}"])
+    start = time.perf_counter()
+    code, text2 = launch(run, args.gpus, 29601)
+    result["8b_resume_total_s"] = time.perf_counter() - start
+    result["8b_resume_log_tail"] = text2[-3000:]
+    rows.append(("8B resume run (load + restore + 2 steps)", f"{result['8b_resume_total_s']:.0f} s, exit {code}"))
+
+
+def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:
+    per_gpu = {}
+    for gpus in (1, args.gpus):
+        run = args.out / f"run-1b-{gpus}gpu"
+        render(run, "llama3.2-1b", data, gpus, [
+            "--max_steps", "14", "--save_steps", "1000000", "--gradient_checkpointing", "false",
+            "--set", 'model.path=""', "--set", 'model.tokenizer=""',
+            "--set", "model.arch=" + json.dumps(SHAPES["llama3.2-1b"]).replace('"', "").replace(":", "=")
+            .replace("true", "true"), "--set", "data.tokens_per_micro_batch=16384", "--set", "train.compile=true"])
+        code, text = launch(run, gpus, 29610 + gpus)
+        if code != 0:
+            print(text[-3000:])
+            rows.append((f"1B on {gpus} GPU", f"failed (exit {code})"))
+            return
+        per_gpu[gpus] = steady_state(run / "metrics.jsonl")["real_tokens_per_s"] / gpus
+        rows.append((f"1B tokens/s/GPU on {gpus} GPU", f"{per_gpu[gpus]:,.0f}"))
+    result["scaling_1b"] = per_gpu
+    result["weak_scaling_efficiency"] = per_gpu[args.gpus] / per_gpu[1]
+    rows.append((f"1B weak scaling 1 -> {args.gpus} GPUs", f"{result['weak_scaling_efficiency'] * 100:.0f}%"))
+
+
+if __name__ == "__main__":
+    main()
