@@ -69,9 +69,21 @@ def mixed_precision(launch: Launch) -> str:
     return "bf16"
 
 
-def timeout_threshold_s(limit_s: int) -> int:
-    """A stop signal after this much run time is the time limit, not a preemption."""
-    return max(0, min(int(0.8 * limit_s), limit_s - 600))
+SLURM_SIGNAL_EARLY_S = 60  # sbatch(1) --signal: "may be sent up to 60 seconds earlier than specified"
+
+
+def timeout_threshold_s(limit_s: int, signal_lead_s: int = 0) -> int:
+    """A stop signal after this much run time is the time limit, not a preemption.
+
+    min(0.8 x limit, limit - 10 min); for limits of 10 min or less that second term is <= 0 (every
+    signal would count as a time-limit hit), so 0.8 x limit alone. Given the profile's signal lead,
+    never later than the moment the time-limit signal can arrive (limit - lead - 60 s), or the real
+    time-limit signal would pass for a preemption; at least 1 s.
+    """
+    threshold = min(int(0.8 * limit_s), limit_s - 600) if limit_s > 600 else int(0.8 * limit_s)
+    if signal_lead_s:
+        threshold = min(threshold, limit_s - signal_lead_s - SLURM_SIGNAL_EARLY_S)
+    return max(1, threshold)
 
 
 def context(launch: Launch) -> dict[str, Any]:
@@ -88,7 +100,7 @@ def context(launch: Launch) -> dict[str, Any]:
         "strategy": launch.strategy,
         "time_limit": launch.time_limit,
         "time_limit_s": launch.time_limit_s,
-        "timeout_after_s": timeout_threshold_s(launch.time_limit_s),
+        "timeout_after_s": timeout_threshold_s(launch.time_limit_s, launch.profile.signal_lead_s),
         "run_dir": str(launch.run_dir),
         "stop_path": str(launch.run_dir / launch.train.run.stop_file),
         "checkpoint_path": str(launch.run_dir / launch.train.run.checkpoint_dir),

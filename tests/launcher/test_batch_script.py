@@ -42,7 +42,10 @@ def _render(tmp_path: Path, run_name: str, sets: list[str], time_limit: str = "1
     return write_run_dir(resolve(request), ["sft-launch", "test"])
 
 
-def _run_script(tmp_path: Path, run_dir: Path, behaviour: str, restart: int | None = None) -> subprocess.CompletedProcess[str]:
+def _run_script(tmp_path: Path, run_dir: Path, behaviour: str, restart: int | None = None,
+                elapsed_s: int | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the batch script with stubs; `elapsed_s` starts bash's $SECONDS there (bash imports it from
+    the environment), i.e. pretends the job has already run that long when the signal arrives."""
     bin_dir, log_dir = tmp_path / "bin", tmp_path / "stublog"
     log_dir.mkdir(exist_ok=True)
     _srun_stub(bin_dir, behaviour)
@@ -51,6 +54,8 @@ def _run_script(tmp_path: Path, run_dir: Path, behaviour: str, restart: int | No
                SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]", PYTHONPATH=str(REPO))
     if restart is not None:
         env["SLURM_RESTART_COUNT"] = str(restart)
+    if elapsed_s is not None:
+        env["SECONDS"] = str(elapsed_s)
     return subprocess.run(["bash", str(run_dir / "launch.slurm")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
 
@@ -100,15 +105,27 @@ def test_exit_75_after_early_signal_is_a_preemption_and_requeues(tmp_path: Path)
 
 
 def test_timeouts_are_counted_and_capped(tmp_path: Path) -> None:
-    # 2-minute limit: the timeout threshold min(96 s, -480 s) clamps to 0, so any signal is a timeout.
+    # 2-minute limit, 60 s lead: the time-limit signal comes at ~60 s; the threshold is 0.8 x 120 s capped
+    # at limit - lead - 60 s (SLURM may signal a minute early), clamped to 1 s.
     run_dir = _render(tmp_path, "run", ["profile.signal_lead_s=60", "profile.max_timeouts=1"], time_limit="2")
+    assert "TIMEOUT_AFTER_S=1\n" in (run_dir / "launch.slurm").read_text()
     behaviour = 'kill -USR1 "$PPID"; sleep 1; exit 75'
-    first = _run_script(tmp_path, run_dir, behaviour, restart=0)
+    first = _run_script(tmp_path, run_dir, behaviour, restart=0, elapsed_s=60)
     assert first.returncode == 0 and (run_dir / "logs" / "timeouts.txt").read_text().count("\n") == 1
-    second = _run_script(tmp_path, run_dir, behaviour, restart=1)
+    second = _run_script(tmp_path, run_dir, behaviour, restart=1, elapsed_s=60)
     assert second.returncode == 75, "the second timeout exceeds max_timeouts = 1: give up, no requeue"
     assert _argv(tmp_path / "stublog" / "scontrol.argv").count("requeue") == 1
     assert json.loads((run_dir / "run.json").read_text())["events"][-1]["outcome"] == "gave-up"
+
+
+def test_short_limit_early_signal_is_a_preemption_not_a_timeout(tmp_path: Path) -> None:
+    # 5-minute limit: the threshold used to be max(0, limit - 10 min) = 0, so every signal was a "timeout".
+    run_dir = _render(tmp_path, "run", ["profile.signal_lead_s=60", "profile.max_timeouts=0"], time_limit="5")
+    assert "TIMEOUT_AFTER_S=180\n" in (run_dir / "launch.slurm").read_text()
+    result = _run_script(tmp_path, run_dir, 'kill -USR1 "$PPID"; sleep 1; exit 75', elapsed_s=10)
+    assert result.returncode == 0 and "requeue" in _argv(tmp_path / "stublog" / "scontrol.argv")
+    assert not (run_dir / "logs" / "timeouts.txt").exists()
+    assert json.loads((run_dir / "run.json").read_text())["events"][-1]["kind"] == "preemption"
 
 
 def test_checkpoint_after_stop_counts_as_75_when_torchrun_reports_1(tmp_path: Path) -> None:

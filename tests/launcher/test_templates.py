@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import CASES, Case, case_launch, render_case
-from launcher.render import timeout_threshold_s, write_run_dir
+from launcher.options import LaunchRequest, resolve
+from launcher.render import render_files, timeout_threshold_s, write_run_dir
 from train.config import load_train_config
 
 
@@ -83,6 +84,21 @@ def test_train_toml_reads_back_with_train_config(case: Case, tmp_path: Path) -> 
         + (["deepspeed.json"] if launch.strategy in ("zero2", "zero3") else []))
 
 
-@pytest.mark.parametrize(("limit_s", "expected"), [(86400, 69120), (3600, 2880), (1800, 1200), (300, 0)])
+@pytest.mark.parametrize(("limit_s", "expected"), [
+    (86400, 69120), (3600, 2880), (1800, 1200), (720, 120), (600, 480), (300, 240), (60, 48), (1, 1)])
 def test_timeout_threshold_is_min_of_80_percent_and_limit_minus_10_minutes(limit_s: int, expected: int) -> None:
+    """Short limits (<= 10 min) use 0.8 x limit: the threshold is never <= 0."""
     assert timeout_threshold_s(limit_s) == expected
+
+
+@pytest.mark.parametrize(("limit_s", "lead_s", "expected"), [
+    (86400, 300, 69120), (3600, 300, 2880), (600, 300, 240), (600, 120, 420), (300, 280, 1)])
+def test_timeout_threshold_never_after_the_time_limit_signal(limit_s: int, lead_s: int, expected: int) -> None:
+    assert timeout_threshold_s(limit_s, lead_s) == expected
+
+
+def test_short_time_limit_renders_a_positive_threshold(tmp_path: Path) -> None:
+    launch = resolve(LaunchRequest(model="tiny", executor="local", time="5", output=str(tmp_path / "run"),
+                                   sets=["profile.signal_lead_s=60"]))
+    script = render_files(launch)["launch.slurm"]
+    assert "TIMEOUT_AFTER_S=180\n" in script  # 5 min: min(0.8 x 300, 300 - 60 - 60)
