@@ -109,7 +109,7 @@ def main() -> None:
     if args.cpu_smoke:
         os.environ["BENCH_CPU"] = "1"
         args.docs, args.budget, args.no_peer = 64, 2048, True
-        args.variants = "ours-nocompile"
+        args.variants = os.environ.get("BENCH_SMOKE_VARIANTS", "ours-nocompile")
     lengths = sample_lengths(args.docs, seed=0, hi=min(4096, args.budget))
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, arch["vocab_size"])
