@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "logs": "launcher.ops.logs",
     "cancel": "launcher.ops.cancel",
     "plot": "launcher.ops.plot",
+    "plan": "launcher.plan_cmd",
 }
 LAUNCH_MODULE = "launcher.launch"
 

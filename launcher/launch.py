@@ -14,7 +14,9 @@ EPILOG = """\
 Training flags (--learning_rate ... --compile) are train.toml's [train] keys, named as in
 transformers' TrainingArguments. --set KEY=VALUE overrides any key by its dotted name:
 profile.<key> (cluster profile) or model./data./train./lora./run.<key> (train.toml); values are
-TOML literals (1e-5, true, ["wandb"]) or plain strings. Other commands: sft-launch models.
+TOML literals (1e-5, true, ["wandb"]) or plain strings. Every launch prints the plan (memory, time,
+signal lead) and refuses one that does not fit unless --force. Other commands: sft-launch plan
+(same flags, writes nothing, --json), models, status, runs, logs, cancel, plot.
 """
 
 
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--executor", choices=("sbatch", "local", "submitit"), default="sbatch",
                         help="sbatch (default), local: run here without SLURM, or submitit: through submitit")
     parser.add_argument("--dry-run", action="store_true", help="render and check, submit nothing")
+    parser.add_argument("--force", action="store_true",
+                        help="launch even when the plan says it does not fit in memory")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a profile or training key (repeatable)")
     group = parser.add_argument_group("training flags ([train] in train.toml)")
@@ -66,7 +70,8 @@ def _human_count(count: int) -> str:
     return f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.2f}M"
 
 
-def summary(launch: Launch) -> str:
+def summary(launch: Launch, plan_text: str = "") -> str:
+    """What is about to run, then the plan (launcher/plan_cmd.py) when given."""
     t = launch.train.train
     p = launch.profile
     per_node = f"{p.gpus_per_node} GPU" + (f" ({p.gpu_type})" if p.gpu_type else "") if p.gpus_per_node \
@@ -82,19 +87,21 @@ def summary(launch: Launch) -> str:
         f"time limit  {launch.time_limit}",
         f"run dir     {launch.run_dir}",
     ]
-    # --- planner call site (launcher/planner.py, another engineer; wired by the lead) ---
-    # from launcher.planner import make_plan, format_plan
-    # lines.append(format_plan(make_plan(...)))
+    if plan_text:
+        lines.append(plan_text)
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     launch = resolve(request_from_args(args))  # ConfigError -> exit 2 in cli.main; nothing written yet
+    from launcher.plan_cmd import plan_launch, refuse_unless_fits
     from launcher.render import record_submission, write_run_dir
 
+    report = plan_launch(launch)
+    print(summary(launch, report.text), flush=True)
+    refuse_unless_fits(report, force=args.force)  # does not fit: exit 2 before anything is written
     run_dir = write_run_dir(launch, ["sft-launch", *argv])
-    print(summary(launch))
     if launch.executor == "local":
         if args.dry_run:
             print(f"dry run: rendered {run_dir}; nothing started")

@@ -48,6 +48,9 @@ class PlanInput:
     nodes: int = 1
     gpus_per_node: int = 8
     gpu_type: str = "h100"
+    # "cpu": CPU processes (DDP over gloo); each process's share of the node's RAM (gpu_memory_gib)
+    # plays the part of GPU memory, and there is no MFU/time estimate.
+    device: Literal["gpu", "cpu"] = "gpu"
     gpu_memory_gib: float | None = None  # overrides the GPU table (unknown GPU types)
     usable_gpu_fraction: float = 0.95  # headroom for allocator spikes the model does not see
     cpu_mem_per_node_gib: float | None = None  # profile `mem`; None = not checked
@@ -153,11 +156,12 @@ class Plan:
 
     @property
     def verdict(self) -> str:
+        device_memory = "GPU memory" if self.input.device == "gpu" else "RAM per process"
         if self.fits is None:
-            return "unknown (GPU memory unknown: set gpu_memory_gib)"
+            return f"unknown ({device_memory} unknown" + (": set gpu_memory_gib)" if self.input.device == "gpu" else ")")
         if self.fits:
             return "fits"
-        where = [name for name, ok in (("GPU memory", self.fits_gpu), ("CPU RAM per node", self.fits_cpu))
+        where = [name for name, ok in ((device_memory, self.fits_gpu), ("CPU RAM per node", self.fits_cpu))
                  if ok is False]
         return "does not fit: " + " and ".join(where)
 
@@ -168,7 +172,7 @@ def _memory_options(inp: PlanInput) -> MemoryOptions:
 
 
 def _gpu_usable_bytes(inp: PlanInput) -> int | None:
-    spec = gpus.lookup(inp.gpu_type)
+    spec = gpus.lookup(inp.gpu_type) if inp.device == "gpu" else None
     memory_gib = inp.gpu_memory_gib or (spec.memory_gib if spec else None)
     return None if memory_gib is None else int(memory_gib * inp.usable_gpu_fraction * GIB)
 
@@ -255,7 +259,7 @@ def signal_lead_seconds(ckpt_bytes: int, inp: PlanInput, step_time_s: float | No
 def _expected_mfu(inp: PlanInput) -> float | None:
     if inp.expected_mfu is not None:
         return inp.expected_mfu
-    if gpus.lookup(inp.gpu_type) is None:
+    if inp.device == "cpu" or gpus.lookup(inp.gpu_type) is None:
         return None
     mfu = DEFAULT_MFU.get(inp.gpu_type.lower(), FALLBACK_MFU)
     if not inp.gradient_checkpointing:
@@ -306,7 +310,9 @@ def make_plan(inp: PlanInput) -> Plan:
     shape = ModelShape.from_arch(inp.arch)
     opts = _memory_options(inp)
     warnings = []
-    if gpus.lookup(inp.gpu_type) is None:
+    if inp.device == "cpu":
+        warnings.append("CPU processes: no MFU/time estimate")
+    elif gpus.lookup(inp.gpu_type) is None:
         warnings.append(f"gpu_type {inp.gpu_type!r} is not in launcher/gpus.py: no MFU/time estimate")
     if inp.strategy == "hsdp" and inp.nodes == 1:
         warnings.append("hsdp on one node is plain full sharding")
@@ -333,63 +339,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return data
 
 
-def _gib(n: int | float) -> str:
-    return f"{n / GIB_F:7.2f}"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    hours, rest = divmod(int(seconds), 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
-
-
-def _memory_lines(plan: Plan) -> list[str]:
-    gpu = plan.gpu
-    lines = [f"GPU memory per GPU (peak in {gpu.peak_phase})          GiB"]
-    for term in MemoryBreakdown.TERMS:
-        lines.append(f"  {term.replace('_', ' '):<22}{_gib(getattr(gpu, term))}   {gpu.notes.get(term, '')}")
-    usable = "?" if plan.gpu_usable_bytes is None else _gib(plan.gpu_usable_bytes).strip()
-    lines.append(f"  {'total':<22}{_gib(gpu.total)}   of {usable} usable "
-                 f"({plan.input.usable_gpu_fraction:.0%} of {plan.input.gpu_type})")
-    cpu = plan.cpu
-    cpu_usable = "unchecked" if plan.cpu_usable_bytes is None else f"of {_gib(plan.cpu_usable_bytes).strip()} usable"
-    lines.append(f"CPU RAM node 0         {_gib(cpu['total'])}   {cpu_usable} (processes {_gib(cpu['process_baseline']).strip()}, "
-                 f"loading {_gib(cpu['model_loading']).strip()}, offload {_gib(cpu['offload']).strip()})")
-    return lines
-
-
-def _time_lines(plan: Plan) -> list[str]:
-    t, inp = plan.time, plan.input
-    rate = f"{t.tokens_per_s:,.0f} tok/s at MFU {t.expected_mfu:.0%}" if t.tokens_per_s and t.expected_mfu else "? tok/s"
-    steps = "?" if t.steps is None else f"{t.steps:,}"
-    tokens = "?" if t.total_tokens is None else f"{t.total_tokens / 1e9:.3f}B"
-    lines = [f"Time    {steps} steps x {t.tokens_per_step:,} tok = {tokens} tokens; {rate}",
-             f"        ETA {_duration(t.eta_s)} (compute {_duration(t.train_time_s)}), "
-             f"{'?' if t.gpu_hours is None else f'{t.gpu_hours:,.1f}'} GPU-hours"
-             + (f", cost {t.cost:,.0f}" if t.cost is not None else "")]
-    if inp.time_limit_s:
-        lines.append(f"        time limit {_duration(inp.time_limit_s)}: "
-                     f"{'?' if t.requeues is None else t.requeues} requeue(s)")
-    lines.append(f"Signal  {plan.signal_lead_s} s before the limit (checkpoint {plan.checkpoint_bytes / 1e9:.1f} GB)")
-    return lines
-
-
 def format_plan(plan: Plan) -> str:
     """Compact human-readable table (the default output of `sft-launch plan` and of every launch)."""
-    inp = plan.input
-    trainable = f", {plan.params_trainable / 1e6:.1f}M trainable (LoRA r={inp.lora_r})" if inp.lora else ""
-    lines = [
-        f"Plan    {plan.params_total / 1e9:.2f}B params{trainable} · {STRATEGY_NAMES[inp.strategy]}"
-        f"{' + CPU offload' if inp.cpu_offload else ''} · {inp.nodes}x{inp.gpus_per_node} {inp.gpu_type} · "
-        f"{inp.precision} · checkpointing {'on' if inp.gradient_checkpointing else 'off'} · "
-        f"micro-batch {inp.micro_batch_tokens} tok x GA {inp.gradient_accumulation_steps}",
-        *_memory_lines(plan),
-        f"Verdict {plan.verdict.upper() if plan.fits is False else plan.verdict}",
-    ]
-    lines += [f"  try: {s.text} -> {s.total_gib:.1f} GiB/GPU" for s in plan.suggestions]
-    if plan.fits is False and not plan.suggestions:
-        lines.append("  no single change found that fits (up to 64 nodes)")
-    lines += _time_lines(plan)
-    lines += [f"Warning {w}" for w in plan.warnings]
-    return "\n".join(lines)
+    from launcher.plan_format import format_table  # the table lives apart; keeps this module the model
+
+    return format_table(plan)

@@ -103,6 +103,9 @@ class ClusterProfile:
     storage_root: str = "./runs"  # run directories go here (shared filesystem on a cluster)
     hf_home: str = ""  # exported as HF_HOME when set (shared HF cache)
     signal_lead_s: int = 300  # SLURM sends USR1 this long before the time limit
+    # Write bandwidth of the shared storage available to one job (GB/s): the planner sizes the signal
+    # lead a checkpoint save needs from it. 2 GB/s is a conservative parallel-filesystem figure.
+    storage_write_gbps: float = 2.0
     max_timeouts: int = 3  # stop requeueing after this many time-limit hits (preemptions are not capped)
     rdzv_timeout_s: int = 900  # how long nodes wait for each other at startup
     master_port: int = 0  # 0 = 20000 + job_id % 10000 (outside the ephemeral range)
@@ -126,6 +129,7 @@ class ClusterProfile:
         except ValueError as err:
             raise ConfigError(f"time: {err}", "time") from None
         require(0 < self.signal_lead_s < limit, "signal_lead_s", f"must be > 0 and below the time limit ({limit} s)")
+        require(self.storage_write_gbps > 0, "storage_write_gbps", "must be > 0")
         require(self.max_timeouts >= 0, "max_timeouts", "must be >= 0")
         require(self.rdzv_timeout_s >= 1, "rdzv_timeout_s", "must be >= 1")
         require(self.master_port == 0 or 1024 < self.master_port < 65536, "master_port", "must be 0 or 1025-65535")

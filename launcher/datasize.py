@@ -1,0 +1,133 @@
+"""How many training tokens a data file holds, estimated on the login node without a tokenizer.
+
+The planner needs the token count for steps, ETA and GPU-hours, and loading a tokenizer (transformers)
+would cost seconds. So, per row of the file (the formats train/formats.py reads):
+  * pre-tokenized rows (`input_ids`): exact length;
+  * otherwise: characters of every string value / CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS per
+    chat message (role header, end-of-turn) and BOS/EOS; capped at model_max_length like train does.
+CHARS_PER_TOKEN = 3.5 is a slightly pessimistic figure for English text with LLaMA-family BPE
+vocabularies (32k-150k tokens: ~3.7-4.2 chars/token); code and non-English text run lower.
+Files up to SAMPLE_BYTES are read completely; larger JSON/JSONL files are estimated from their
+first SAMPLE_BYTES, scaled by file size. Parquet files and saved `datasets` directories fall back to
+uncompressed bytes / BYTES_PER_TOKEN (Parquet row-group metadata, Arrow file sizes). Anything else
+(e.g. a dataset id) gives None: the plan then reports no step count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHARS_PER_TOKEN = 3.5
+MESSAGE_OVERHEAD_TOKENS = 6  # chat template: role header + end-of-turn markers per message
+SEQUENCE_OVERHEAD_TOKENS = 2  # BOS + EOS
+BYTES_PER_TOKEN = 4.0  # raw bytes per token for the fallbacks (includes field names, JSON quoting)
+SAMPLE_BYTES = 4 * 1024 * 1024
+SKIPPED_KEYS = frozenset({"id", "source", "from", "role"})  # metadata/role names the template replaces
+
+
+@dataclass
+class DataEstimate:
+    tokens: int  # training tokens of the whole file after truncation to model_max_length
+    rows: int
+    method: str  # how it was obtained, shown in the plan
+    exact_rows: bool  # False: extrapolated from a sample or from bytes
+
+    @property
+    def mean_tokens(self) -> float | None:
+        return self.tokens / self.rows if self.rows else None
+
+
+def _text_stats(value: Any, key: str = "") -> tuple[int, int]:
+    """(characters of string leaves, chat messages) of one decoded row."""
+    if isinstance(value, str):
+        return (0 if key in SKIPPED_KEYS else len(value)), 0
+    if isinstance(value, dict):
+        stats = [_text_stats(v, k) for k, v in value.items()]
+        return sum(c for c, _ in stats), sum(m for _, m in stats)
+    if isinstance(value, list):
+        stats = [_text_stats(v, key) for v in value]
+        messages = sum(1 for v in value if isinstance(v, dict))
+        return sum(c for c, _ in stats), messages + sum(m for _, m in stats)
+    return 0, 0
+
+
+def row_tokens(row: Any, max_length: int) -> int:
+    """Estimated tokens of one row after truncation (exact for pre-tokenized `input_ids`)."""
+    if isinstance(row, dict) and isinstance(row.get("input_ids"), list):
+        return min(len(row["input_ids"]), max_length)
+    chars, messages = _text_stats(row)
+    tokens = math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS * messages + SEQUENCE_OVERHEAD_TOKENS
+    return min(tokens, max_length)
+
+
+def _json_rows(text: str, complete: bool) -> Iterator[Any]:
+    """Decoded rows of a JSON array or JSONL text; a sample's cut-off last row is dropped."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        decoder, pos = json.JSONDecoder(), text.index("[") + 1
+        while True:
+            while pos < len(text) and (text[pos].isspace() or text[pos] == ","):
+                pos += 1
+            if pos >= len(text) or text[pos] == "]":
+                return
+            try:
+                row, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                return  # the sample ends mid-row (or the file is bad: train reports it with file:line)
+            yield row
+    lines = text.split("\n")
+    for line in lines if complete else lines[:-1]:
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def _estimate_json(path: Path, size: int, max_length: int) -> DataEstimate | None:
+    with path.open("rb") as handle:
+        raw = handle.read(SAMPLE_BYTES)
+    complete = size <= SAMPLE_BYTES
+    text = raw.decode("utf-8", errors="ignore")
+    counts = [row_tokens(row, max_length) for row in _json_rows(text, complete)]
+    if not counts:
+        return None
+    if complete:
+        return DataEstimate(sum(counts), len(counts), f"{len(counts)} rows read, chars/{CHARS_PER_TOKEN}", True)
+    scale = size / len(raw)
+    return DataEstimate(int(sum(counts) * scale), int(len(counts) * scale),
+                        f"first {len(counts)} rows ({len(raw) >> 20} MiB) scaled to {size >> 20} MiB", False)
+
+
+def _estimate_bytes(uncompressed: int, rows: int, what: str) -> DataEstimate | None:
+    if uncompressed <= 0:
+        return None
+    return DataEstimate(int(uncompressed / BYTES_PER_TOKEN), rows, f"{what} bytes/{BYTES_PER_TOKEN:g}", False)
+
+
+def _estimate_parquet(path: Path) -> DataEstimate | None:
+    import pyarrow.parquet as pq  # only for Parquet data (~0.2 s); the default path never imports it
+
+    meta = pq.ParquetFile(path).metadata
+    uncompressed = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    return _estimate_bytes(uncompressed, meta.num_rows, "Parquet uncompressed")
+
+
+def estimate_tokens(path: Path, max_length: int) -> DataEstimate | None:
+    """Token estimate of a training data file or saved `datasets` directory; None when unknown."""
+    try:
+        if path.is_dir():
+            arrow = sum(p.stat().st_size for p in path.rglob("*.arrow"))
+            return _estimate_bytes(arrow, 0, "Arrow")
+        if path.suffix in (".json", ".jsonl"):
+            return _estimate_json(path, path.stat().st_size, max_length)
+        if path.suffix == ".parquet":
+            return _estimate_parquet(path)
+    except (OSError, ImportError, ValueError):
+        return None  # unreadable here: the plan says "dataset size unknown"; train reports the real error
+    return None
