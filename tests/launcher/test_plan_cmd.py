@@ -1,0 +1,160 @@
+"""The planner wired into the CLI: `sft-launch plan` (+ --json), the plan printed by every launch,
+the exit-2 refusal of a launch that does not fit (unless --force), and the Launch -> PlanInput mapping."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
+from launcher.datasize import SAMPLE_BYTES, estimate_tokens, row_tokens
+from launcher.memory import MemoryBreakdown
+from launcher.options import LaunchRequest, resolve
+from launcher.plan_cmd import (
+    FUSED_LOSS_CHUNK_TOKENS, SHIPPED_DATA, mem_gib, plan_input_from_launch, plan_launch, refuse_unless_fits,
+)
+from launcher.schema import ConfigError
+
+A100 = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100"]
+LLAMA70B_ONE_NODE = [*A100, "--model", "llama-70b", "--nodes", "1"]
+
+
+def _env() -> dict[str, str]:
+    return cli_env(PATH=path_without("sbatch"))
+
+
+def _a100(model: str, nodes: int = 1, tmp: Path = Path("/shared/runs/x"), **kw: object) -> LaunchRequest:
+    return LaunchRequest(model=model, nodes=nodes, cluster=str(EXAMPLE_CLUSTER), profile="a100", output=str(tmp),
+                         **kw)  # type: ignore[arg-type]
+
+
+def _error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sft-launch: error: "), result.stderr
+    return lines[0]
+
+
+def test_plan_subcommand_prints_the_table_and_writes_nothing(tmp_path: Path) -> None:
+    result = run_cli(["plan", *LLAMA70B_ONE_NODE], tmp_path, env=_env())
+    assert result.returncode == 0, result.stderr
+    for word in ("GPU memory per GPU", "optimizer states", "activations", "Verdict DOES NOT FIT", "try: use",
+                 "Data    ~", "Time ", "Signal "):
+        assert word in result.stdout, word
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_launch_that_does_not_fit_exits_2_naming_a_node_count(tmp_path: Path) -> None:
+    for extra in (["--dry-run"], []):  # a dry run checks what the launch would do; a real one never reaches sbatch
+        result = run_cli([*LLAMA70B_ONE_NODE, *extra, "--output", str(tmp_path / "run")], tmp_path, env=_env())
+        assert result.returncode == 2, result.stderr
+        line = _error_line(result)
+        assert "does not fit: GPU memory" in line and "--force" in line
+        assert " nodes (--nodes " in line, line
+        assert "Verdict DOES NOT FIT" in result.stdout, "the plan is printed before the refusal"
+        assert not (tmp_path / "run").exists()
+
+
+def test_force_renders_a_launch_that_does_not_fit(tmp_path: Path) -> None:
+    result = run_cli([*LLAMA70B_ONE_NODE, "--dry-run", "--force", "--output", str(tmp_path / "run")], tmp_path,
+                     env=_env())
+    assert result.returncode == 0, result.stderr
+    assert "Verdict DOES NOT FIT" in result.stdout and "dry run: nothing submitted" in result.stdout
+    assert (tmp_path / "run" / "launch.slurm").is_file()
+
+
+def test_plan_json_parses_and_has_the_breakdown(tmp_path: Path) -> None:
+    result = run_cli(["plan", *LLAMA70B_ONE_NODE, "--json"], tmp_path, env=_env())
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(MemoryBreakdown.TERMS) | {"total", "allocated", "peak_phase"} <= data["gpu"].keys()
+    assert data["fits"] is False and data["fits_gpu"] is False and data["verdict"].startswith("does not fit")
+    assert any("nodes" in s["change"] for s in data["suggestions"])
+    assert data["input"]["gpu_type"] == "a100" and data["input"]["gpus_per_node"] == 8
+    assert data["dataset"]["rows"] == 300 and data["time"]["steps"] >= 1 and data["signal_lead_s"] >= 60
+
+
+def test_tiny_local_run_is_planned_per_cpu_process_and_never_refused(tmp_path: Path) -> None:
+    result = run_cli(["--model", "tiny", "--executor", "local", "--dry-run", "--output", str(tmp_path / "run")],
+                     tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "RAM per CPU process" in result.stdout and "DOES NOT FIT" not in result.stdout
+    launch = resolve(LaunchRequest(model="tiny", cluster=str(EXAMPLE_CLUSTER), profile="cpu", nodes=2,
+                                   output=str(tmp_path / "cpu")))
+    report = plan_launch(launch)
+    inp = report.plan.input
+    assert (inp.device, inp.strategy, inp.gpus_per_node, inp.precision) == ("cpu", "ddp", 2, "fp32")
+    assert inp.gpu_memory_gib == pytest.approx(8.0)  # mem = "16G" shared by 2 processes
+    assert report.plan.fits is True and report.plan.time.tokens_per_s is None
+
+
+def test_plan_input_maps_the_launch() -> None:
+    launch = resolve(_a100("llama3-8b", nodes=2, strategy="zero3", lora=True, time="4:00:00",
+                           sets=["profile.cpu_offload=true", "profile.storage_write_gbps=5.5",
+                                 "data.tokens_per_micro_batch=4096", "train.gradient_checkpointing=false",
+                                 "train.gradient_accumulation_steps=3", "lora.r=8"]))
+    inp = plan_input_from_launch(launch)
+    assert (inp.nodes, inp.gpus_per_node, inp.gpu_type, inp.strategy, inp.cpu_offload) == (2, 8, "a100", "zero3", True)
+    assert (inp.lora, inp.lora_r, inp.gradient_checkpointing) == (True, 8, False)
+    assert (inp.micro_batch_tokens, inp.gradient_accumulation_steps) == (4096, 3)
+    assert inp.loss_chunk_tokens == FUSED_LOSS_CHUNK_TOKENS and inp.precision == "bf16"
+    assert (inp.time_limit_s, inp.storage_write_gbps, inp.cpu_mem_per_node_gib) == (4 * 3600, 5.5, None)
+    plain = plan_input_from_launch(resolve(_a100("llama3-8b", sets=["train.fused_loss=false"])))
+    assert plain.loss_chunk_tokens == 0 and plain.micro_batch_tokens == 4 * 8192  # per-device x max length
+
+
+def test_unknown_gpu_type_warns_and_is_not_refused(tmp_path: Path) -> None:
+    launch = resolve(_a100("llama-70b", tmp=tmp_path / "run", sets=['profile.gpu_type=""']))
+    report = plan_launch(launch)
+    assert report.plan.fits is None
+    assert any("no gpu_type" in w for w in report.plan.warnings)
+    refuse_unless_fits(report, force=False)  # no exception
+
+
+def test_short_signal_lead_warns_with_both_values_and_keeps_the_profile_value(tmp_path: Path) -> None:
+    args = [*A100, "--model", "llama3-8b", "--nodes", "2", "--set", "profile.signal_lead_s=60", "--dry-run",
+            "--output", str(tmp_path / "run")]
+    result = run_cli(args, tmp_path, env=_env())
+    assert result.returncode == 0, result.stderr
+    (warning,) = [line for line in result.stdout.splitlines() if "signal_lead_s" in line]
+    needed = plan_launch(resolve(_a100("llama3-8b", nodes=2))).plan.signal_lead_s
+    assert "= 60 s" in warning and f"the {needed} s" in warning and needed > 60
+    assert "#SBATCH --signal=B:USR1@60\n" in (tmp_path / "run" / "launch.slurm").read_text()
+
+
+def test_refusal_of_a_cpu_profile_names_ram_per_process() -> None:
+    launch = resolve(LaunchRequest(model="llama3-8b", cluster=str(EXAMPLE_CLUSTER), profile="cpu",
+                                   output="/tmp/never-written"))
+    report = plan_launch(launch)
+    assert report.plan.fits is False
+    with pytest.raises(ConfigError, match=r"does not fit: RAM per process \(.* GiB per process of 7.2 usable\)"):
+        refuse_unless_fits(report, force=False)
+    refuse_unless_fits(report, force=True)
+
+
+@pytest.mark.parametrize(("mem", "gib"), [("480G", 480.0), ("16000M", 15.625), ("16000", 15.625), ("2T", 2048.0),
+                                          ("0", None), ("", None), ("lots", None)])
+def test_profile_mem_in_gib(mem: str, gib: float | None) -> None:
+    assert mem_gib(mem) == gib
+
+
+def test_dataset_estimates(tmp_path: Path) -> None:
+    shipped = estimate_tokens(SHIPPED_DATA, 8192)
+    assert shipped is not None and shipped.rows == 300 and shipped.exact_rows
+    assert 30 < shipped.mean_tokens < 80  # short chat turns
+    assert estimate_tokens(SHIPPED_DATA, 16).tokens == 300 * 16  # truncation at model_max_length
+    tokens = tmp_path / "tok.json"
+    tokens.write_text(json.dumps([{"input_ids": list(range(n)), "labels": list(range(n))} for n in (5, 7, 100)]))
+    exact = estimate_tokens(tokens, 50)
+    assert (exact.tokens, exact.rows) == (5 + 7 + 50, 3)
+    row = {"messages": [{"role": "user", "content": "x" * 35}, {"role": "assistant", "content": "y" * 70}]}
+    assert row_tokens(row, 10_000) == 30 + 2 * 6 + 2
+    big = tmp_path / "big.jsonl"
+    line = json.dumps(row) + "\n"
+    big.write_text(line * (SAMPLE_BYTES // len(line) * 3))
+    scaled = estimate_tokens(big, 10_000)
+    assert not scaled.exact_rows and scaled.rows == pytest.approx(SAMPLE_BYTES // len(line) * 3, rel=0.01)
+    assert estimate_tokens(tmp_path / "missing.jsonl", 100) is None
+    assert estimate_tokens(Path("some/hub-dataset-id"), 100) is None
