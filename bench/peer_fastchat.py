@@ -35,7 +35,7 @@ def pad_collate(rows: list[dict]) -> dict[str, torch.Tensor]:
 class TimedTrainer(Trainer):
     """Counts real (non-padding) tokens and times steps after a warm-up."""
 
-    warmup_steps = 3
+    timing_warmup_steps = 3
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -44,10 +44,10 @@ class TimedTrainer(Trainer):
         self.t0: float | None = None
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if self.step_count == self.warmup_steps:
+        if self.step_count == self.timing_warmup_steps:
             torch.cuda.synchronize()
             self.t0 = time.perf_counter()
-        if self.step_count >= self.warmup_steps:
+        if self.step_count >= self.timing_warmup_steps:
             self.real_tokens += int(inputs["attention_mask"].sum())
         self.step_count += 1
         return super().training_step(model, inputs, num_items_in_batch)
@@ -70,7 +70,7 @@ def main() -> None:
     targs = TrainingArguments(
         output_dir=str(args.out), per_device_train_batch_size=args.batch, max_steps=args.steps + 3,
         bf16=True, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False},
-        optim="adamw_torch_fused", learning_rate=2e-5, lr_scheduler_type="cosine", warmup_ratio=0.03,
+        optim="adamw_torch_fused", learning_rate=2e-5, lr_scheduler_type="cosine", warmup_steps=0.03,
         weight_decay=0.0, logging_steps=1000, save_strategy="no", report_to=[], remove_unused_columns=False,
         dataloader_drop_last=True, seed=0,
     )

@@ -84,12 +84,24 @@ def _varlen_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     """Packed [1, H, T, D] tensors → [T, H, D] plus cu_seq_lens (int32, on the device) and max lengths."""
     if kwargs.get("cu_seq_lens_q") is None or query.shape[0] != 1:
         raise ValueError("varlen attention needs packed batches (batch size 1 with cu_seq_lens_q; use collate_packed)")
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    dtype = _half_dtype(query)
+    q, k, v = (t[0].transpose(0, 1).to(dtype) for t in (query, key, value))
     cu_q = kwargs["cu_seq_lens_q"].to(query.device, torch.int32)
     cu_k = kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"]).to(query.device, torch.int32)
     max_q = int(kwargs.get("max_length_q") or (cu_q[1:] - cu_q[:-1]).max())
     max_k = int(kwargs.get("max_length_k") or max_q)
     return q, k, v, cu_q, cu_k, max_q, max_k
+
+
+def _half_dtype(query: torch.Tensor) -> torch.dtype:
+    """The FlashAttention kernels take only fp16/bf16. Under autocast (fp32 weights, bf16 compute)
+    RoPE's multiply by fp32 cos/sin promotes q and k back to fp32; sdpa is autocast-aware, these
+    kernels are not, so cast to the autocast dtype here."""
+    if query.dtype in (torch.float16, torch.bfloat16):
+        return query.dtype
+    if torch.is_autocast_enabled(query.device.type):
+        return torch.get_autocast_dtype(query.device.type)
+    raise ValueError("FlashAttention kernels need bf16/fp16 activations: set model.precision = \"bf16\"")
 
 
 def torch_varlen_options(parameters: set[str], scaling: float | None, head_dim: int, gqa: bool) -> dict[str, Any]:
