@@ -27,7 +27,8 @@ from launcher.schema import to_dict
 from train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-WARMUP_STEPS = 3
+WARMUP_STEPS = 3  # steps excluded from throughput (CUDA context, torch.compile, allocator warm-up)
+LOGGING_STEPS = 4  # the loop reads GPU numbers only when it logs (one host sync per log line)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
 
@@ -45,7 +46,7 @@ def write_train_toml(run_dir: Path, data: Path, arch: dict, budget: int, overrid
     cfg.model.precision = "bf16" if not os.environ.get("BENCH_CPU") else "fp32"
     cfg.data.path, cfg.data.format, cfg.data.tokens_per_micro_batch = str(data), "tokens", budget
     cfg.data.cache_dir = str(run_dir / "cache")
-    cfg.train.num_train_epochs, cfg.train.logging_steps, cfg.train.save_steps = 1.0, 1, 10**9
+    cfg.train.num_train_epochs, cfg.train.logging_steps, cfg.train.save_steps = 1.0, LOGGING_STEPS, 10**9
     cfg.train.learning_rate, cfg.train.warmup_ratio, cfg.train.model_max_length = 2e-5, 0.03, budget
     cfg.run.dir, cfg.run.export_dir = str(run_dir), ""
     for section, values in overrides.items():
@@ -58,10 +59,11 @@ def write_train_toml(run_dir: Path, data: Path, arch: dict, budget: int, overrid
 
 
 def steady_state(metrics: Path) -> dict[str, float]:
-    """Aggregate the per-step records (logging_steps = 1) after the warm-up steps."""
+    """Aggregate the logged windows that start after the warm-up steps."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
-    timed = list(zip(steps, steps[1:]))[WARMUP_STEPS:]  # (previous, current): current's duration
+    # (previous record, current record): the current window's duration is the elapsed_s difference.
+    timed = [(prev, cur) for prev, cur in zip(steps, steps[1:]) if prev["step"] >= WARMUP_STEPS]
     seconds = sum(cur["elapsed_s"] - prev["elapsed_s"] for prev, cur in timed)
     tokens = sum(cur["tokens_per_s"] * (cur["elapsed_s"] - prev["elapsed_s"]) for prev, cur in timed)
     return {

@@ -57,22 +57,51 @@ class Batches:
             self._plans = {epoch: plan_micro_batches(self.lengths, self.budget, self.seed, epoch)}
         return self._plans[epoch]
 
-    def collate(self, indices: list[int], device: torch.device) -> dict[str, Any]:
+    def collate(self, indices: list[int]) -> dict[str, Any]:
+        """The micro-batch on the CPU (counting its tokens there costs no device sync)."""
         examples = [self.dataset[i] for i in indices]
-        batch = collate_packed(examples) if self.packed else collate_padded(examples, self.pad_id)
+        return collate_packed(examples) if self.packed else collate_padded(examples, self.pad_id)
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Asynchronous copy: a plain .to(cuda) from pageable memory waits for the GPU, which would stall
+    the CPU from preparing the next micro-batch while the GPU works."""
+    if device.type != "cuda":
         return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 @dataclass
 class Window:
-    """Sums over the optimizer steps since the last log line."""
+    """Sums over the optimizer steps since the last log line.
 
+    Each step leaves its numbers as one device tensor in `pending`; `settle` reads them all with a
+    single host sync at log / save time, so no step waits for the GPU (the CPU runs ahead and the
+    GPU never idles while the next micro-batch is prepared).
+    """
+
+    pending: list[torch.Tensor] = field(default_factory=list)  # per step: loss, tokens, Σn², slots, grad norm
     loss: float = 0.0
     steps: int = 0
     tokens: int = 0
     doc_len_sq: float = 0.0
     slots: int = 0
     seconds: float = 0.0
+    grad_norm: float = 0.0
+
+    def settle(self, state: TrainState) -> None:
+        if not self.pending:
+            return
+        rows = torch.stack(self.pending).tolist()  # the one host sync
+        self.pending.clear()
+        for loss, tokens, doc_len_sq, slots, grad_norm in rows:
+            self.loss += loss
+            self.steps += 1
+            self.tokens += int(tokens)
+            self.doc_len_sq += doc_len_sq
+            self.slots += int(slots)
+            self.grad_norm = grad_norm
+            state.tokens_seen += int(tokens)
 
 
 def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
@@ -178,23 +207,34 @@ class Loop:
         self.model.train()
         while state.step < self.total_steps:
             lr = self.scheduler.get_last_lr()[0]
-            grad_norm = self.step(state, window)
-            seconds = watch.lap()
-            state.elapsed_s += seconds
-            window.seconds += seconds
+            self.step(state, window)
             sink.advance()
             if state.step % self.cfg.train.logging_steps == 0 or state.step == self.total_steps:
-                sink.write(self.record(state, window, lr, grad_norm))
+                self._settle(state, window, watch)
+                sink.write(self.record(state, window, lr))
                 window = Window()
             if self.cfg.train.eval_steps and state.step % self.cfg.train.eval_steps == 0 and self.eval_dataset:
+                self._settle(state, window, watch)
                 sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": self.evaluate()})
+                watch.lap()  # eval is not training throughput
             if stop.agreed(state.step, self.acc.is_main_process):
+                self._settle(state, window, watch)  # tokens_seen must be exact in the checkpoint
                 save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
                 return True
             if state.step % self.cfg.train.save_steps == 0 and state.step < self.total_steps:
+                self._settle(state, window, watch)
                 save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
-            watch.lap()  # saving and eval are not training throughput
+                watch.lap()  # saving is not training throughput
+        self._settle(state, window, watch)
         return False
+
+    @staticmethod
+    def _settle(state: TrainState, window: Window, watch: Stopwatch) -> None:
+        """Wait for the GPU (one sync), then book the wall time since the last lap as training time."""
+        window.settle(state)
+        seconds = watch.lap()
+        window.seconds += seconds
+        state.elapsed_s += seconds
 
     def _my_micro_batches(self, state: TrainState) -> list[list[int]]:
         plan = self.batches.plan(state.epoch)
@@ -207,16 +247,18 @@ class Loop:
         if state.micro_batch_index + self.world * self.accumulation > len(self.batches.plan(state.epoch)):
             state.epoch, state.micro_batch_index = state.epoch + 1, 0
 
-    def step(self, state: TrainState, window: Window) -> float:
-        """One optimizer step over this rank's micro-batches; returns the gradient norm."""
+    def step(self, state: TrainState, window: Window) -> None:
+        """One optimizer step over this rank's micro-batches. Enqueues GPU work only: the step's
+        numbers go to `window.pending` as a device tensor (no host sync)."""
         index_lists = self._my_micro_batches(state)
-        micro = [self.batches.collate(ix, self.acc.device) for ix in index_lists]
+        micro_cpu = [self.batches.collate(ix) for ix in index_lists]
         doc_lengths = [self.batches.lengths[i] for ix in index_lists for i in ix]
-        label_tokens = sum(int((b["labels"][..., 1:] != -100).sum()) for b in micro)
+        label_tokens = sum(int((b["labels"][..., 1:] != -100).sum()) for b in micro_cpu)
+        slots = sum(b["input_ids"].numel() if not self.cfg.data.packing else self.batches.budget for b in micro_cpu)
         counts = torch.tensor([label_tokens, sum(doc_lengths), attended_length(doc_lengths) * sum(doc_lengths),
-                               sum(b["input_ids"].numel() if not self.cfg.data.packing else self.batches.budget
-                                   for b in micro)], dtype=torch.float64, device=self.acc.device)
-        counts = self.acc.reduce(counts, reduction="sum")
+                               slots], dtype=torch.float64)
+        counts = self.acc.reduce(to_device({"c": counts}, self.acc.device)["c"], reduction="sum")
+        micro = [to_device(b, self.acc.device) for b in micro_cpu]
         items_per_rank = torch.clamp(counts[0], min=1.0).float() / self.world
         loss_sum = torch.zeros((), device=self.acc.device)
         for i, batch in enumerate(micro):
@@ -226,23 +268,18 @@ class Loop:
                 self.acc.backward(loss)
             loss_sum += loss.detach().float()
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-        grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = _norm_tensor(self.acc.clip_grad_norm_(self.model.parameters(), max_norm), self.acc.device)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        window.loss += float(self.acc.reduce(loss_sum, reduction="mean"))
-        window.steps += 1
-        window.tokens += int(counts[1])
-        window.doc_len_sq += float(counts[2])
-        window.slots += int(counts[3])
-        state.tokens_seen += int(counts[1])
+        loss_mean = self.acc.reduce(loss_sum, reduction="mean")
+        window.pending.append(torch.stack([loss_mean.double(), counts[1], counts[2], counts[3], grad_norm.double()]))
         self._advance(state)
-        return float(grad_norm)
 
-    def record(self, state: TrainState, window: Window, lr: float, grad_norm: float) -> dict[str, Any]:
+    def record(self, state: TrainState, window: Window, lr: float) -> dict[str, Any]:
         return step_record(
             step=state.step, epoch=state.epoch, loss=window.loss / max(1, window.steps), lr=lr,
-            grad_norm=grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
+            grad_norm=window.grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
             seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
             packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s)
 
@@ -259,10 +296,17 @@ class Loop:
         one = torch.ones((), device=self.acc.device)
         for j in range(math.ceil(len(plan) / self.world)):
             g = j * self.world + self.rank
-            batch = evals.collate(plan[min(g, len(plan) - 1)], self.acc.device)
+            batch = to_device(evals.collate(plan[min(g, len(plan) - 1)]), self.acc.device)
             loss_sum = self.model(**batch, num_items_in_batch=one).loss
             if g < len(plan):
                 sums += torch.stack([loss_sum.double(), (batch["labels"][..., 1:] != -100).sum().double()])
         self.model.train()
         sums = self.acc.reduce(sums, reduction="sum")
         return float(sums[0] / torch.clamp(sums[1], min=1.0))
+
+
+def _norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:
+    """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2) or a float (DeepSpeed)."""
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return norm.detach().reshape(()) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)

@@ -31,6 +31,7 @@ class StopRequest:
         self.signalled: str | None = None
         hook = os.environ.get(TEST_STOP_AT_STEP_ENV, "")
         self._test_stop_step = int(hook) if hook else None
+        self._group = _cpu_group()
 
     def install_signal_handlers(self) -> None:
         for signum in (signal.SIGUSR1, signal.SIGTERM):
@@ -70,8 +71,9 @@ class StopRequest:
             if local and is_main_process:
                 self.stop_file.touch()
             return local
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        # On the CPU (gloo): an all-reduce on the GPU stream would make every step wait for the GPU.
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         agreed = bool(flag.item())
         if agreed and is_main_process and not self.stop_file.exists():
             # torchrun turns our exit 75 into its own exit 1; the launcher recovers 75 from "a
@@ -81,3 +83,11 @@ class StopRequest:
             reason = self.signalled or (str(self.stop_file) if self.stop_file.exists() else "another rank")
             logger.info("stop requested (%s) at step %d", reason, step)
         return agreed
+
+
+def _cpu_group() -> dist.ProcessGroup | None:
+    """A gloo group for the per-step stop vote (None = the default group, already gloo, or no world).
+    Collective: every rank constructs its StopRequest at the same point."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
