@@ -37,6 +37,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "ours": {"train": {"compile": True, "gradient_checkpointing": False}},
     "ours-nocompile": {"train": {"compile": False, "gradient_checkpointing": False}},
     "ours-ckpt": {"train": {"compile": True, "gradient_checkpointing": True}},
+    "ours-48k": {"train": {"compile": True, "gradient_checkpointing": False},
+                 "data": {"tokens_per_micro_batch": 49152}},
 }
 
 

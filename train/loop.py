@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from train.export import export_model
 from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_per_gpu, step_record
 from train.model import build_model
 from train.optim import build_optimizer, build_scheduler
+from train.perf import StepProfiler
 from train.packing import collate_packed, collate_padded, plan_micro_batches
 from train.stop import StopRequest
 
@@ -204,10 +206,13 @@ class Loop:
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path) -> bool:
         """Train until total_steps; True when stopped (and saved) on request."""
         window, watch = Window(), Stopwatch()
+        profiler = StepProfiler(os.environ.get("SFT_PROFILE_STEPS", ""), self.acc.is_main_process)
         self.model.train()
         while state.step < self.total_steps:
             lr = self.scheduler.get_last_lr()[0]
+            profiler.before_step(state.step)
             self.step(state, window)
+            profiler.after_step(state.step - 1)
             sink.advance()
             if state.step % self.cfg.train.logging_steps == 0 or state.step == self.total_steps:
                 self._settle(state, window, watch)
