@@ -29,9 +29,21 @@ from bench.gpu_single import steady_state
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
+CPU_SMOKE = bool(os.environ.get("BENCH_CPU_SMOKE"))  # tiny shapes on CPU: proves the script end to end
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
+
+
+def shape(name: str) -> dict:
+    return TINY if CPU_SMOKE else SHAPES[name]
+
+
+def toml_inline(table: dict) -> str:
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + "}"
 PROFILE_TOML = """
 [profiles.bench]
 gpus_per_node = {gpn}
+processes_per_node = {ppn}
 gpu_type = "{gpu_type}"
 partition = ""
 storage_root = "{root}"
@@ -56,7 +68,7 @@ def write_checkpoint(folder: Path, arch: dict) -> float:
 import torch, shutil
 from transformers import LlamaConfig, LlamaForCausalLM
 cfg = LlamaConfig(**{arch!r})
-with torch.device("cuda"):
+with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
 model.save_pretrained({str(folder)!r}, max_shard_size="5GB")
 import train, pathlib
@@ -87,13 +99,16 @@ def naive_loading(folder: Path, ranks: int) -> list[dict]:
 
 def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -> None:
     cluster = run_dir.parent / "cluster.toml"
-    cluster.write_text(PROFILE_TOML.format(gpn=max(1, gpus // 2), gpu_type=os.environ.get("BENCH_GPU", "h200"),
-                                           root=run_dir.parent))
+    per_node = max(1, gpus // 2)
+    cluster.write_text(PROFILE_TOML.format(gpn=0 if CPU_SMOKE else per_node, ppn=per_node,
+                                           gpu_type=os.environ.get("BENCH_GPU", "h200"), root=run_dir.parent))
     cmd = ["sft-launch", "--cluster", str(cluster), "--profile", "bench", "--nodes", "2" if gpus > 1 else "1",
            "--model", model, "--data", str(data), "--output", str(run_dir), "--dry-run", "--executor", "local",
            "--logging_steps", "1", "--set", "data.format=tokens", "--set", 'run.export_dir=""',
-           "--set", "model.precision=bf16", *extra]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+           "--set", f"model.precision={'fp32' if CPU_SMOKE else 'bf16'}", "--force", *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"render failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
 
 
 def launch(run_dir: Path, gpus: int, port: int) -> tuple[int, str]:
@@ -102,7 +117,9 @@ def launch(run_dir: Path, gpus: int, port: int) -> tuple[int, str]:
     per = gpus // machines
     procs = []
     for rank in range(machines):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(rank * per + i) for i in range(per)))
+        env = dict(os.environ)
+        if not CPU_SMOKE:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(rank * per + i) for i in range(per))
         cmd = ["accelerate", "launch", "--config_file", str(run_dir / "accelerate.yaml"), "--num_machines",
                str(machines), "--machine_rank", str(rank), "--num_processes", str(gpus), "--main_process_ip",
                "127.0.0.1", "--main_process_port", str(port), "-m", "train", "--config", str(run_dir / "train.toml")]
@@ -124,6 +141,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--steps8b", type=int, default=12)
     parser.add_argument("--tokens8b", type=int, default=16384)
+    parser.add_argument("--tokens1b", type=int, default=16384)
     parser.add_argument("--skip", default="", help="comma list of phases to skip: naive,8b,scaling")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -133,13 +151,13 @@ def main() -> None:
 
     result["disk_write_gbps"] = disk_write_gbps(args.out)
     rows.append(("disk write bandwidth", f"{result['disk_write_gbps']:.2f} GB/s"))
-    lengths = sample_lengths(6000, seed=0)
+    lengths = sample_lengths(300 if CPU_SMOKE else 6000, seed=0, hi=512 if CPU_SMOKE else 4096)
     data = args.out / "docs.jsonl"
-    write_token_jsonl(data, lengths, SHAPES["llama3-8b"]["vocab_size"])
+    write_token_jsonl(data, lengths, shape("llama3-8b")["vocab_size"])
 
     ckpt = args.out / "llama3-8b-random"
     if "8b" not in skip or "naive" not in skip:
-        result["checkpoint_write_s"] = write_checkpoint(ckpt, SHAPES["llama3-8b"])
+        result["checkpoint_write_s"] = write_checkpoint(ckpt, shape("llama3-8b"))
         rows.append(("write 8B bf16 checkpoint", f"{result['checkpoint_write_s']:.1f} s"))
     if "naive" not in skip:
         naive = naive_loading(ckpt, args.gpus)
@@ -198,8 +216,8 @@ def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list
         render(run, "llama3.2-1b", data, gpus, [
             "--max_steps", "14", "--save_steps", "1000000", "--gradient_checkpointing", "false",
             "--set", 'model.path=""', "--set", 'model.tokenizer=""',
-            "--set", "model.arch=" + json.dumps(SHAPES["llama3.2-1b"]).replace('"', "").replace(":", "=")
-            .replace("true", "true"), "--set", "data.tokens_per_micro_batch=16384", "--set", "train.compile=true"])
+            "--set", "model.arch=" + toml_inline(shape("llama3.2-1b")),
+            "--set", f"data.tokens_per_micro_batch={args.tokens1b}", "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
         code, text = launch(run, gpus, 29610 + gpus)
         if code != 0:
             print(text[-3000:])
