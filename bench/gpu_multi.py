@@ -45,6 +45,7 @@ PROFILE_TOML = """
 gpus_per_node = {gpn}
 processes_per_node = {ppn}
 gpu_type = "{gpu_type}"
+backend = "{backend}"
 partition = ""
 storage_root = "{root}"
 strategy = "fsdp"
@@ -101,12 +102,16 @@ def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -
     cluster = run_dir.parent / "cluster.toml"
     per_node = max(1, gpus // 2)
     cluster.write_text(PROFILE_TOML.format(gpn=0 if CPU_SMOKE else per_node, ppn=per_node,
-                                           gpu_type=os.environ.get("BENCH_GPU", "h200"), root=run_dir.parent))
-    cmd = ["sft-launch", "--cluster", str(cluster), "--profile", "bench", "--nodes", "2" if gpus > 1 else "1",
-           "--model", model, "--data", str(data), "--output", str(run_dir), "--dry-run", "--executor", "local",
+                                           gpu_type=os.environ.get("BENCH_GPU", "h200"), root=run_dir.parent,
+                                           backend="gloo" if CPU_SMOKE else "nccl"))
+    cmd = [sys.executable, "-m", "launcher.cli", "--cluster", str(cluster), "--profile", "bench", "--nodes", "2" if gpus > 1 else "1",
+           "--model", model, "--data", str(data), "--output", str(run_dir), "--dry-run", "--executor", "sbatch",
            "--logging_steps", "1", "--set", "data.format=tokens", "--set", 'run.export_dir=""',
            "--set", f"model.precision={'fp32' if CPU_SMOKE else 'bf16'}", "--force", *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    env = dict(os.environ)
+    if CPU_SMOKE:  # keep a local SLURM controller out of it: this dry run only renders
+        env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if not Path(d, "sbatch").exists())
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"render failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
 
@@ -128,10 +133,6 @@ def launch(run_dir: Path, gpus: int, port: int) -> tuple[int, str]:
     codes = [p.wait() for p in procs]
     text = "".join((run_dir / f"machine{r}.log").read_text() for r in range(machines))
     return max(codes), text
-
-
-def log_numbers(text: str, pattern: str) -> list[float]:
-    return [float(x) for x in re.findall(pattern, text)]
 
 
 def main() -> None:
@@ -193,12 +194,26 @@ def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, row
     mfus = [r["mfu"] for r in records if r.get("mfu")][3:]
     stats["mfu"] = sum(mfus) / len(mfus) if mfus else None
     result["8b"] = stats
-    rss = log_numbers(text, r"rank (\d+) peak RSS: [\d.]+ MiB before model load, ([\d.]+) MiB after")
+    loads = re.findall(r"rank (\d+) peak RSS: ([\d.]+) MiB before model load, ([\d.]+) MiB after \(([\d.]+) s\)", text)
+    result["8b_load"] = [dict(rank=int(r), rss_before_mib=float(b), rss_after_mib=float(a), seconds=float(t))
+                         for r, b, a, t in loads]
+    finals = re.findall(r"rank (\d+) peak RSS ([\d.]+) MiB once sharded; model ready ([\d.]+) s", text)
+    result["8b_peak_rss_mib"] = {int(r): float(m) for r, m, _ in finals}
+    result["8b_model_ready_s"] = max((float(t) for _, _, t in finals), default=None)
     result["8b_log_tail"] = text[-2000:]
     rows.append(("8B FSDP2 tokens/s/GPU", f"{stats['real_tokens_per_s'] / args.gpus:,.0f}"))
     rows.append(("8B FSDP2 MFU", f"{(stats['mfu'] or 0) * 100:.1f}%"))
     rows.append(("8B peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
-    del rss
+    if result["8b_load"]:
+        others = [x for x in result["8b_load"] if x["rank"] != 0]
+        rows.append(("rank-0-only load: rank 0 time", f"{max(x['seconds'] for x in result['8b_load']):.0f} s"))
+        rows.append(("rank-0-only load: ranks>0 peak RSS after load",
+                     f"{max((x['rss_after_mib'] for x in others), default=0) / 1024:.2f} GiB"))
+    if result["8b_model_ready_s"] is not None:
+        rows.append(("8B load + shard (model ready)", f"{result['8b_model_ready_s']:.0f} s"))
+    if result["8b_peak_rss_mib"]:
+        rows.append(("peak RSS over the run, ranks>0",
+                     f"{max((v for k, v in result['8b_peak_rss_mib'].items() if k), default=0) / 1024:.2f} GiB"))
     # Resume: drop the finished marker's later steps by running again with more steps.
     render(run, str(ckpt), data, args.gpus, ["--max_steps", str(args.steps8b + 2), "--save_steps", "1000000",
            "--gradient_checkpointing", "true", "--set", f"data.tokens_per_micro_batch={args.tokens8b}"])
@@ -207,6 +222,16 @@ def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, row
     result["8b_resume_total_s"] = time.perf_counter() - start
     result["8b_resume_log_tail"] = text2[-3000:]
     rows.append(("8B resume run (load + restore + 2 steps)", f"{result['8b_resume_total_s']:.0f} s, exit {code}"))
+    saved = re.findall(r"checkpoint saved: \S+ \(([\d.]+) GB in ([\d.]+) s, ([\d.]+) GB/s\)", text)
+    if saved:
+        size, seconds, rate = map(float, saved[-1])
+        result["8b_save"] = dict(gb=size, seconds=seconds, gbps=rate)
+        rows.append(("8B sharded save", f"{size:.0f} GB in {seconds:.0f} s = {rate:.2f} GB/s "
+                     f"(disk {result['disk_write_gbps']:.2f} GB/s)"))
+    restored = re.findall(r"resumed from \S+ in ([\d.]+) s", text2)
+    if restored:
+        result["8b_restore_s"] = float(restored[-1])
+        rows.append(("8B checkpoint restore (load_state)", f"{result['8b_restore_s']:.0f} s"))
 
 
 def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:

@@ -90,6 +90,7 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
     """
     tmp = root / _dir_name(state.step, TMP_PREFIX)
     final = root / _dir_name(state.step)
+    started = time.perf_counter()
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -105,7 +106,10 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
         _publish(tmp, final)
         _prune(root, keep)
     accelerator.wait_for_everyone()
-    logger.info("checkpoint saved: %s", final)
+    seconds = time.perf_counter() - started
+    if accelerator.is_main_process:
+        size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file()) / 1e9
+        logger.info("checkpoint saved: %s (%.2f GB in %.1f s, %.2f GB/s)", final, size, seconds, size / seconds)
     return final
 
 
@@ -143,9 +147,11 @@ def _prune(root: Path, keep: int) -> None:
 
 def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainState:
     """Collective: restores model, optimizer, scheduler, RNG of this rank; returns the data position."""
+    started = time.perf_counter()
     accelerator.load_state(str(path))
     data = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     state = TrainState(**data)
-    logger.info("resumed from %s (step %d, epoch %d, micro-batch %d)", path, state.step, state.epoch,
+    logger.info("resumed from %s in %.1f s (step %d, epoch %d, micro-batch %d)", path,
+                time.perf_counter() - started, state.step, state.epoch,
                 state.micro_batch_index)
     return state

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from train.config import EXIT_REQUEUE, TrainConfig
 from train.data import build_datasets, load_tokenizer
 from train.export import export_model
 from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_per_gpu, step_record
-from train.model import build_model
+from train.model import build_model, log_model_ready
 from train.optim import build_optimizer, build_scheduler
 from train.perf import StepProfiler
 from train.packing import collate_packed, collate_padded, plan_micro_batches
@@ -124,6 +125,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
                       cfg.data.packing, pad_id)
     attn = setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing)
+    started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)
 
     steps_per_epoch = _steps_per_epoch(batches, accelerator.num_processes, cfg.train.gradient_accumulation_steps)
@@ -133,6 +135,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     scheduler = build_scheduler(optimizer, cfg, total_steps)
     # The scheduler is not prepare()d: AcceleratedScheduler would step it once per process.
     model, optimizer = accelerator.prepare(model, optimizer)
+    log_model_ready(accelerator, started)
     accelerator.register_for_checkpointing(scheduler)
 
     state = TrainState()

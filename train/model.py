@@ -3,10 +3,12 @@ RoPE scaling, LoRA, non-reentrant gradient checkpointing, ``use_cache=False``.
 
 Rank-0-only loading, per distribution type:
 
-* FSDP (GPU): transformers 5.x skips reading weights on ranks that are not *local* rank 0 when
-  ``ACCELERATE_USE_FSDP`` and ``FSDP_CPU_RAM_EFFICIENT_LOADING`` are set (``modeling_utils``:
-  ``is_fsdp_enabled() and not is_local_dist_rank_0()``) — so one reader per *node*, not per job —
-  and Accelerate's ``sync_module_states`` broadcasts rank 0's weights when it shards. We rely on it.
+* FSDP (GPU): transformers 5.x skips reading weights only on ranks that are not *local* rank 0
+  (``modeling_utils``: ``is_fsdp_enabled() and not is_local_dist_rank_0()``) — one reader per
+  *node*. We go further: only global rank 0 reads; the others build the model on the meta device
+  and take uninitialised CPU storage (``to_empty``: pages never touched, so no RSS), which
+  Accelerate's ``cpu_ram_efficient_loading`` fills by broadcast from rank 0 while sharding. The
+  non-persistent buffers (RoPE ``inv_freq``) are not in that broadcast, so we send them first.
 * DeepSpeed: from_pretrained's own ZeRO-3 handling.
 * DDP (CPU/gloo, or plain multi-GPU): done here. Rank 0 reads the safetensors; the other ranks build
   the model on the meta device (no memory), materialise empty storage, and receive every parameter
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 import torch
@@ -69,15 +72,17 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     config = build_config(cfg)
     # fp32 master weights; bf16/fp16 compute comes from Accelerate's mixed precision (autocast / FSDP policy).
     kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, dtype=torch.float32)
-    rss_before = peak_rss_mib()
+    rss_before, started = peak_rss_mib(), time.perf_counter()
     if not cfg.model.path:
         model = AutoModelForCausalLM.from_config(config, **kwargs)  # same seed on every rank
     elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         model = _load_on_rank0_and_broadcast(cfg.model.path, config, accelerator, kwargs)
+    elif accelerator.distributed_type == DistributedType.FSDP and accelerator.num_processes > 1:
+        model = load_for_fsdp(cfg.model.path, config, accelerator, kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(cfg.model.path, config=config, **kwargs)
-    logger.info("rank %d peak RSS: %.0f MiB before model load, %.0f MiB after",
-                accelerator.process_index, rss_before, peak_rss_mib())
+    logger.info("rank %d peak RSS: %.0f MiB before model load, %.0f MiB after (%.1f s)",
+                accelerator.process_index, rss_before, peak_rss_mib(), time.perf_counter() - started)
     model.config.use_cache = False
     if cfg.train.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA), FSDP2 and keyword arguments (packing).
@@ -89,6 +94,12 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
     return model
+
+
+def log_model_ready(accelerator: Accelerator, started: float) -> None:
+    """Every rank: peak RSS once the model is sharded/wrapped (rank-0-only loading is judged on it)."""
+    logger.info("rank %d peak RSS %.0f MiB once sharded; model ready %.1f s after load started",
+                accelerator.process_index, peak_rss_mib(), time.perf_counter() - started)
 
 
 def _load_on_rank0_and_broadcast(
@@ -119,6 +130,25 @@ def load_on_rank0(
         model.tie_weights()  # to_empty re-creates parameters; restore the embedding/lm_head tie
     broadcast_module(model, accelerator.device)
     return model, rss_at_broadcast
+
+
+def load_for_fsdp(
+    path: str, config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]
+) -> PreTrainedModel:
+    """Global rank 0 reads the checkpoint; the others get shapes only (see the module docstring)."""
+    if accelerator.is_main_process:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        model.to_empty(device="cpu")
+        model.tie_weights()
+    with torch.no_grad():
+        for _name, buffer in model.named_buffers():
+            staged = buffer.to(accelerator.device)
+            dist.broadcast(staged, src=0)
+            buffer.copy_(staged)
+    return model
 
 
 @torch.no_grad()
