@@ -228,7 +228,7 @@ def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, row
         result["8b_save"] = dict(gb=size, seconds=seconds, gbps=rate)
         rows.append(("8B sharded save", f"{size:.0f} GB in {seconds:.0f} s = {rate:.2f} GB/s "
                      f"(disk {result['disk_write_gbps']:.2f} GB/s)"))
-    restored = re.findall(r"resumed from \S+ in ([\d.]+) s", text2)
+    restored = re.findall(r"resumed from \S+ \(step [^)]*\) in ([\d.]+) s", text2)
     if restored:
         result["8b_restore_s"] = float(restored[-1])
         rows.append(("8B checkpoint restore (load_state)", f"{result['8b_restore_s']:.0f} s"))

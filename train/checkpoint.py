@@ -151,7 +151,6 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainState:
     accelerator.load_state(str(path))
     data = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     state = TrainState(**data)
-    logger.info("resumed from %s in %.1f s (step %d, epoch %d, micro-batch %d)", path,
-                time.perf_counter() - started, state.step, state.epoch,
-                state.micro_batch_index)
+    logger.info("resumed from %s (step %d, epoch %d, micro-batch %d) in %.1f s", path, state.step, state.epoch,
+                state.micro_batch_index, time.perf_counter() - started)
     return state
