@@ -155,6 +155,7 @@ def write_run_dir(launch: Launch, command: list[str]) -> Path:
     (run_dir / "launch.slurm").chmod(0o755)
     if "deepspeed.json" not in files:
         (run_dir / "deepspeed.json").unlink(missing_ok=True)  # left over from an earlier zero run
+    (run_dir / "CANCEL_REQUESTED").unlink(missing_ok=True)  # launching again means: this run should go on
     submission = {
         "time": runrecord.now(),
         "command": command,

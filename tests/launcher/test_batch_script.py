@@ -104,6 +104,19 @@ def test_exit_75_after_early_signal_is_a_preemption_and_requeues(tmp_path: Path)
     assert events[-1]["event"] == "requeue" and events[-1]["kind"] == "preemption" and events[-1]["restart"] == 2
 
 
+def test_cancel_request_checkpoints_without_requeue(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", [])
+    (run_dir / "CANCEL_REQUESTED").touch()  # what `sft-launch cancel` writes before signalling
+    result = _run_script(tmp_path, run_dir, 'kill -USR1 "$PPID"; sleep 1; exit 75')
+    assert result.returncode == 0, result.stderr
+    scontrol = tmp_path / "stublog" / "scontrol.argv"
+    assert not scontrol.exists() or "requeue" not in _argv(scontrol)
+    events = json.loads((run_dir / "run.json").read_text())["events"]
+    assert events[-1]["event"] == "finish" and events[-1]["outcome"] == "cancelled"
+    _render(tmp_path, "run", [])  # launching the run again clears the request
+    assert not (run_dir / "CANCEL_REQUESTED").exists()
+
+
 def test_timeouts_are_counted_and_capped(tmp_path: Path) -> None:
     # 2-minute limit, 60 s lead: the time-limit signal comes at ~60 s; the threshold is 0.8 x 120 s capped
     # at limit - lead - 60 s (SLURM may signal a minute early), clamped to 1 s.
