@@ -31,6 +31,8 @@ def closest(name: str, choices: typing.Iterable[str]) -> str:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return " or ".join(repr(value) for value in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -78,7 +78,7 @@ class TrainSection:
     eval_steps: int = 0  # 0 = eval only at the end (when there is an eval split)
     report_to: list[str] = field(default_factory=lambda: ["jsonl"])  # jsonl, wandb, none
     seed: int = 42
-    compile: bool = False  # torch.compile each decoder layer
+    compile: bool | Literal["auto"] = "auto"  # torch.compile each decoder layer; auto = on CUDA GPUs
     fused_loss: bool = True  # lm_head + cross-entropy fused (Liger on CUDA if installed, else chunked)
 
     def validate(self) -> None:

@@ -89,8 +89,8 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.train.fused_loss:
         use_fused_loss(model)  # no vocabulary-sized logits (train/loss.py)
-    if cfg.train.compile:
-        compile_decoder_layers(model)
+    if cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
+        compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
     return model
