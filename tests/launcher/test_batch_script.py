@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, write_stub
+from tests.launcher.conftest import REPO, write_stub
 from launcher.options import LaunchRequest, resolve
 from launcher.render import write_run_dir
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE_CLUSTER, REPO, cli_env, path_without, run_cli, write_stub
+from tests.launcher.conftest import EXAMPLE_CLUSTER, REPO, cli_env, path_without, run_cli, write_stub
 
 
 def _no_sbatch_env(**extra: str) -> dict[str, str]:

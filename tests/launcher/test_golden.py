@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import os
 
-from conftest import GOLDEN_DIR, Case, render_case
+from tests.launcher.conftest import GOLDEN_DIR, Case, render_case
 
 
 def test_rendered_files_match_golden(case: Case) -> None:

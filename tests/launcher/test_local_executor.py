@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env
+from tests.launcher.conftest import cli_env
 
 STAND_IN = '''
 import os, pathlib, signal, sys, time

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from ops_fixtures import make_run
+from tests.launcher.ops_fixtures import make_run
 
 from launcher.ops import logs, plot, rundir
 

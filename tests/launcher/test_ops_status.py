@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ops_fixtures import make_run
+from tests.launcher.ops_fixtures import make_run
 
 from launcher.ops import runs, status
 

@@ -6,7 +6,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from ops_fixtures import make_run
+from tests.launcher.ops_fixtures import make_run
 
 from launcher import api
 from launcher.options import LaunchRequest, resolve

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
+from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
 from launcher.datasize import SAMPLE_BYTES, estimate_tokens, row_tokens
 from launcher.memory import MemoryBreakdown
 from launcher.options import LaunchRequest, resolve

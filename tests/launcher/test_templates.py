@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CASES, Case, case_launch, render_case
+from tests.launcher.conftest import CASES, Case, case_launch, render_case
 from launcher.options import LaunchRequest, resolve
 from launcher.render import render_files, timeout_threshold_s, write_run_dir
 from train.config import load_train_config

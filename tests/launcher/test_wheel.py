@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, path_without
+from tests.launcher.conftest import REPO, path_without
 
 
 @pytest.mark.slow

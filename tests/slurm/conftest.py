@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import slurm_harness as sh
+from tests.slurm import slurm_harness as sh
 
 
 @functools.cache

@@ -113,6 +113,6 @@ def test_requeue_from_batch_shell_restarts_with_restart_count(slurm_jobs, tmp_pa
 
 
 def sh_wait_files(paths: list[Path], timeout: float) -> None:
-    from slurm_harness import wait_until
+    from tests.slurm.slurm_harness import wait_until
 
     wait_until(lambda: all(p.exists() for p in paths), timeout, f"files {[p.name for p in paths]}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import slurm_harness as sh
+from tests.slurm import slurm_harness as sh
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_helpers import launch_command, launch_env, metrics, read_log, run_training, write_run, exported_tensors
+from tests.train.run_helpers import launch_command, launch_env, metrics, read_log, run_training, write_run, exported_tensors
 
 from launcher.local import checkpointed_after_stop
 from train.checkpoint import MARKER, TEST_SLOW_SAVE_STEP_ENV

@@ -4,7 +4,7 @@ and generates."""
 import json
 
 import pytest
-from run_helpers import metrics, read_log, run_training, write_run
+from tests.train.run_helpers import metrics, read_log, run_training, write_run
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from run_helpers import REPO, launch_env, write_run
+from tests.train.run_helpers import REPO, launch_env, write_run
 
 pytestmark = pytest.mark.slow
 
