@@ -35,6 +35,10 @@ if str(REPO) not in sys.path:
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=512, tie_word_embeddings=False)
 MULTI = 0  # placeholder: the case runs on --gpus GPUs
+# PlanInput fields fixed by how `run_worker` trains: `torch.optim.AdamW(params)` with no `fused`/`foreach`
+# argument runs torch's foreach implementation on CUDA (DTensor params included), unlike train/optim.py's
+# fused AdamW. Points recorded before this field existed are compared with it too.
+WORKER_PLAN_INPUT = {"adamw_impl": "foreach", "hold_outputs": True}
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,7 @@ def plan_input_for(case: Case, result: dict, gpu_type: str) -> dict:
     """The PlanInput fields that describe this measurement (the rest keep their defaults)."""
     return {"arch": result["arch"], "nodes": 1, "gpus_per_node": result["gpus"], "gpu_type": gpu_type,
             "strategy": "fsdp", "gradient_checkpointing": case.checkpointing,
-            "micro_batch_tokens": case.tokens, "precision": "bf16", "hold_outputs": True}
+            "micro_batch_tokens": case.tokens, "precision": "bf16"} | WORKER_PLAN_INPUT
 
 
 def to_point(case: Case, result: dict, args: argparse.Namespace) -> dict:
@@ -206,7 +210,7 @@ def to_point(case: Case, result: dict, args: argparse.Namespace) -> dict:
         "measured_allocated_gib": round(result["allocated_gib"], 3) if result["allocated_gib"] else None,
         "measured_reserved_gib": round(result["reserved_gib"], 3) if result["reserved_gib"] else None,
         "predicted_allocated_gib": round(gpu.allocated / GIB, 3),
-        "predicted_reserved_gib": round((gpu.allocated + gpu.allocator_slack) / GIB, 3),
+        "predicted_reserved_gib": round(gpu.reserved / GIB, 3),
         "device_name": result["device_name"], "steps": args.steps,
         "median_step_s": sorted(result["step_times_s"])[len(result["step_times_s"]) // 2],
         "versions": result["versions"], "git_sha": git_sha(),

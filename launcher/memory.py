@@ -18,6 +18,12 @@ it by the shard degree P), adapted to what the stacks we render really allocate:
 
 Activations are counted from the tensors autograd saves in `LlamaDecoderLayer` (transformers 5,
 flash/SDPA attention, so no T x T matrix); see `layer_activation_bytes_per_token`.
+
+Calibrated against 8 peaks measured on H200s (tests/fixtures/memory_calibration.json, written by
+bench/memory_calibration.py): the *allocated* prediction is what `torch.cuda.max_memory_allocated`
+sees (tensors only: the CUDA context and NCCL's buffers live outside torch's allocator and are only in
+`total`), and `reserved` (`max_memory_reserved`) adds what the caching allocator keeps but cannot reuse
+(see `_cached_not_reused`).
 """
 
 from __future__ import annotations
@@ -32,8 +38,7 @@ GIB = 1024**3
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # CUDA context + cuBLAS workspaces; invisible to torch's allocator
 NCCL_BYTES = int(0.5 * GIB)  # NCCL communicator buffers (channels x peers), allocated outside torch
 NCCL_MULTI_NODE_EXTRA_BYTES = int(0.25 * GIB)  # extra IB/network proxies when ranks span nodes
-ALLOCATOR_SLACK = 0.08  # reserved - allocated (fragmentation of the caching allocator), fraction
-PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
+ALLOCATOR_SLACK = 0.08  # minimum reserved - allocated (caching-allocator rounding/splits), fraction
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP bucket_cap_mb default
 
 REQUIRED_ARCH_KEYS = (
@@ -152,6 +157,8 @@ class MemoryOptions:
     loss_chunk_tokens: int  # 0 = full logits; else a chunked cross-entropy over this many tokens
     hold_outputs: bool  # the training loop keeps `outputs` (bf16 logits) alive through backward
     cpu_ram_efficient_loading: bool
+    gradient_accumulation_steps: int = 1  # > 1: gradients stay allocated between micro-batches
+    adamw_impl: str = "fused"  # fused (train/optim.py) or foreach (torch's default: fp32 sqrt(v) temporaries)
 
 
 @dataclass
@@ -181,8 +188,13 @@ class MemoryBreakdown:
                 + self.activations + self.logits_loss + self.comm_buffers + self.optimizer_temporaries)
 
     @property
+    def reserved(self) -> int:
+        """What torch.cuda.max_memory_reserved should report: tensors + the allocator's cached blocks."""
+        return self.allocated + self.allocator_slack
+
+    @property
     def total(self) -> int:
-        return self.allocated + self.allocator_slack + self.cuda_context_nccl
+        return self.reserved + self.cuda_context_nccl
 
 
 def shard_degree(opts: MemoryOptions) -> int:
@@ -194,8 +206,9 @@ def shard_degree(opts: MemoryOptions) -> int:
     return opts.world_size
 
 
-def _div(n: float, p: int) -> int:
-    return int(-(-n // p))  # ceil: the last shard is padded
+def ceil_div(n: float, p: int) -> int:
+    """Bytes per shard: the last shard is padded up."""
+    return int(-(-n // p))
 
 
 def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, str]]:
@@ -211,21 +224,21 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
     low = 4 if opts.precision == "fp32" else 2
     s, off, st = opts.strategy, opts.cpu_offload, opts.strategy.startswith("zero")
     if not st:  # FSDP/DDP: the trainable params are themselves fp32 (Accelerate upcast / autocast)
-        gpu_params = 0 if off else _div(4 * trainable + low * frozen, p)
+        gpu_params = 0 if off else ceil_div(4 * trainable + low * frozen, p)
         what = f"fp32 adapters + {low}B frozen base" if frozen else "fp32 (= master)"
         return {
             "parameters": (gpu_params, f"{what}, /{p}" + (" (on CPU)" if off else "")),
-            "gradients": (0 if off else _div(4 * trainable, p), f"fp32, /{p}"),
-            "optimizer_states": (0 if off else _div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
+            "gradients": (0 if off else ceil_div(4 * trainable, p), f"fp32, /{p}"),
+            "optimizer_states": (0 if off else ceil_div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
             "master_weights": (0, "none: the fp32 params are the master copy"),
         }
     param_shard = p if s == "zero3" else 1
-    params = 0 if (off and s == "zero3") else _div(low * (trainable + frozen), param_shard)
+    params = 0 if (off and s == "zero3") else ceil_div(low * (trainable + frozen), param_shard)
     return {
         "parameters": (params, f"{low}B params, /{param_shard}"),
-        "gradients": (0 if off else _div(low * trainable, p), f"{low}B grad partitions, /{p}"),
-        "optimizer_states": (0 if off else _div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
-        "master_weights": (0 if (off or low == 4) else _div(4 * trainable, p), f"fp32 master, /{p}"),
+        "gradients": (0 if off else ceil_div(low * trainable, p), f"{low}B grad partitions, /{p}"),
+        "optimizer_states": (0 if off else ceil_div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
+        "master_weights": (0 if (off or low == 4) else ceil_div(4 * trainable, p), f"fp32 master, /{p}"),
     }
 
 
@@ -235,7 +248,9 @@ def _activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict
     With non-reentrant per-layer checkpointing only each layer's input (elem x d per token) is kept;
     during backward one layer at a time is recomputed, so one layer's full activations come back.
     `workspace` approximates the gradients of one layer's intermediates alive during its backward
-    (grads of gate/up/SiLU outputs ~3 I, of the hidden/residual stream ~3 d).
+    (grads of gate/up/SiLU outputs ~3 I, of the hidden/residual stream ~3 d). `last_layer`: what is
+    left when backward reaches the first decoder layer (every later layer's tensors are freed): that
+    layer's activations (saved or recomputed alike) + its workspace.
     """
     tokens, d = opts.micro_batch_tokens, shape.hidden
     per_layer = layer_activation_bytes_per_token(shape, elem)
@@ -249,8 +264,9 @@ def _activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict
     else:
         saved = shape.layers * per_layer + lora_extra + head
         recompute = 0
-    return {"saved": tokens * saved, "recompute": tokens * recompute,
-            "workspace": tokens * elem * 3 * (shape.intermediate + d)}
+    workspace = tokens * elem * 3 * (shape.intermediate + d)
+    return {"saved": tokens * saved, "recompute": tokens * recompute, "workspace": workspace,
+            "last_layer": tokens * (per_layer + lora_extra // shape.layers) + workspace}
 
 
 def _logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
@@ -306,74 +322,92 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
             "layers_backward": cast_cache + ddp_bucket}
 
 
-def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
-    """Peak per-GPU memory = persistent state + the largest of four phases of a step:
-    forward/loss (all activations saved + logits), backward/lm_head (logits gradients),
-    backward/layers (recomputed layer + workspace + gathered layer buffers) and optimizer/step
-    (torch's foreach AdamW allocates one fp32 temporary per param, sqrt(v); DeepSpeed's fused Adam none)."""
+def _step_temporaries(shape: ModelShape, opts: MemoryOptions) -> int:
+    """torch's foreach AdamW (`_multi_tensor_adam`, what `torch.optim.AdamW()` picks on CUDA, DTensor
+    params included) allocates one fp32 `sqrt(v)` per parameter; the fused kernel (train/optim.py) and
+    DeepSpeed's fused Adam allocate none, and an offloaded optimizer steps on the host."""
+    if opts.adamw_impl != "foreach" or opts.strategy.startswith("zero") or opts.cpu_offload:
+        return 0
+    trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
+    return ceil_div(4 * trainable, shard_degree(opts))
+
+
+def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str, dict[str, int]]:
+    """The per-GPU tensors besides params/master/moments alive at each candidate peak of a step.
+
+    Gradients: `zero_grad(set_to_none=True)` (train/loop.py) frees them after every optimizer step, so
+    with one micro-batch per step they are only allocated as backward reduces each layer: none before
+    the first decoder layer's backward, all of them at the end of backward and in the step. DeepSpeed
+    keeps its gradient partitions allocated for the whole run; accumulation keeps them between
+    micro-batches. Phases: forward/loss (all activations saved + logits), backward/lm_head (logits
+    gradients), backward/layers (top layer: recomputed layer + workspace + gathered buffers),
+    backward/end (first layer, every gradient reduced) and optimizer/step.
+    """
     elem = 4 if opts.precision == "fp32" else 2
-    state = state_bytes(shape, opts)
     act = _activation_terms(shape, opts, elem)
     logits = _logits_terms(shape, opts, elem)
     comm = _comm_terms(shape, opts)
-    step_temp = 0
-    if not (opts.strategy.startswith("zero") or opts.cpu_offload):
-        trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
-        step_temp = _div(4 * trainable, shard_degree(opts))
-    phases = {
-        "forward/loss": (act["saved"], logits["forward"], comm["forward"], 0),
-        "backward/lm_head": (act["saved"], logits["head_backward"], comm["head_backward"], 0),
+    persistent = opts.strategy.startswith("zero") or opts.gradient_accumulation_steps > 1
+    early_grads = full_grads if persistent else 0
+    terms = ("activations", "logits_loss", "comm_buffers", "optimizer_temporaries", "gradients")
+    rows = {
+        "forward/loss": (act["saved"], logits["forward"], comm["forward"], 0, early_grads),
+        "backward/lm_head": (act["saved"], logits["head_backward"], comm["head_backward"], 0, early_grads),
         "backward/layers": (act["saved"] + act["recompute"] + act["workspace"], logits["held"],
-                            comm["layers_backward"], 0),
-        "optimizer/step": (0, logits["held"], 0, step_temp),
+                            comm["layers_backward"], 0, early_grads),
+        "backward/end": (act["last_layer"], logits["held"], comm["layers_backward"], 0, full_grads),
+        "optimizer/step": (0, logits["held"], 0, _step_temporaries(shape, opts), full_grads),
     }
-    phase, (activations, logits_loss, buffers, temporaries) = max(phases.items(), key=lambda kv: sum(kv[1]))
+    return {phase: dict(zip(terms, values)) for phase, values in rows.items()}
+
+
+def _cached_not_reused(phases: dict[str, dict[str, int]], state: dict[str, int], allocated: int,
+                       opts: MemoryOptions) -> int:
+    """Bytes `max_memory_reserved` holds beyond the peak allocation.
+
+    torch optimizers create AdamW's moments lazily, in the first `step()`: they, the step's
+    temporaries and the gradients are carved out of the cached segments that the first forward/backward
+    just freed (logits, activations, gathered weights). From the second step on those segments are
+    split and occupied, so the forward/backward working set gets segments of its own: the pool holds
+    params + the largest forward/backward working set + the optimizer's working set (moments, gradients,
+    temporaries) side by side. DeepSpeed allocates its optimizer state when the engine is built (before
+    any activation exists), so only the generic `ALLOCATOR_SLACK` applies; it is also the floor.
+    """
+    floor = int(ALLOCATOR_SLACK * allocated)
+    if opts.strategy.startswith("zero"):
+        return floor
+    working = max(t["activations"] + t["logits_loss"] + t["comm_buffers"]
+                  for name, t in phases.items() if name != "optimizer/step")
+    step = phases["optimizer/step"]
+    optimizer = state["optimizer_states"] + step["gradients"] + step["optimizer_temporaries"]
+    pool = state["parameters"] + state["master_weights"] + working + optimizer
+    return max(floor, pool - allocated)
+
+
+def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
+    """Peak per-GPU memory = params, master weights and moments (allocated for the whole run) + the
+    largest of the phases of `_phases`; reserved adds `_cached_not_reused`, total the CUDA context."""
+    described = state_bytes(shape, opts)
+    state = {name: value for name, (value, _) in described.items()}
+    phases = _phases(shape, opts, full_grads=state["gradients"])
+    phase, peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
     context = CUDA_CONTEXT_BYTES
     if opts.world_size > 1:
         context += NCCL_BYTES + (NCCL_MULTI_NODE_EXTRA_BYTES if opts.nodes > 1 else 0)
     breakdown = MemoryBreakdown(
-        **{name: value for name, (value, _) in state.items()},
-        activations=activations, logits_loss=logits_loss, comm_buffers=buffers,
-        optimizer_temporaries=temporaries, allocator_slack=0, cuda_context_nccl=context, peak_phase=phase,
-        notes={name: note for name, (_, note) in state.items()},
+        **(state | peak), allocator_slack=0, cuda_context_nccl=context, peak_phase=phase,
+        notes={name: note for name, (_, note) in described.items()},
     )
-    breakdown.allocator_slack = int(ALLOCATOR_SLACK * breakdown.allocated)
+    breakdown.allocator_slack = _cached_not_reused(phases, state, breakdown.allocated, opts)
     ckpt = "per-layer checkpointing" if opts.gradient_checkpointing else "no checkpointing"
     breakdown.notes |= {
         "activations": f"{opts.micro_batch_tokens} tok, {ckpt}",
         "logits_loss": "chunked CE" if 0 < opts.loss_chunk_tokens < opts.micro_batch_tokens else "full logits",
         "comm_buffers": f"{opts.strategy} gather/reduce buffers",
-        "optimizer_temporaries": "foreach AdamW sqrt(v)",
-        "allocator_slack": f"{ALLOCATOR_SLACK:.0%} fragmentation",
+        "optimizer_temporaries": f"{opts.adamw_impl} AdamW" + (" sqrt(v)" if opts.adamw_impl == "foreach" else ""),
+        "allocator_slack": "cached, not reused (reserved - allocated)",
         "cuda_context_nccl": "outside torch's allocator",
     }
+    if peak["gradients"] < state["gradients"]:
+        breakdown.notes["gradients"] = f"not yet allocated in {phase} (state: {state['gradients'] / GIB:.2f} GiB)"
     return breakdown
-
-
-def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
-    """Host RAM on the busiest node (node 0): rank processes, model loading, offloaded state.
-
-    Loading: with Accelerate's `cpu_ram_efficient_loading` (FSDP) only rank 0 materializes the full
-    weights (trainable upcast to fp32, frozen in bf16); otherwise every local rank does. ZeRO-3 under
-    `zero.Init` streams one copy; ZeRO-2/DDP load a full copy per rank. Offload keeps each local rank's
-    share of the state on the host (pinned): FSDP params+grads+moments; ZeRO fp32 master + moments +
-    fp32 grad partitions (+ bf16 params for ZeRO-3).
-    """
-    low = 4 if opts.precision == "fp32" else 2
-    trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
-    frozen = shape.total_params if opts.lora else 0
-    p, local = shard_degree(opts), opts.gpus_per_node
-    s = opts.strategy
-    if s in ("fsdp", "hsdp", "fsdp1"):
-        full = 4 * trainable + low * frozen
-        loading = full if opts.cpu_ram_efficient_loading else local * full
-        offload = local * _div(16 * trainable + low * frozen, p) if opts.cpu_offload else 0
-    elif s == "zero3":
-        loading = low * (trainable + frozen)
-        offload = local * _div((16 + low) * trainable + low * frozen, p) if opts.cpu_offload else 0
-    else:
-        loading = local * (4 if s == "ddp" else low) * (trainable + frozen)
-        offload = local * _div(16 * trainable, p) if opts.cpu_offload else 0
-    baseline = PROCESS_CPU_BYTES * local
-    return {"process_baseline": baseline, "model_loading": loading, "offload": offload,
-            "total": baseline + loading + offload}

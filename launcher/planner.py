@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from launcher import gpus
-from launcher.memory import (
-    GIB, LORA_TARGETS, MemoryBreakdown, MemoryOptions, ModelShape, cpu_bytes_per_node, gpu_memory,
-)
+from launcher.host_memory import cpu_bytes_per_node
+from launcher.memory import GIB, LORA_TARGETS, MemoryBreakdown, MemoryOptions, ModelShape, gpu_memory
 from launcher.schema import ConfigError, build, require
 
 Strategy = Literal["fsdp", "fsdp1", "hsdp", "zero2", "zero3", "ddp"]
@@ -74,6 +73,7 @@ class PlanInput:
     max_steps: int = -1  # > 0 overrides epochs
     time_limit_s: int | None = None  # SLURM --time of one job segment
     expected_mfu: float | None = None  # None = DEFAULT_MFU[gpu_type]
+    adamw_impl: Literal["fused", "foreach"] = "fused"  # train/optim.py: fused; torch.optim.AdamW() default: foreach
     storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
     node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
     startup_s: float = 180.0  # per (re)start: imports, load + shard weights, resume
