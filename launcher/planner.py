@@ -24,13 +24,24 @@ STRATEGY_NAMES = {
     "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "ddp": "DDP / single GPU",
 }
 
-# Expected model-FLOPs utilization per GPU type for full fine-tuning with per-layer checkpointing and
-# packed ~8k-token micro-batches (FSDP2, bf16). Conservative defaults; calibrate them from
-# docs/BENCHMARKS.md measurements (PlanInput.expected_mfu overrides).
-DEFAULT_MFU = {"h100": 0.38, "h100-pcie": 0.36, "h100-nvl": 0.38, "gh200": 0.40, "h200": 0.40,
+# Expected model-FLOPs utilization (docs/ARCHITECTURE.md's MFU) for full fine-tuning with per-layer
+# checkpointing, packed micro-batches, FSDP2, bf16 (PlanInput.expected_mfu overrides). Hopper entries are
+# measured on H200 (BENCHMARKS.md, bench/results/*.json) and used for every GH100-based GPU:
+#   multi-4gpu-8b.json: Llama-3-8B shape, FSDP2 on 4 GPUs, 16k tokens/GPU, checkpointing, no compile: 36.3%
+#   single-llama3.2-1b-ours-ckpt.json: Llama-3.2-1B, 1 GPU, 32k-token packed, compile, checkpointing: 40.6%
+#   single-llama3.2-1b-ours.json: the same without checkpointing: 49.6%
+# The sharded number is kept for every multi-GPU run (torch.compile, now the default, would add to it:
+# conservative); one GPU (no collectives) uses the 1-GPU one. Other GPU types are unmeasured guesses.
+HOPPER_SHARDED_MFU = 0.363
+HOPPER_ONE_GPU_MFU = 0.406
+DEFAULT_MFU = {"h100": HOPPER_SHARDED_MFU, "h100-pcie": 0.36, "h100-nvl": HOPPER_SHARDED_MFU,
+               "gh200": HOPPER_SHARDED_MFU, "h200": HOPPER_SHARDED_MFU,
                "b200": 0.35, "a100": 0.45, "a100-40gb": 0.42, "l40s": 0.35}
+ONE_GPU_MFU = {"h100": HOPPER_ONE_GPU_MFU, "h100-nvl": HOPPER_ONE_GPU_MFU, "gh200": HOPPER_ONE_GPU_MFU,
+               "h200": HOPPER_ONE_GPU_MFU}
 FALLBACK_MFU = 0.30
-NO_CHECKPOINTING_MFU_GAIN = 1.25  # no recompute: up to 8/6 of the FLOPs become useful
+NO_CHECKPOINTING_MFU_GAIN = 0.496 / 0.406  # measured (1B, 1 H200): no recompute of the forward
+MAX_EXPECTED_MFU = 0.6
 CPU_OFFLOAD_MFU_FACTOR = 0.5  # host AdamW + PCIe traffic; crude, offload is a last resort
 
 CHECKPOINT_WRITE_SAFETY = 1.5  # shared storage is rarely at its nominal bandwidth
@@ -72,7 +83,7 @@ class PlanInput:
     num_train_epochs: float = 1.0
     max_steps: int = -1  # > 0 overrides epochs
     time_limit_s: int | None = None  # SLURM --time of one job segment
-    expected_mfu: float | None = None  # None = DEFAULT_MFU[gpu_type]
+    expected_mfu: float | None = None  # None = the measured/default tables above (_expected_mfu)
     adamw_impl: Literal["fused", "foreach"] = "fused"  # train/optim.py: fused; torch.optim.AdamW() default: foreach
     storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
     node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
@@ -166,7 +177,8 @@ class Plan:
         return "does not fit: " + " and ".join(where)
 
 
-def _memory_options(inp: PlanInput) -> MemoryOptions:
+def memory_options(inp: PlanInput) -> MemoryOptions:
+    """The memory model's view of a plan input (fields of the same names; world_size derived)."""
     names = {f.name for f in dataclasses.fields(MemoryOptions)} - {"world_size"}
     return MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
 
@@ -180,7 +192,7 @@ def _gpu_usable_bytes(inp: PlanInput) -> int | None:
 def _fits(inp: PlanInput) -> tuple[bool, int]:
     """(fits on GPU and CPU, per-GPU total bytes) — memory only, for the suggestion search."""
     shape = ModelShape.from_arch(inp.arch)
-    opts = _memory_options(inp)
+    opts = memory_options(inp)
     total = gpu_memory(shape, opts).total
     usable = _gpu_usable_bytes(inp)
     cpu_ok = inp.cpu_mem_per_node_gib is None or (
@@ -261,9 +273,12 @@ def _expected_mfu(inp: PlanInput) -> float | None:
         return inp.expected_mfu
     if inp.device == "cpu" or gpus.lookup(inp.gpu_type) is None:
         return None
-    mfu = DEFAULT_MFU.get(inp.gpu_type.lower(), FALLBACK_MFU)
+    gpu_type = inp.gpu_type.lower()
+    mfu = DEFAULT_MFU.get(gpu_type, FALLBACK_MFU)
+    if inp.world_size == 1:
+        mfu = ONE_GPU_MFU.get(gpu_type, mfu)
     if not inp.gradient_checkpointing:
-        mfu = min(0.6, mfu * NO_CHECKPOINTING_MFU_GAIN)
+        mfu = min(MAX_EXPECTED_MFU, mfu * NO_CHECKPOINTING_MFU_GAIN)
     return mfu * (CPU_OFFLOAD_MFU_FACTOR if inp.cpu_offload else 1.0)
 
 
@@ -308,7 +323,7 @@ def make_plan(inp: PlanInput) -> Plan:
     """Memory breakdown, verdict + suggestions, time/cost and the signal lead for one launch."""
     inp.validate()
     shape = ModelShape.from_arch(inp.arch)
-    opts = _memory_options(inp)
+    opts = memory_options(inp)
     warnings = []
     if inp.device == "cpu":
         warnings.append("CPU processes: no MFU/time estimate")
