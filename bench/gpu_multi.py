@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--steps8b", type=int, default=12)
     parser.add_argument("--tokens8b", type=int, default=16384)
     parser.add_argument("--tokens1b", type=int, default=16384)
+    parser.add_argument("--tokens8b-mfu", type=int, default=8192)
     parser.add_argument("--skip", default="", help="comma list of phases to skip: naive,8b,scaling")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -169,6 +170,8 @@ def main() -> None:
         bench_8b(args, ckpt, data, result, rows)
     if "scaling" not in skip:
         bench_scaling(args, data, result, rows)
+    if "8b-mfu" not in skip:
+        bench_8b_mfu(args, data, result, rows)
 
     if args.results:
         args.results.mkdir(parents=True, exist_ok=True)
@@ -232,6 +235,29 @@ def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, row
     if restored:
         result["8b_restore_s"] = float(restored[-1])
         rows.append(("8B checkpoint restore (load_state)", f"{result['8b_restore_s']:.0f} s"))
+
+
+def bench_8b_mfu(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:
+    """8B throughput alone: random init (no checkpoint to read), compile, no activation checkpointing
+    (fits at 8k tokens/GPU thanks to the fused loss), no saves."""
+    run = args.out / "run-8b-mfu"
+    render(run, "llama3-8b", data, args.gpus, [
+        "--max_steps", "12", "--save_steps", "1000000", "--gradient_checkpointing", "false",
+        "--set", 'model.path=""', "--set", 'model.tokenizer=""', "--set", "model.arch=" + toml_inline(shape("llama3-8b")),
+        "--set", f"data.tokens_per_micro_batch={args.tokens8b_mfu}", "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
+    code, text = launch(run, args.gpus, 29620)
+    if code != 0:
+        print(text[-4000:])
+        rows.append(("8B MFU run (no checkpointing, compile)", f"failed (exit {code})"))
+        return
+    stats = steady_state(run / "metrics.jsonl")
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    mfus = [r["mfu"] for r in records if r.get("mfu") and r["step"] > 4]
+    stats["mfu"] = sum(mfus) / len(mfus) if mfus else None
+    result["8b_mfu_run"] = dict(stats, tokens_per_micro_batch=args.tokens8b_mfu, compile=True, checkpointing=False)
+    rows.append(("8B FSDP2 no-ckpt + compile: tokens/s/GPU", f"{stats['real_tokens_per_s'] / args.gpus:,.0f}"))
+    rows.append(("8B FSDP2 no-ckpt + compile: MFU", f"{(stats['mfu'] or 0) * 100:.1f}%"))
+    rows.append(("8B FSDP2 no-ckpt + compile: peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
 
 
 def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:
