@@ -159,6 +159,7 @@ class MemoryOptions:
     cpu_ram_efficient_loading: bool
     gradient_accumulation_steps: int = 1  # > 1: gradients stay allocated between micro-batches
     adamw_impl: str = "fused"  # fused (train/optim.py) or foreach (torch's default: fp32 sqrt(v) temporaries)
+    device: str = "gpu"  # "cpu": CPU processes (gloo) have no CUDA context or NCCL buffers
 
 
 @dataclass
@@ -391,8 +392,8 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
     state = {name: value for name, (value, _) in described.items()}
     phases = _phases(shape, opts, full_grads=state["gradients"])
     phase, peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
-    context = CUDA_CONTEXT_BYTES
-    if opts.world_size > 1:
+    context = CUDA_CONTEXT_BYTES if opts.device == "gpu" else 0
+    if opts.world_size > 1 and opts.device == "gpu":
         context += NCCL_BYTES + (NCCL_MULTI_NODE_EXTRA_BYTES if opts.nodes > 1 else 0)
     breakdown = MemoryBreakdown(
         **(state | peak), allocator_slack=0, cuda_context_nccl=context, peak_phase=phase,
