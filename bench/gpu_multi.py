@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_single import steady_state
+from bench.gpu_single import WARMUP_STEPS, steady_state
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,6 +181,20 @@ def main() -> None:
         print(f"| {name} | {value} |")
 
 
+def run_stats(run: Path, code: int, text: str, rows: list, label: str) -> dict | None:
+    """Steady-state throughput of a finished run plus its mean logged MFU after the warm-up steps;
+    None (and a failure row) when the run failed."""
+    if code != 0:
+        print(text[-4000:])
+        rows.append((label, f"failed (exit {code})"))
+        return None
+    stats = steady_state(run / "metrics.jsonl")
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    mfus = [r["mfu"] for r in records if r.get("mfu") and r["step"] > WARMUP_STEPS]
+    stats["mfu"] = sum(mfus) / len(mfus) if mfus else None
+    return stats
+
+
 def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, rows: list) -> None:
     run = args.out / "run-8b"
     save_at = args.steps8b - 2
@@ -188,14 +202,9 @@ def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, row
            "--gradient_checkpointing", "true", "--set", f"data.tokens_per_micro_batch={args.tokens8b}"])
     code, text = launch(run, args.gpus, 29600)
     result["8b_exit"] = code
-    if code != 0:
-        print(text[-4000:])
-        rows.append(("8B FSDP2 run", f"failed (exit {code})"))
+    stats = run_stats(run, code, text, rows, "8B FSDP2 run")
+    if stats is None:
         return
-    stats = steady_state(run / "metrics.jsonl")
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    mfus = [r["mfu"] for r in records if r.get("mfu")][3:]
-    stats["mfu"] = sum(mfus) / len(mfus) if mfus else None
     result["8b"] = stats
     loads = re.findall(r"rank (\d+) peak RSS: ([\d.]+) MiB before model load, ([\d.]+) MiB after \(([\d.]+) s\)", text)
     result["8b_load"] = [dict(rank=int(r), rss_before_mib=float(b), rss_after_mib=float(a), seconds=float(t))
@@ -245,14 +254,9 @@ def bench_8b_mfu(args: argparse.Namespace, ckpt: Path, data: Path, result: dict,
         "--max_steps", "12", "--save_steps", "1000000", "--gradient_checkpointing", "false",
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_mfu}", "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
     code, text = launch(run, args.gpus, 29620)
-    if code != 0:
-        print(text[-4000:])
-        rows.append(("8B MFU run (no checkpointing, compile)", f"failed (exit {code})"))
+    stats = run_stats(run, code, text, rows, "8B MFU run (no checkpointing, compile)")
+    if stats is None:
         return
-    stats = steady_state(run / "metrics.jsonl")
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    mfus = [r["mfu"] for r in records if r.get("mfu") and r["step"] > 4]
-    stats["mfu"] = sum(mfus) / len(mfus) if mfus else None
     result["8b_mfu_run"] = dict(stats, tokens_per_micro_batch=args.tokens8b_mfu, compile=True, checkpointing=False)
     rows.append(("8B FSDP2 no-ckpt + compile: tokens/s/GPU", f"{stats['real_tokens_per_s'] / args.gpus:,.0f}"))
     rows.append(("8B FSDP2 no-ckpt + compile: MFU", f"{(stats['mfu'] or 0) * 100:.1f}%"))
