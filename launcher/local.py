@@ -7,6 +7,7 @@ command again resumes from the checkpoint (the run directory name is determinist
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from launcher.options import Launch
 from train.config import EXIT_REQUEUE
@@ -63,6 +65,21 @@ def _ignore_usr1() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
+def _wait(child: subprocess.Popen, on_stop: Any) -> int:
+    """Wait for training. Training runs in its own session, so Ctrl-C reaches only us: the first
+    turns into a stop request (checkpoint, exit 75, resumable), a second one kills training."""
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        on_stop(signal.SIGINT, None)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        return child.wait()
+
+
 def run_local(launch: Launch) -> int:
     """Run training in a new process group; return its exit code (75 = checkpointed, run again to resume)."""
     run_dir = launch.run_dir
@@ -84,9 +101,7 @@ def run_local(launch: Launch) -> int:
 
     previous = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGUSR1, signal.SIGTERM)}
     try:
-        code = child.wait()
-    except KeyboardInterrupt:
-        code = child.wait()  # Ctrl-C reached the whole terminal group; let training finish dying
+        code = _wait(child, on_stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

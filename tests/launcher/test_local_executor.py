@@ -51,7 +51,12 @@ def _wait_for(paths: list[Path], timeout: float) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGUSR1, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+def _default_sigint() -> None:
+    # A backgrounded parent may ignore SIGINT, and Python then never raises KeyboardInterrupt (Ctrl-C).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGUSR1, signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, stop_signal: signal.Signals) -> None:
     module_dir = tmp_path / "standin"
     module_dir.mkdir()
@@ -61,7 +66,7 @@ def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, s
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--output", str(run_dir)]
     launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+                                text=True, preexec_fn=_default_sigint)
     try:
         _wait_for([run_dir / "started-0", run_dir / "started-1"], timeout=120)
         launcher.send_signal(stop_signal)
