@@ -25,13 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_single import WARMUP_STEPS, steady_state
+from bench.gpu_single import TINY, WARMUP_STEPS, steady_state
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_SMOKE = bool(os.environ.get("BENCH_CPU_SMOKE"))  # tiny shapes on CPU: proves the script end to end
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=128, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
 
 
 def shape(name: str) -> dict:

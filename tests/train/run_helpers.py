@@ -11,13 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.train.conftest import TINY_ARCH
 
-TINY_ARCH = {
-    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
+REPO = Path(__file__).resolve().parents[2]
 
 BASE_CONFIG: dict[str, dict[str, Any]] = {
     "model": {"arch": TINY_ARCH, "attn_implementation": "sdpa"},
