@@ -19,6 +19,12 @@ from tests.launcher.conftest import REPO, write_stub
 from launcher.options import LaunchRequest, resolve
 from launcher.render import write_run_dir
 
+# The stub plays SLURM and training: USR1 to the batch shell, wait (bounded) until the shell forwards
+# it, then "checkpoint" and exit 75. Waiting for the forward, not a fixed sleep, keeps a loaded
+# machine from turning a slow trap into a failure.
+STOP_AND_WAIT = ('kill -USR1 "$PPID"; for _ in $(seq 100); do [[ -s "$STUB_LOG/srun.signals" ]] && break; '
+                 'sleep 0.1; done; ')
+STOP_THEN_75 = STOP_AND_WAIT + "exit 75"
 HOSTILE = "we ird 'q\" $(touch PWNED) ; `touch PWNED2` é☃ \\n"
 
 
@@ -94,7 +100,7 @@ def test_job_name_is_sanitized_on_sbatch_line(tmp_path: Path) -> None:
 def test_exit_75_after_early_signal_is_a_preemption_and_requeues(tmp_path: Path) -> None:
     run_dir = _render(tmp_path, "run", [])
     # The stub plays SLURM: USR1 to the batch shell, then training "checkpoints" and exits 75.
-    result = _run_script(tmp_path, run_dir, 'kill -USR1 "$PPID"; sleep 1; exit 75', restart=2)
+    result = _run_script(tmp_path, run_dir, STOP_THEN_75, restart=2)
     assert result.returncode == 0, result.stderr
     assert (run_dir / "STOP_REQUESTED").exists()
     assert (tmp_path / "stublog" / "srun.signals").read_text() == "USR1\n", "the trap forwards USR1 to srun"
@@ -107,7 +113,7 @@ def test_exit_75_after_early_signal_is_a_preemption_and_requeues(tmp_path: Path)
 def test_cancel_request_checkpoints_without_requeue(tmp_path: Path) -> None:
     run_dir = _render(tmp_path, "run", [])
     (run_dir / "CANCEL_REQUESTED").touch()  # what `sft-launch cancel` writes before signalling
-    result = _run_script(tmp_path, run_dir, 'kill -USR1 "$PPID"; sleep 1; exit 75')
+    result = _run_script(tmp_path, run_dir, STOP_THEN_75)
     assert result.returncode == 0, result.stderr
     scontrol = tmp_path / "stublog" / "scontrol.argv"
     assert not scontrol.exists() or "requeue" not in _argv(scontrol)
@@ -122,7 +128,7 @@ def test_timeouts_are_counted_and_capped(tmp_path: Path) -> None:
     # at limit - lead - 60 s (SLURM may signal a minute early), clamped to 1 s.
     run_dir = _render(tmp_path, "run", ["profile.signal_lead_s=60", "profile.max_timeouts=1"], time_limit="2")
     assert "TIMEOUT_AFTER_S=1\n" in (run_dir / "launch.slurm").read_text()
-    behaviour = 'kill -USR1 "$PPID"; sleep 1; exit 75'
+    behaviour = STOP_THEN_75
     first = _run_script(tmp_path, run_dir, behaviour, restart=0, elapsed_s=60)
     assert first.returncode == 0 and (run_dir / "logs" / "timeouts.txt").read_text().count("\n") == 1
     second = _run_script(tmp_path, run_dir, behaviour, restart=1, elapsed_s=60)
@@ -135,7 +141,7 @@ def test_short_limit_early_signal_is_a_preemption_not_a_timeout(tmp_path: Path) 
     # 5-minute limit: the threshold used to be max(0, limit - 10 min) = 0, so every signal was a "timeout".
     run_dir = _render(tmp_path, "run", ["profile.signal_lead_s=60", "profile.max_timeouts=0"], time_limit="5")
     assert "TIMEOUT_AFTER_S=180\n" in (run_dir / "launch.slurm").read_text()
-    result = _run_script(tmp_path, run_dir, 'kill -USR1 "$PPID"; sleep 1; exit 75', elapsed_s=10)
+    result = _run_script(tmp_path, run_dir, STOP_THEN_75, elapsed_s=10)
     assert result.returncode == 0 and "requeue" in _argv(tmp_path / "stublog" / "scontrol.argv")
     assert not (run_dir / "logs" / "timeouts.txt").exists()
     assert json.loads((run_dir / "run.json").read_text())["events"][-1]["kind"] == "preemption"
@@ -143,7 +149,7 @@ def test_short_limit_early_signal_is_a_preemption_not_a_timeout(tmp_path: Path) 
 
 def test_checkpoint_after_stop_counts_as_75_when_torchrun_reports_1(tmp_path: Path) -> None:
     run_dir = _render(tmp_path, "run", [])
-    behaviour = ('kill -USR1 "$PPID"; sleep 1; mkdir -p "$PWD/checkpoints/step-00000007"; '
+    behaviour = (STOP_AND_WAIT + 'mkdir -p "$PWD/checkpoints/step-00000007"; '
                  'touch "$PWD/checkpoints/step-00000007/COMPLETE"; exit 1')
     result = _run_script(tmp_path, run_dir, behaviour)
     assert result.returncode == 0
