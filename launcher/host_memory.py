@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from launcher.memory import GIB, MemoryOptions, ModelShape, ceil_div, shard_degree
+from launcher.memory import GIB, MemoryOptions, ceil_div, shard_degree
+from launcher.shape import ModelShape
 
 PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.schema import ConfigError
+from launcher.shape import ModelShape
 
 GIB = 1024**3
 
@@ -41,83 +41,18 @@ NCCL_MULTI_NODE_EXTRA_BYTES = int(0.25 * GIB)  # extra IB/network proxies when r
 ALLOCATOR_SLACK = 0.08  # minimum reserved - allocated (caching-allocator rounding/splits), fraction
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP bucket_cap_mb default
 
-REQUIRED_ARCH_KEYS = (
-    "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-)
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """LLaMA architecture numbers (from an HF LlamaConfig-style dict) and derived parameter counts."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    tied: bool
-
-    @classmethod
-    def from_arch(cls, arch: dict[str, Any]) -> ModelShape:
-        for key in REQUIRED_ARCH_KEYS:
-            value = arch.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"arch.{key}: expected a positive integer, got {value!r}", f"arch.{key}")
-        heads = arch["num_attention_heads"]
-        if arch["hidden_size"] % heads:
-            raise ConfigError("arch.hidden_size: must be divisible by num_attention_heads", "arch.hidden_size")
-        return cls(
-            layers=arch["num_hidden_layers"], hidden=arch["hidden_size"], heads=heads,
-            kv_heads=int(arch.get("num_key_value_heads") or heads), intermediate=arch["intermediate_size"],
-            vocab=arch["vocab_size"], tied=bool(arch.get("tie_word_embeddings", False)),
-        )
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * (self.hidden // self.heads)
-
-    @property
-    def layer_params(self) -> int:
-        """q,o (d x d) + k,v (d x kv) + gate,up,down (3 d I) + two RMSNorm weights."""
-        d = self.hidden
-        return 2 * d * d + 2 * d * self.kv_dim + 3 * d * self.intermediate + 2 * d
-
-    @property
-    def total_params(self) -> int:
-        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
-        return self.layers * self.layer_params + embeddings + self.hidden
-
-    @property
-    def matmul_params(self) -> int:
-        """N of the MFU formula: every matmul weight incl. lm_head (tied or not), no embedding lookup."""
-        return self.layers * (self.layer_params - 2 * self.hidden) + self.vocab * self.hidden
-
-    def lora_params(self, r: int, targets: list[str]) -> int:
-        """r x (in + out) per adapted linear per layer."""
-        d, kv, i = self.hidden, self.kv_dim, self.intermediate
-        dims = {"q_proj": (d, d), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (d, d),
-                "gate_proj": (d, i), "up_proj": (d, i), "down_proj": (i, d)}
-        total = 0
-        for name in targets:
-            if name not in dims:
-                raise ConfigError(f"lora_target_modules: unknown module {name!r}; valid: {', '.join(LORA_TARGETS)}",
-                                  "lora_target_modules")
-            total += r * sum(dims[name])
-        return self.layers * total
-
 
 def layer_activation_bytes_per_token(shape: ModelShape, elem: int) -> int:
     """Bytes autograd keeps per token for one LlamaDecoderLayer without checkpointing (elem = 2 for bf16).
 
-    Saved tensors, in forward order (d hidden, kv = kv_heads x head_dim, I intermediate):
+    Saved tensors, in forward order (d hidden, q = heads x head_dim (= d for Llama), kv = kv_heads x
+    head_dim, I intermediate):
       2 x RMSNorm: fp32 copy of the input (saved by pow and by x*rsqrt, 4d) + the normalized
         activation in the input dtype (saved by weight*x, elem*d)             -> 2 (4 + elem) d
       q/k/v_proj input (one shared tensor)                                    -> elem d
-      attention kernel: q, k, v after RoPE (RoPE itself saves only cos/sin)   -> elem (d + 2 kv)
-      attention output + fp32 log-sum-exp per head                            -> elem d + 4 heads
-      o_proj input (the `.contiguous()` re-layout of the output is a copy)    -> elem d
+      attention kernel: q, k, v after RoPE (RoPE itself saves only cos/sin)   -> elem (q + 2 kv)
+      attention output + fp32 log-sum-exp per head                            -> elem q + 4 heads
+      o_proj input (the `.contiguous()` re-layout of the output is a copy)    -> elem q
       gate/up_proj input (shared)                                             -> elem d
       SwiGLU: gate out (for SiLU), SiLU out and up out (for the product),
         product (down_proj input)                                             -> 4 elem I
@@ -125,7 +60,8 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int) -> int:
     """
     d = shape.hidden
     norms = 2 * (4 + elem) * d
-    attention = elem * d + elem * (d + 2 * shape.kv_dim) + elem * d + 4 * shape.heads + elem * d
+    q = shape.q_dim
+    attention = elem * d + elem * (q + 2 * shape.kv_dim) + elem * q + 4 * shape.heads + elem * q
     mlp = elem * d + 4 * elem * shape.intermediate
     return norms + attention + mlp
 
@@ -133,7 +69,7 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int) -> int:
 def lora_dropout_bytes_per_token(shape: ModelShape, r: int, targets: list[str], elem: int) -> int:
     """PEFT applies a separate Dropout per adapted module: its output (elem x in) and bool mask (1 x in)
     are saved, plus lora_A's r-dim output saved by lora_B. With dropout 0 PEFT uses Identity (no copy)."""
-    in_features = {"down_proj": shape.intermediate}
+    in_features = {"down_proj": shape.intermediate, "o_proj": shape.q_dim}
     per_layer = sum((elem + 1) * in_features.get(t, shape.hidden) + elem * r for t in targets)
     return shape.layers * per_layer
 

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from launcher import gpus
 from launcher.host_memory import cpu_bytes_per_node
-from launcher.memory import GIB, LORA_TARGETS, MemoryBreakdown, MemoryOptions, ModelShape, gpu_memory
+from launcher.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory
+from launcher.shape import LORA_TARGETS, ModelShape
 from launcher.schema import ConfigError, build, require
 
 Strategy = Literal["fsdp", "fsdp1", "hsdp", "zero2", "zero3", "ddp"]
@@ -283,10 +284,9 @@ def _expected_mfu(inp: PlanInput) -> float | None:
 
 
 def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
-    """6N + 6·L·d·s̄ (docs/ARCHITECTURE.md's MFU formula). LoRA skips the frozen weights' gradients:
-    forward 2N + input-gradients 2N = 4N (adapters are negligible)."""
-    weights = (4 if inp.lora else 6) * shape.matmul_params
-    return float(weights + 6 * shape.layers * shape.hidden * min(inp.mean_doc_tokens, inp.micro_batch_tokens))
+    """launcher/shape.py's formula at the planned mean document length (a document longer than a
+    micro-batch is cut to it). LoRA skips the frozen weights' gradients: 4N instead of 6N."""
+    return shape.flops_per_token(min(inp.mean_doc_tokens, inp.micro_batch_tokens), lora=inp.lora)
 
 
 def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) -> TimeEstimate:

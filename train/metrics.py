@@ -1,16 +1,8 @@
 """Throughput, FLOPs/MFU and the per-step records (metrics.jsonl, console, wandb, progress bar).
 
-Model FLOPs per trained token (forward + backward = 3 × forward, 2 FLOPs per multiply-add)::
-
-    flops_per_token = 6·N + 6·L·d·s̄
-
-* N — every matmul weight: per layer q, k, v, o and the three MLP projections, plus the lm_head
-  (counted whether or not it is tied to the embedding, since it is a real matmul); the embedding
-  lookup is a gather and is excluded. Norm weights are negligible and excluded.
-* 6·L·d·s̄ — attention scores and weighted values: 2 matmuls × 2 FLOPs × d per pair of attended
-  positions, × 3 for backward, halved because attention is causal (12·L·d·s̄ / 2).
-* s̄ — the mean *document* length attended, token-weighted (Σ nᵢ² / Σ nᵢ over the documents of the
-  step), because packed documents do not attend to each other.
+FLOPs per trained token are launcher/shape.py's (the planner's own count, so a plan's predicted MFU
+and a run's measured one share N): 6·N + 6·L·a·s̄, with s̄ the token-weighted mean *document*
+length of the step (packed documents do not attend to each other).
 
 MFU = flops_per_token · tokens_per_s_per_gpu / peak_flops_per_gpu, with the peak (dense bf16) from
 ``launcher.gpus``, looked up from ``torch.cuda.get_device_name()`` and falling back to
@@ -32,6 +24,7 @@ from typing import Any
 import torch
 
 from launcher.gpus import gpu_type_from_device_name, lookup
+from launcher.shape import ModelShape
 from train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -39,18 +32,12 @@ logger = logging.getLogger(__name__)
 
 def matmul_params(arch: dict[str, Any]) -> int:
     """N: matmul weights of a Llama-shaped model (LlamaConfig key names), lm_head included."""
-    d, layers = arch["hidden_size"], arch["num_hidden_layers"]
-    heads = arch["num_attention_heads"]
-    kv_heads = arch.get("num_key_value_heads") or heads
-    head_dim = arch.get("head_dim") or d // heads
-    attention = d * heads * head_dim * 2 + d * kv_heads * head_dim * 2  # q, o + k, v
-    mlp = 3 * d * arch["intermediate_size"]
-    return layers * (attention + mlp) + d * arch["vocab_size"]
+    return ModelShape.from_arch(arch).matmul_params
 
 
 def flops_per_token(arch: dict[str, Any], mean_doc_len: float) -> float:
-    """6·N + 6·L·d·s̄ (see the module docstring)."""
-    return 6.0 * matmul_params(arch) + 6.0 * arch["num_hidden_layers"] * arch["hidden_size"] * mean_doc_len
+    """6·N + 6·L·a·s̄ (launcher/shape.py)."""
+    return ModelShape.from_arch(arch).flops_per_token(mean_doc_len)
 
 
 def attended_length(doc_lengths: list[int]) -> float:

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from launcher.memory import ALLOCATOR_SLACK, GIB, ModelShape, layer_activation_bytes_per_token, state_bytes
+from launcher.memory import ALLOCATOR_SLACK, GIB, layer_activation_bytes_per_token, state_bytes
+from launcher.shape import ModelShape
 from launcher.planner import (
     PlanInput, format_plan, make_plan, memory_options, plan_input_from_dict, plan_to_dict,
 )

@@ -18,6 +18,38 @@ def test_matmul_params_by_hand():
     assert matmul_params({**ARCH, "tie_word_embeddings": True}) == 106_496
 
 
+def test_explicit_head_dim_sets_attention_width():
+    # 4 heads of 32 (q width 128 != hidden 64), 2 KV heads of 32: q, o 64*128 each, k, v 64*64 each
+    arch = {**ARCH, "head_dim": 32}
+    assert matmul_params(arch) == 2 * (2 * 64 * 128 + 2 * 64 * 64 + 24_576) + 32_768
+    # the attention term uses heads x head_dim = 128: 6*2*128*250
+    assert flops_per_token(arch, 250.0) == 6 * matmul_params(arch) + 384_000
+
+
+@pytest.mark.parametrize("extra", [{}, {"head_dim": 32}, {"tie_word_embeddings": True}])
+def test_shape_counts_match_a_real_model(extra):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from launcher.shape import ModelShape
+
+    arch = {**ARCH, **extra}
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**arch))
+    real = sum(p.numel() for p in model.parameters())  # a tied lm_head is one parameter
+    assert ModelShape.from_arch(arch).total_params == real
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert matmul_params(arch) == linears
+
+
+def test_train_and_planner_count_the_same_flops():
+    from launcher.planner import PlanInput, flops_per_token as planned
+    from launcher.shape import ModelShape
+
+    inp = PlanInput(arch=ARCH, mean_doc_tokens=250, micro_batch_tokens=4096)
+    assert planned(ModelShape.from_arch(ARCH), inp) == flops_per_token(ARCH, 250.0)
+
+
 def test_attended_length_is_token_weighted():
     assert attended_length([100, 300]) == 250.0  # (100² + 300²) / 400
     assert attended_length([]) == 0.0

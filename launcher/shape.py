@@ -1,0 +1,110 @@
+"""A LLaMA-family model's shape (from an HF LlamaConfig-style dict): parameter counts and the
+FLOPs per trained token that MFU is measured against. Pure Python: the planner on the login node
+and train.metrics on the GPU count the same N the same way.
+
+Model FLOPs per trained token (forward + backward = 3 × forward, 2 FLOPs per multiply-add)::
+
+    flops_per_token = 6·N + 6·L·a·s̄        (LoRA: 4·N, the frozen weights get no weight gradients)
+
+* N — every matmul weight: per layer q, k, v, o and the three MLP projections, plus the lm_head
+  (counted whether or not it is tied to the embedding, since it is a real matmul); the embedding
+  lookup is a gather and is excluded. Norm weights are negligible and excluded.
+* 6·L·a·s̄ — attention scores and weighted values: 2 matmuls × 2 FLOPs × a per pair of attended
+  positions, × 3 for backward, halved because attention is causal (12·L·a·s̄ / 2); a = heads ×
+  head_dim (= hidden size for Llama; not for models with an explicit `head_dim`).
+* s̄ — the mean *document* length attended, token-weighted (Σ nᵢ² / Σ nᵢ over the documents),
+  because packed documents do not attend to each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.schema import ConfigError
+
+REQUIRED_ARCH_KEYS = (
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _positive_int(arch: dict[str, Any], key: str) -> int:
+    value = arch.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"arch.{key}: expected a positive integer, got {value!r}", f"arch.{key}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """LLaMA architecture numbers and derived parameter counts."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    head_dim: int
+
+    @classmethod
+    def from_arch(cls, arch: dict[str, Any]) -> ModelShape:
+        for key in REQUIRED_ARCH_KEYS:
+            _positive_int(arch, key)
+        heads = arch["num_attention_heads"]
+        if arch.get("head_dim") is not None:
+            head_dim = _positive_int(arch, "head_dim")
+        elif arch["hidden_size"] % heads:
+            raise ConfigError("arch.hidden_size: must be divisible by num_attention_heads (or set head_dim)",
+                              "arch.hidden_size")
+        else:
+            head_dim = arch["hidden_size"] // heads
+        return cls(
+            layers=arch["num_hidden_layers"], hidden=arch["hidden_size"], heads=heads,
+            kv_heads=int(arch.get("num_key_value_heads") or heads), intermediate=arch["intermediate_size"],
+            vocab=arch["vocab_size"], tied=bool(arch.get("tie_word_embeddings", False)), head_dim=head_dim,
+        )
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        """q,o (d x q) + k,v (d x kv) + gate,up,down (3 d I) + two RMSNorm weights."""
+        d = self.hidden
+        return 2 * d * self.q_dim + 2 * d * self.kv_dim + 3 * d * self.intermediate + 2 * d
+
+    @property
+    def total_params(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * self.layer_params + embeddings + self.hidden
+
+    @property
+    def matmul_params(self) -> int:
+        """N of the MFU formula: every matmul weight incl. lm_head (tied or not), no embedding lookup."""
+        return self.layers * (self.layer_params - 2 * self.hidden) + self.vocab * self.hidden
+
+    def flops_per_token(self, mean_doc_len: float, lora: bool = False) -> float:
+        """6·N (4·N with LoRA) + 6·L·a·s̄; see the module docstring."""
+        weights = (4 if lora else 6) * self.matmul_params
+        return float(weights + 6 * self.layers * self.q_dim * mean_doc_len)
+
+    def lora_params(self, r: int, targets: list[str]) -> int:
+        """r x (in + out) per adapted linear per layer."""
+        d, q, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
+        dims = {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
+                "gate_proj": (d, i), "up_proj": (d, i), "down_proj": (i, d)}
+        total = 0
+        for name in targets:
+            if name not in dims:
+                raise ConfigError(f"lora_target_modules: unknown module {name!r}; valid: {', '.join(LORA_TARGETS)}",
+                                  "lora_target_modules")
+            total += r * sum(dims[name])
+        return self.layers * total
