@@ -1,0 +1,87 @@
+"""torch.compile of the decoder layers on the GPU attention path: one graph for every pack shape.
+
+A recompilation in the middle of a run stalls every rank for as long as compiling a layer takes
+(seconds for an 8B layer), so packs of any number of documents and any lengths, a single document
+included, must reuse the first graph. The FlashAttention kernels behind torch's `varlen_attn` exist
+only on CUDA; here they are stood in for by per-document sdpa on the CPU, registered as the CPU
+kernels of the same custom ops, so the traced graph is the GPU path's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.train.conftest import TINY_ARCH
+
+varlen = pytest.importorskip("torch.nn.attention.varlen", reason="torch varlen_attn needs torch >= 2.10")
+
+
+def _per_document_attention(q, k, v, cu_q, cu_k, scale):
+    outs = []
+    for i in range(cu_q.numel() - 1):
+        rows, cols = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        qi, ki, vi = (t.transpose(0, 1).unsqueeze(0).float() for t in (q[rows], k[cols], v[cols]))
+        out = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
+        outs.append(out[0].transpose(0, 1).to(q.dtype))
+    return torch.cat(outs)
+
+
+def _cpu_forward(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
+                 window_size=None, enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+    out = _per_document_attention(query, key, value, cu_seq_q, cu_seq_k if cu_seq_k is not None else cu_seq_q, scale)
+    return out, torch.zeros(query.size(1), query.size(0)), torch.zeros(2, dtype=torch.uint64)
+
+
+def _cpu_backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, rng_state,
+                  scale=None, window_size=None):
+    def grads():  # in a fresh thread: this kernel runs below autograd, whose exclusion is thread-local
+        q, k, v = (t.detach().requires_grad_() for t in (query, key, value))
+        return torch.autograd.grad(_per_document_attention(q, k, v, cu_seq_q, cu_seq_k, scale), (q, k, v), grad_out)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(grads).result()
+
+
+@pytest.fixture
+def varlen_on_cpu():
+    ops = {varlen._varlen_attn: _cpu_forward, varlen._varlen_attn_backward: _cpu_backward}
+    for op, kernel in ops.items():
+        op.register_kernel("cpu")(kernel)
+    torch._dynamo.reset()
+    yield
+    for op in ops:
+        op.set_kernel_enabled("cpu", False)
+    torch._dynamo.reset()
+
+
+def _random_pack(rng: random.Random, documents: int) -> dict:
+    from train.packing import collate_packed
+
+    lengths = [rng.randint(2, 100) for _ in range(documents)]
+    return collate_packed([{"input_ids": [rng.randrange(512) for _ in range(n)],
+                            "labels": [rng.randrange(512) for _ in range(n)]} for n in lengths])
+
+
+def test_compiled_layers_keep_one_graph_across_pack_shapes(varlen_on_cpu):
+    from torch._dynamo.utils import counters
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from train.attention import TORCH_VARLEN, register_backends
+    from train.perf import compile_decoder_layers, use_fused_loss
+
+    register_backends()
+    arch = {**TINY_ARCH, "num_hidden_layers": 3}
+    model = LlamaForCausalLM(LlamaConfig(**arch, attn_implementation=TORCH_VARLEN, use_cache=False)).to(torch.bfloat16)
+    use_fused_loss(model)
+    compile_decoder_layers(model)
+    counters.clear()
+    rng = random.Random(0)
+    for documents in [4, 2, 1, 6, 1, 3, 5, 1, 2]:  # single-document packs between multi-document ones
+        model(**_random_pack(rng, documents)).loss.backward()
+    assert counters["stats"]["unique_graphs"] == 1, "a pack shape recompiled the decoder layers"
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
