@@ -22,6 +22,9 @@ from train.stop import TEST_STOP_AT_STEP_ENV
 pytestmark = pytest.mark.slow
 
 FILE_SIZE_LIMIT = 256 * 1024  # bytes: > logs and random_states_*.pkl (~15 kB), < model (~560 kB), optimizer (~1.1 MB)
+# On CPU (gloo) accelerate saves as one process group without FSDP: rank 0 writes the model and the
+# optimizer, every other rank only its random_states_<rank>.pkl (~15 kB), which this limit stops.
+RANK_FILE_SIZE_LIMIT = 8 * 1024
 
 
 def digests(directory: Path) -> dict[str, tuple[int, str]]:
@@ -29,24 +32,56 @@ def digests(directory: Path) -> dict[str, tuple[int, str]]:
             for p in sorted(directory.iterdir()) if p.is_file()}
 
 
-def run_with_file_size_limit(run_dir: Path, limit: int, log_name: str, timeout: float = 240) -> int:
+# Imported by every Python process at start-up (PYTHONPATH): limits only the rank named by
+# SFT_TEST_FULL_DISK_RANK, which torchrun tells its workers apart by (RANK); torchrun itself has none.
+SITECUSTOMIZE = """
+import os, resource
+if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("SFT_TEST_FULL_DISK_RANK"):
+    limit = int(os.environ["SFT_TEST_FULL_DISK_BYTES"])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+"""
+
+
+def run_with_file_size_limit(run_dir: Path, limit: int, log_name: str, rank: int | None = None,
+                             timeout: float = 240) -> int:
+    """`rank` None: every process of the job hits the limit; else only that rank's process does."""
     def limit_file_size() -> None:  # in the child, before exec: inherited by torchrun and every rank
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    with open(run_dir / log_name, "w") as log:
-        proc = subprocess.run(launch_command(run_dir), cwd=REPO, env=launch_env(), stdout=log,
-                              stderr=subprocess.STDOUT, timeout=timeout, preexec_fn=limit_file_size)
+    env = launch_env()
+    if rank is not None:
+        site_dir = run_dir / "site"
+        site_dir.mkdir(exist_ok=True)
+        (site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        env.update(PYTHONPATH=f"{site_dir}:{env['PYTHONPATH']}", SFT_TEST_FULL_DISK_RANK=str(rank),
+                   SFT_TEST_FULL_DISK_BYTES=str(limit))
+    # Through a pipe, not into the log file: a pipe has no file size, so the limited rank can still log.
+    proc = subprocess.run(launch_command(run_dir), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=timeout, preexec_fn=limit_file_size if rank is None else None)
+    (run_dir / log_name).write_bytes(proc.stdout)
     return proc.returncode
+
+
+def first_checkpoint_at_step_4(run_dir: Path) -> Path:
+    """Run 1: a stop request at step 4 leaves one complete checkpoint (exit 75, reported by torchrun as 1)."""
+    run_training(run_dir, {TEST_STOP_AT_STEP_ENV: "4"}, log_name="first.log")
+    previous = run_dir / "checkpoints" / f"{PREFIX}00000004"
+    assert (previous / MARKER).is_file(), read_log(run_dir, "first.log")
+    return previous
+
+
+def assert_intact(ckpts: Path, previous: Path, before: dict[str, tuple[int, str]]) -> None:
+    """The previous checkpoint is unchanged and still the one a restart resumes from."""
+    assert digests(previous) == before
+    assert complete_checkpoints(ckpts) == [previous]
+    assert latest_checkpoint(ckpts) == previous
+    assert not (ckpts / f"{PREFIX}00000008").exists()  # never renamed: at most a .tmp-* left for cleanup
 
 
 def test_full_disk_fails_loudly_and_keeps_previous_checkpoint(tmp_path):
     run_dir = write_run(tmp_path / "run", {"train": {"max_steps": 12, "save_steps": 4}})
     ckpts = run_dir / "checkpoints"
-
-    # Run 1: a stop request at step 4 leaves one complete checkpoint (exit 75, reported by torchrun as 1).
-    run_training(run_dir, {TEST_STOP_AT_STEP_ENV: "4"}, log_name="first.log")
-    previous = ckpts / f"{PREFIX}00000004"
-    assert (previous / MARKER).is_file(), read_log(run_dir, "first.log")
+    previous = first_checkpoint_at_step_4(run_dir)
     sizes = {p.name: p.stat().st_size for p in previous.iterdir()}
     assert max(sizes.values()) > FILE_SIZE_LIMIT, sizes  # the next save really cannot fit
     before = digests(previous)
@@ -61,9 +96,24 @@ def test_full_disk_fails_loudly_and_keeps_previous_checkpoint(tmp_path):
     assert "exitcode  : 1" in log, log  # the failing rank exited 1 itself (not 75, not killed)
     assert "checkpoint saved" not in log, log
 
-    # Intact: the previous checkpoint is unchanged and still the one a restart resumes from.
-    assert digests(previous) == before
-    assert complete_checkpoints(ckpts) == [previous]
-    assert latest_checkpoint(ckpts) == previous
-    assert not (ckpts / f"{PREFIX}00000008").exists()  # never renamed: at most a .tmp-* left for cleanup
+    assert_intact(ckpts, previous, before)
+    assert not (run_dir / "export").exists()
+
+
+def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_checkpoint(tmp_path):
+    # Rank 1 alone cannot write its part while rank 0 writes its own and waits to publish: the failure
+    # must reach rank 0 (no rename, no COMPLETE) instead of a checkpoint missing rank 1's state.
+    run_dir = write_run(tmp_path / "run", {"train": {"max_steps": 12, "save_steps": 4}})
+    ckpts = run_dir / "checkpoints"
+    previous = first_checkpoint_at_step_4(run_dir)
+    before = digests(previous)
+
+    code = run_with_file_size_limit(run_dir, RANK_FILE_SIZE_LIMIT, "second.log", rank=1)
+    log = read_log(run_dir, "second.log")
+    assert code == 1, log
+    # torch.save reports the short write as an iostream error; rank 0 learns of it in the barrier
+    # before the rename (gloo: connection closed by the failed peer) and fails too.
+    assert "[rank 1] ERROR train: training failed" in log and "accelerator.save_state" in log, log
+    assert "[rank 0] ERROR train: training failed" in log and "checkpoint saved" not in log, log
+    assert_intact(ckpts, previous, before)
     assert not (run_dir / "export").exists()
