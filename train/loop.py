@@ -36,7 +36,7 @@ from train.export import export_model
 from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_per_gpu, step_record
 from train.model import build_model, log_model_ready
 from train.optim import build_optimizer, build_scheduler
-from train.perf import StepProfiler
+from train.perf import RecompileWatch, StepProfiler
 from train.packing import collate_packed, collate_padded, plan_micro_batches
 from train.stop import StopRequest
 
@@ -205,6 +205,7 @@ class Loop:
         self.accumulation = cfg.train.gradient_accumulation_steps
         self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type)
         self.arch = accelerator.unwrap_model(model).config.to_dict()
+        self.recompiles = RecompileWatch()
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path) -> bool:
         """Train until total_steps; True when stopped (and saved) on request."""
@@ -285,11 +286,13 @@ class Loop:
         self._advance(state)
 
     def record(self, state: TrainState, window: Window, lr: float) -> dict[str, Any]:
-        return step_record(
+        record = step_record(
             step=state.step, epoch=state.epoch, loss=window.loss / max(1, window.steps), lr=lr,
             grad_norm=window.grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
             seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
             packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s)
+        record["compiled_graphs"] = self.recompiles.check(state.step)
+        return record
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -63,6 +63,30 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
     return len(layers)
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has captured in this process so far. It stays flat after the first step
+    when every pack shape reuses the first graph; a rise mid-run is a recompilation, which every
+    rank waits for (seconds for a large layer)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class RecompileWatch:
+    """Warns when graphs were compiled since the last logged window (the first window's are expected)."""
+
+    def __init__(self) -> None:
+        self.seen: int | None = None
+
+    def check(self, step: int) -> int:
+        graphs = compiled_graphs()
+        if self.seen is not None and graphs > self.seen:
+            logger.warning("torch.compile captured %d new graph(s) before step %d: every rank waited for the "
+                           "compilation (TORCH_LOGS=recompiles names the guard that failed)", graphs - self.seen, step)
+        self.seen = graphs
+        return graphs
+
+
 class StepProfiler:
     """Opt-in kernel profile of a few optimizer steps: SFT_PROFILE_STEPS="8:10" profiles steps 8 and 9
     on rank 0 and logs the top CUDA kernels by total time (the evidence behind BENCHMARKS.md notes)."""

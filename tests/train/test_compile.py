@@ -85,3 +85,20 @@ def test_compiled_layers_keep_one_graph_across_pack_shapes(varlen_on_cpu):
         model(**_random_pack(rng, documents)).loss.backward()
     assert counters["stats"]["unique_graphs"] == 1, "a pack shape recompiled the decoder layers"
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_recompile_watch_warns_only_for_graphs_after_the_first_window(caplog):
+    from train.perf import RecompileWatch
+
+    torch._dynamo.reset()
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    watch = RecompileWatch()
+    double(torch.ones(3))
+    first = watch.check(step=1)  # the first window's compilation is expected
+    double(torch.ones(5))  # new size: dynamo marks the dimension dynamic, i.e. a second graph
+    double(torch.ones(7))  # covered by the dynamic graph
+    with caplog.at_level("WARNING", logger="train.perf"):
+        assert watch.check(step=2) == first + 1
+        assert watch.check(step=3) == first + 1
+    assert [r.getMessage()[:45] for r in caplog.records] == ["torch.compile captured 1 new graph(s) before "]
+    torch._dynamo.reset()
