@@ -73,6 +73,8 @@ def steady_state(metrics: Path) -> dict[str, float]:
         "peak_mem_gib": max((r.get("peak_mem_gib") or 0.0) for r in steps),
         "steps": len(timed),
         "final_loss": steps[-1]["loss"],
+        # Graphs compiled after the first logged window: recompilations that stalled every rank.
+        "recompiles_after_first_log": steps[-1].get("compiled_graphs", 0) - steps[0].get("compiled_graphs", 0),
     }
 
 
