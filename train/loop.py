@@ -34,7 +34,7 @@ from train.config import EXIT_REQUEUE, TrainConfig
 from train.data import build_datasets, load_tokenizer
 from train.export import export_model
 from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_per_gpu, step_record
-from train.model import build_model, log_model_ready
+from train.model import build_model, log_model_ready, log_placement
 from train.optim import build_optimizer, build_scheduler
 from train.perf import RecompileWatch, StepProfiler
 from train.packing import collate_packed, collate_padded, plan_micro_batches
@@ -111,6 +111,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     """Run (or resume) training; returns the process exit code (0 done, 75 stopped and saved)."""
     make_deterministic()
     set_seed(cfg.train.seed)  # same init on every rank
+    log_placement(accelerator)
     stop = StopRequest(cfg.run.resolve(cfg.run.stop_file), accelerator.device)
     stop.install_signal_handlers()
     ckpt_root = cfg.run.resolve(cfg.run.checkpoint_dir)

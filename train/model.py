@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import time
 from typing import Any
 
@@ -94,6 +96,14 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
     return model
+
+
+def log_placement(accelerator: Accelerator) -> None:
+    """Where this rank landed (every rank logs it, like the RSS facts): torchrun's GROUP_RANK is the
+    node's machine rank (0 and 1 on a 2-node job, never 0 on both), LOCAL_RANK the process in the node."""
+    logger.info("rank %d of %d: node rank %s, local rank %s, host %s", accelerator.process_index,
+                accelerator.num_processes, os.environ.get("GROUP_RANK", "?"), os.environ.get("LOCAL_RANK", "?"),
+                socket.gethostname())
 
 
 def log_model_ready(accelerator: Accelerator, started: float) -> None:

@@ -182,7 +182,9 @@ def test_two_nodes_train_and_export(runs):
     assert_completed(run, restarts=0)
     log = log_text(run, 0)
     assert "world size 2" in log
-    assert "[rank 1]" in log  # the second node's process joined: machine ranks 0 and 1, not 0 and 0
+    # Each node's process says where it landed: machine ranks 0 and 1 (not 0 and 0), one per node.
+    assert "[rank 0] INFO train.model: rank 0 of 2: node rank 0, local rank 0, host node1" in log, log
+    assert "[rank 1] INFO train.model: rank 1 of 2: node rank 1, local rank 0, host node2" in log, log
     assert [e["host"] for e in events(run, "start")] == ["node1"]
     assert (run.dir / "export" / "config.json").exists()
 
