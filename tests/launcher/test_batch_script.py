@@ -110,6 +110,17 @@ def test_exit_75_after_early_signal_is_a_preemption_and_requeues(tmp_path: Path)
     assert events[-1]["event"] == "requeue" and events[-1]["kind"] == "preemption" and events[-1]["restart"] == 2
 
 
+def test_exit_75_at_the_moment_of_the_signal_is_not_lost(tmp_path: Path) -> None:
+    # srun exits amid a burst of signals to the batch shell: a `wait` interrupted by the trap returns
+    # 138 and bash may have lost srun's status by then. The script must still see srun's own 75.
+    for attempt in range(4):
+        base = tmp_path / str(attempt)
+        run_dir = _render(base, "run", [])
+        result = _run_script(base, run_dir, 'for _ in $(seq 30); do kill -USR1 "$PPID"; done; exit 75')
+        assert result.returncode == 0, (attempt, result.returncode)
+        assert _argv(base / "stublog" / "scontrol.argv")[-2:] == ["requeue", "4242"], attempt
+
+
 def test_cancel_request_checkpoints_without_requeue(tmp_path: Path) -> None:
     run_dir = _render(tmp_path, "run", [])
     (run_dir / "CANCEL_REQUESTED").touch()  # what `sft-launch cancel` writes before signalling
