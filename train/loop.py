@@ -287,13 +287,12 @@ class Loop:
         self._advance(state)
 
     def record(self, state: TrainState, window: Window, lr: float) -> dict[str, Any]:
-        record = step_record(
+        return step_record(
             step=state.step, epoch=state.epoch, loss=window.loss / max(1, window.steps), lr=lr,
             grad_norm=window.grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
             seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
-            packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s)
-        record["compiled_graphs"] = self.recompiles.check(state.step)
-        return record
+            packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s,
+            compiled_graphs=self.recompiles.check(state.step))
 
     @torch.no_grad()
     def evaluate(self) -> float:

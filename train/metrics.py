@@ -70,7 +70,7 @@ def peak_gpu_mem_gib() -> float | None:
 def step_record(
     *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, tokens: int, doc_len_sq: float,
     seconds: float, world_size: int, arch: dict[str, Any], peak_flops: float | None,
-    packing_efficiency: float, elapsed_s: float,
+    packing_efficiency: float, elapsed_s: float, compiled_graphs: int = 0,
 ) -> dict[str, Any]:
     """One metrics.jsonl record for the steps since the last log (tokens/docs summed over all ranks)."""
     tokens_per_s = tokens / seconds if seconds > 0 else 0.0
@@ -82,7 +82,7 @@ def step_record(
         "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu, "tflops_per_gpu": tflops,
         "mfu": tflops * 1e12 / peak_flops if peak_flops else None, "peak_mem_gib": peak_gpu_mem_gib(),
         "packing_efficiency": packing_efficiency, "elapsed_s": elapsed_s,
-        "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "compiled_graphs": compiled_graphs,
     }
 
 
