@@ -1,8 +1,9 @@
 """The local executor's signal / exit-code protocol through the real `accelerate launch` (2 CPU workers).
 
 The training module is a stand-in (SFT_LAUNCH_TRAIN_MODULE) that follows the train contract: wait for
-the stop file or SIGUSR1, save a checkpoint with its COMPLETE marker, exit 75; when a complete
-checkpoint exists at start, "resume" and exit 0. The lead can point this at the real `train` module.
+the stop file or SIGUSR1, save a checkpoint with its COMPLETE marker (every rank waits for it, as the
+real save's closing barrier does), exit 75; when a complete checkpoint exists at start, "resume" and
+exit 0. The lead can point this at the real `train` module.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ while not (signalled or stop_file.exists()) and time.time() < deadline:
 if rank == 0:
     checkpoint.mkdir(parents=True, exist_ok=True)
     (checkpoint / "COMPLETE").touch()
+else:
+    # The real save ends in a barrier: no rank exits before the marker exists. A rank that exits
+    # early makes torchrun SIGTERM the others, possibly rank 0 before it marks the checkpoint.
+    while not (checkpoint / "COMPLETE").exists():
+        time.sleep(0.05)
 sys.exit(75)
 '''
 
