@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.memory import GIB, MemoryOptions, ceil_div, shard_degree
+from launcher.memory import GIB, MemoryOptions, ceil_div, low_bytes, shard_degree, trainable_params
 from launcher.shape import ModelShape
 
 PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
@@ -17,8 +17,8 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     share of the state on the host (pinned): FSDP params+grads+moments; ZeRO fp32 master + moments +
     fp32 grad partitions (+ bf16 params for ZeRO-3).
     """
-    low = 4 if opts.precision == "fp32" else 2
-    trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
+    low = low_bytes(opts)
+    trainable = trainable_params(shape, opts)
     frozen = shape.total_params if opts.lora else 0
     p, local = shard_degree(opts), opts.gpus_per_node
     s = opts.strategy

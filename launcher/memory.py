@@ -143,6 +143,16 @@ def shard_degree(opts: MemoryOptions) -> int:
     return opts.world_size
 
 
+def trainable_params(shape: ModelShape, opts: MemoryOptions) -> int:
+    """Parameters that get gradients and optimizer state: the LoRA adapters, or the whole model."""
+    return shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
+
+
+def low_bytes(opts: MemoryOptions) -> int:
+    """Bytes per element of the low-precision copies (bf16/fp16 weights, activations); 4 under fp32."""
+    return 4 if opts.precision == "fp32" else 2
+
+
 def ceil_div(n: float, p: int) -> int:
     """Bytes per shard: the last shard is padded up."""
     return int(-(-n // p))
@@ -156,9 +166,9 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
     (fp32 master, moments, and the fp32 grad partitions it steps on); ZeRO-3 offloads params as well.
     """
     p = shard_degree(opts)
-    trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
+    trainable = trainable_params(shape, opts)
     frozen = shape.total_params if opts.lora else 0
-    low = 4 if opts.precision == "fp32" else 2
+    low = low_bytes(opts)
     s, off, st = opts.strategy, opts.cpu_offload, opts.strategy.startswith("zero")
     if not st:  # FSDP/DDP: the trainable params are themselves fp32 (Accelerate upcast / autocast)
         gpu_params = 0 if off else ceil_div(4 * trainable + low * frozen, p)
@@ -235,7 +245,7 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     DDP (autocast): bf16 casts of every matmul weight are saved for backward; multi-GPU DDP also keeps a
     gradient bucket copy (gradient_as_bucket_view=False).
     """
-    low = 4 if opts.precision == "fp32" else 2
+    low = low_bytes(opts)
     d, s = shape.hidden, opts.strategy
     layer = low * shape.layer_params
     layer_grad = low * (shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
@@ -265,8 +275,7 @@ def _step_temporaries(shape: ModelShape, opts: MemoryOptions) -> int:
     DeepSpeed's fused Adam allocate none, and an offloaded optimizer steps on the host."""
     if opts.adamw_impl != "foreach" or opts.strategy.startswith("zero") or opts.cpu_offload:
         return 0
-    trainable = shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
-    return ceil_div(4 * trainable, shard_degree(opts))
+    return ceil_div(4 * trainable_params(shape, opts), shard_degree(opts))
 
 
 def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str, dict[str, int]]:
@@ -280,7 +289,7 @@ def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str
     gradients), backward/layers (top layer: recomputed layer + workspace + gathered buffers),
     backward/end (first layer, every gradient reduced) and optimizer/step.
     """
-    elem = 4 if opts.precision == "fp32" else 2
+    elem = low_bytes(opts)
     act = _activation_terms(shape, opts, elem)
     logits = _logits_terms(shape, opts, elem)
     comm = _comm_terms(shape, opts)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from launcher import gpus
 from launcher.host_memory import cpu_bytes_per_node
-from launcher.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory
+from launcher.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory, trainable_params
 from launcher.shape import LORA_TARGETS, ModelShape
 from launcher.schema import ConfigError, build, require
 
@@ -251,11 +251,10 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
     return found
 
 
-def checkpoint_bytes(shape: ModelShape, inp: PlanInput) -> int:
+def checkpoint_bytes(trainable: int, inp: PlanInput) -> int:
     """Accelerate `save_state`: model state + optimizer. FSDP/DDP save the fp32 trainable params (4 B)
     and AdamW moments (8 B); DeepSpeed saves bf16 module weights (2 B) + fp32 master and moments (12 B).
     LoRA saves the adapters only (the frozen base is re-read from model.path)."""
-    trainable = shape.lora_params(inp.lora_r, inp.lora_target_modules) if inp.lora else shape.total_params
     per_param = 14 if inp.strategy.startswith("zero") else 12
     return per_param * trainable
 
@@ -333,11 +332,11 @@ def make_plan(inp: PlanInput) -> Plan:
         warnings.append("hsdp on one node is plain full sharding")
     if inp.dataset_tokens is None and inp.max_steps <= 0:
         warnings.append("dataset size unknown and max_steps unset: no step count, ETA or cost")
-    ckpt = checkpoint_bytes(shape, inp)
+    trainable = trainable_params(shape, opts)
+    ckpt = checkpoint_bytes(trainable, inp)
     step_time = estimate_time(shape, inp).step_time_s
     lead = signal_lead_seconds(ckpt, inp, step_time)
     cpu_usable = None if inp.cpu_mem_per_node_gib is None else int(inp.cpu_mem_per_node_gib * CPU_USABLE_FRACTION * GIB)
-    trainable = shape.lora_params(inp.lora_r, inp.lora_target_modules) if inp.lora else shape.total_params
     return Plan(
         input=inp, params_total=shape.total_params, params_trainable=trainable,
         params_matmul=shape.matmul_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
