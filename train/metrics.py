@@ -30,11 +30,6 @@ from train.config import TrainConfig
 logger = logging.getLogger(__name__)
 
 
-def matmul_params(arch: dict[str, Any]) -> int:
-    """N: matmul weights of a Llama-shaped model (LlamaConfig key names), lm_head included."""
-    return ModelShape.from_arch(arch).matmul_params
-
-
 def flops_per_token(arch: dict[str, Any], mean_doc_len: float) -> float:
     """6·N + 6·L·a·s̄ (launcher/shape.py)."""
     return ModelShape.from_arch(arch).flops_per_token(mean_doc_len)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from train.metrics import attended_length, console_line, flops_per_token, matmul_params, step_record
+from launcher.shape import ModelShape
+from train.metrics import attended_length, console_line, flops_per_token, step_record
 
 ARCH = {  # d=64, L=2, 4 heads of 16, 2 KV heads, MLP 128, vocab 512, untied
     "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -13,17 +14,17 @@ ARCH = {  # d=64, L=2, 4 heads of 16, 2 KV heads, MLP 128, vocab 512, untied
 def test_matmul_params_by_hand():
     # per layer: q 64*64 + o 64*64 + k 64*32 + v 64*32 = 12288; MLP 3*64*128 = 24576
     # 2 layers = 73728; lm_head 64*512 = 32768 (counted, embedding lookup is not)
-    assert matmul_params(ARCH) == 106_496
+    assert ModelShape.from_arch(ARCH).matmul_params == 106_496
     # a tied lm_head is still a matmul
-    assert matmul_params({**ARCH, "tie_word_embeddings": True}) == 106_496
+    assert ModelShape.from_arch({**ARCH, "tie_word_embeddings": True}).matmul_params == 106_496
 
 
 def test_explicit_head_dim_sets_attention_width():
     # 4 heads of 32 (q width 128 != hidden 64), 2 KV heads of 32: q, o 64*128 each, k, v 64*64 each
     arch = {**ARCH, "head_dim": 32}
-    assert matmul_params(arch) == 2 * (2 * 64 * 128 + 2 * 64 * 64 + 24_576) + 32_768
+    assert ModelShape.from_arch(arch).matmul_params == 2 * (2 * 64 * 128 + 2 * 64 * 64 + 24_576) + 32_768
     # the attention term uses heads x head_dim = 128: 6*2*128*250
-    assert flops_per_token(arch, 250.0) == 6 * matmul_params(arch) + 384_000
+    assert flops_per_token(arch, 250.0) == 6 * ModelShape.from_arch(arch).matmul_params + 384_000
 
 
 @pytest.mark.parametrize("extra", [{}, {"head_dim": 32}, {"tie_word_embeddings": True}])
@@ -31,20 +32,17 @@ def test_shape_counts_match_a_real_model(extra):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from launcher.shape import ModelShape
-
     arch = {**ARCH, **extra}
     with torch.device("meta"):
         model = LlamaForCausalLM(LlamaConfig(**arch))
     real = sum(p.numel() for p in model.parameters())  # a tied lm_head is one parameter
     assert ModelShape.from_arch(arch).total_params == real
     linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    assert matmul_params(arch) == linears
+    assert ModelShape.from_arch(arch).matmul_params == linears
 
 
 def test_train_and_planner_count_the_same_flops():
     from launcher.planner import PlanInput, flops_per_token as planned
-    from launcher.shape import ModelShape
 
     inp = PlanInput(arch=ARCH, mean_doc_tokens=250, micro_batch_tokens=4096)
     assert planned(ModelShape.from_arch(ARCH), inp) == flops_per_token(ARCH, 250.0)
