@@ -14,8 +14,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from launcher.options import Launch
 from train.config import EXIT_REQUEUE
@@ -65,7 +65,7 @@ def _ignore_usr1() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
-def _wait(child: subprocess.Popen, on_stop: Any) -> int:
+def _wait(child: subprocess.Popen, on_stop: Callable[[int, object], None]) -> int:
     """Wait for training. Training runs in its own session, so Ctrl-C reaches only us: the first
     turns into a stop request (checkpoint, exit 75, resumable), a second one kills training."""
     try:
