@@ -248,14 +248,15 @@ def bench_8b_mfu(args: argparse.Namespace, ckpt: Path, data: Path, result: dict,
     """8B throughput alone: compile, no activation checkpointing (fits at 8k tokens/GPU thanks to the
     fused loss), no saves."""
     run = args.out / "run-8b-mfu"
+    compile_layers = not CPU_SMOKE  # compiling on CPU only slows the smoke run down
     render(run, str(ckpt), data, args.gpus, [
-        "--max_steps", "12", "--save_steps", "1000000", "--gradient_checkpointing", "false",
-        "--set", f"data.tokens_per_micro_batch={args.tokens8b_mfu}", "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
+        "--max_steps", str(args.steps8b), "--save_steps", "1000000", "--gradient_checkpointing", "false",
+        "--set", f"data.tokens_per_micro_batch={args.tokens8b_mfu}", "--set", f"train.compile={str(compile_layers).lower()}"])
     code, text = launch(run, args.gpus, 29620)
     stats = run_stats(run, code, text, rows, "8B MFU run (no checkpointing, compile)")
     if stats is None:
         return
-    result["8b_mfu_run"] = dict(stats, tokens_per_micro_batch=args.tokens8b_mfu, compile=True, checkpointing=False)
+    result["8b_mfu_run"] = dict(stats, tokens_per_micro_batch=args.tokens8b_mfu, compile=compile_layers, checkpointing=False)
     rows.append(("8B FSDP2 no-ckpt + compile: tokens/s/GPU", f"{stats['real_tokens_per_s'] / args.gpus:,.0f}"))
     rows.append(("8B FSDP2 no-ckpt + compile: MFU", f"{(stats['mfu'] or 0) * 100:.1f}%"))
     rows.append(("8B FSDP2 no-ckpt + compile: peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
