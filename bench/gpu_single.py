@@ -22,9 +22,9 @@ from typing import Any
 import tomli_w
 
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
-from launcher.gpus import gpu_type_from_device_name, lookup
-from launcher.schema import to_dict
-from train.config import TrainConfig
+from contract.gpus import gpu_type_from_device_name, lookup
+from contract.schema import to_dict
+from contract.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 3  # steps excluded from throughput (CUDA context, torch.compile, allocator warm-up)

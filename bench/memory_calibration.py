@@ -198,7 +198,7 @@ def plan_input_for(case: Case, result: dict, gpu_type: str) -> dict:
 
 
 def to_point(case: Case, result: dict, args: argparse.Namespace) -> dict:
-    from launcher.gpus import gpu_type_from_device_name
+    from contract.gpus import gpu_type_from_device_name
     from launcher.memory import GIB
     from launcher.planner import make_plan, plan_input_from_dict
 

@@ -6,7 +6,7 @@ lazily so that `import launcher` stays instant.
 
 from typing import Any
 
-__version__ = "0.1.0"
+from contract import __version__  # noqa: F401  (launcher.__version__)
 
 
 def __getattr__(name: str) -> Any:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.executors import DETACHED, execute
 from launcher.ops import cancel as cancel_ops
 from launcher.ops import logs as logs_ops
 from launcher.ops import rundir, slurm, status
@@ -78,21 +79,12 @@ def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: s
            strategy: str | None = None, lora: bool = False, time: str | None = None,
            job_name: str | None = None, sets: list[str] | None = None, **train_flags: Any) -> RunHandle:
     """Validate, render and submit a run; train_flags are [train] keys (max_steps=60, learning_rate=1e-5)."""
-    if executor not in ("submitit", "sbatch"):
-        raise ValueError(f"executor={executor!r}: the API submits with 'submitit' or 'sbatch'")
-    from launcher.render import record_submission, write_run_dir
+    if executor not in DETACHED:
+        raise ValueError(f"executor={executor!r}: the API submits with {' or '.join(map(repr, DETACHED))}")
 
     request = LaunchRequest(model=model, nodes=nodes, cluster=cluster, profile=profile, data=data, output=output,
                             strategy=strategy, lora=lora, time=time, job_name=job_name, executor=executor,
                             sets=list(sets or []), train_flags=dict(train_flags))
     launch = resolve(request)
-    run_dir = write_run_dir(launch, ["launcher.api.submit", model])
-    if executor == "submitit":
-        from launcher.submitit_exec import submit as submit_with_submitit
-
-        submit_with_submitit(launch)
-    else:
-        from launcher import sbatch
-
-        record_submission(run_dir, sbatch.submit(run_dir))
-    return RunHandle(run_dir)
+    execute(launch, ["launcher.api.submit", model], dry_run=False)
+    return RunHandle(launch.run_dir)

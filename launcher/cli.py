@@ -11,7 +11,8 @@ import importlib
 import logging
 import sys
 
-# name -> module with main(argv); other engineers add status/runs/logs/cancel/plot/plan here.
+# name -> module with main(argv). To add a subcommand: a module with main(argv) (its parser a
+# launcher.usage.Parser) and one line here; `sft-launch --help` lists the names.
 COMMANDS: dict[str, str] = {
     "models": "launcher.models_cmd",
     "status": "launcher.ops.status",
@@ -34,19 +35,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="sft-launch: %(message)s")
     module_name = COMMANDS.get(args[0], LAUNCH_MODULE) if args else LAUNCH_MODULE
     command_args = args[1:] if args and args[0] in COMMANDS else args
-    from launcher.schema import ConfigError
+    from contract.protocol import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+    from contract.schema import ConfigError  # also launcher.usage.UsageError (bad flags)
 
     try:
-        return int(importlib.import_module(module_name).main(command_args) or 0)
+        return int(importlib.import_module(module_name).main(command_args) or EXIT_OK)
     except ConfigError as err:
-        return _error(str(err).splitlines()[0] if str(err) else "bad configuration", 2)
+        return _error(str(err).splitlines()[0] if str(err) else "bad configuration", EXIT_USAGE)
     except RuntimeError as err:  # e.g. sbatch.SubmitError
-        return _error(str(err), 1)
+        return _error(str(err), EXIT_FAILURE)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `sft-launch models | head`
         sys.stderr.close()
-        return 0
+        return EXIT_OK
 
 
 if __name__ == "__main__":

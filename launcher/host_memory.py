@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from contract.shape import ModelShape
 from launcher.memory import GIB, MemoryOptions, ceil_div, low_bytes, shard_degree, trainable_params
-from launcher.shape import ModelShape
 
 PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
 
@@ -21,16 +21,16 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     trainable = trainable_params(shape, opts)
     frozen = shape.total_params if opts.lora else 0
     p, local = shard_degree(opts), opts.gpus_per_node
-    s = opts.strategy
-    if s in ("fsdp", "hsdp", "fsdp1"):
+    spec = opts.spec
+    if spec.engine == "fsdp":
         full = 4 * trainable + low * frozen
         loading = full if opts.cpu_ram_efficient_loading else local * full
         offload = local * ceil_div(16 * trainable + low * frozen, p) if opts.cpu_offload else 0
-    elif s == "zero3":
+    elif spec.zero_stage == 3:
         loading = low * (trainable + frozen)
         offload = local * ceil_div((16 + low) * trainable + low * frozen, p) if opts.cpu_offload else 0
     else:
-        loading = local * (4 if s == "ddp" else low) * (trainable + frozen)
+        loading = local * (4 if spec.fp32_params else low) * (trainable + frozen)
         offload = local * ceil_div(16 * trainable, p) if opts.cpu_offload else 0
     baseline = PROCESS_CPU_BYTES * local
     return {"process_baseline": baseline, "model_loading": loading, "offload": offload,

@@ -1,4 +1,4 @@
-"""The local executor: the same run directory and training command as on SLURM, on this machine.
+"""The local executor (launcher/executors.py): the same run directory and training command as on SLURM, here.
 
 Requeue protocol, locally: SIGUSR1 or SIGTERM to sft-launch writes the stop file and forwards
 SIGUSR1 to the training process group; training checkpoints and exits 75; running the same
@@ -15,16 +15,12 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
+from contract import command, protocol
+from launcher.executors import Started
 from launcher.options import Launch
-from train.config import EXIT_REQUEUE
 
 log = logging.getLogger(__name__)
-
-# Tests point this at a stand-in module until/unless they exercise the real `train` package.
-TRAIN_MODULE_ENV = "SFT_LAUNCH_TRAIN_MODULE"
-COMPLETE_MARKER = "COMPLETE"  # checkpoint marker file (ARCHITECTURE.md)
 
 
 def _free_port() -> int:
@@ -35,28 +31,10 @@ def _free_port() -> int:
 
 def train_command(launch: Launch, port: int) -> list[str]:
     run_dir = launch.run_dir
-    return [
-        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",  # = `accelerate launch`
-        "--config_file", str(run_dir / "accelerate.yaml"),
-        "--num_machines", "1", "--machine_rank", "0",
-        "--num_processes", str(launch.world_size),
-        "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-        "-m", os.environ.get(TRAIN_MODULE_ENV, "train"),
-        "--config", str(run_dir / "train.toml"),
-    ]
-
-
-def checkpointed_after_stop(run_dir: Path, stop_file: Path, checkpoint_dir: Path) -> bool:
-    """A complete checkpoint newer than the stop request.
-
-    torchrun reports any non-zero worker exit as its own exit 1, so 75 from the training processes
-    does not survive `accelerate launch`; this file-system check recovers it (same rule as launch.slurm).
-    """
-    if not stop_file.exists():
-        return False
-    stop_time = stop_file.stat().st_mtime
-    markers = checkpoint_dir.glob(f"step-*/{COMPLETE_MARKER}")
-    return any(marker.stat().st_mtime >= stop_time for marker in markers)
+    return command.train_command(
+        str(run_dir / protocol.ACCELERATE_CONFIG), str(run_dir / protocol.TRAIN_CONFIG), num_machines=1,
+        machine_rank=0, num_processes=launch.world_size, main_ip="127.0.0.1", main_port=port,
+        accelerate=command.accelerate_of_this_python())
 
 
 def _ignore_usr1() -> None:
@@ -80,15 +58,28 @@ def _wait(child: subprocess.Popen, on_stop: Callable[[int, object], None]) -> in
         return child.wait()
 
 
+def check(launch: Launch) -> str:
+    """The executor's dry run: nothing to ask beyond what the launcher already validated."""
+    return f"dry run: rendered {launch.run_dir}; nothing started"
+
+
+def start(launch: Launch) -> Started:
+    code = run_local(launch)
+    if code == protocol.EXIT_REQUEUE:
+        return Started(code, f"sft-launch: training checkpointed and stopped (exit {code}); "
+                       "run the same command again to resume")
+    return Started(code)
+
+
 def run_local(launch: Launch) -> int:
     """Run training in a new process group; return its exit code (75 = checkpointed, run again to resume)."""
     run_dir = launch.run_dir
     stop_file = run_dir / launch.train.run.stop_file  # an absolute stop_file replaces run_dir
     checkpoint_dir = run_dir / launch.train.run.checkpoint_dir
     stop_file.unlink(missing_ok=True)  # a stale request must not stop this run
-    command = train_command(launch, _free_port())
-    log.info("running: %s", " ".join(command))
-    child = subprocess.Popen(command, cwd=run_dir, start_new_session=True, preexec_fn=_ignore_usr1)
+    argv = train_command(launch, _free_port())
+    log.info("running: %s", " ".join(argv))
+    child = subprocess.Popen(argv, cwd=run_dir, start_new_session=True, preexec_fn=_ignore_usr1)
 
     def on_stop(signum: int, _frame: object) -> None:
         print(f"sft-launch: {signal.Signals(signum).name}: asking training to checkpoint and stop",
@@ -105,6 +96,4 @@ def run_local(launch: Launch) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if code not in (0, EXIT_REQUEUE) and checkpointed_after_stop(run_dir, stop_file, checkpoint_dir):
-        code = EXIT_REQUEUE
-    return code
+    return protocol.training_exit_code(code, stop_file, checkpoint_dir)

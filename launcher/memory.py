@@ -29,9 +29,9 @@ sees (tensors only: the CUDA context and NCCL's buffers live outside torch's all
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from launcher.shape import ModelShape
+from contract.shape import ModelShape
+from contract.strategies import STRATEGIES, StrategySpec
 
 GIB = 1024**3
 
@@ -78,7 +78,7 @@ def lora_dropout_bytes_per_token(shape: ModelShape, r: int, targets: list[str], 
 class MemoryOptions:
     """What the memory model needs from a plan input (kept separate so memory.py has no planner import)."""
 
-    strategy: str  # fsdp, fsdp1, hsdp, zero2, zero3, ddp
+    strategy: str  # a name in contract.strategies.STRATEGIES
     world_size: int
     gpus_per_node: int
     nodes: int
@@ -96,6 +96,10 @@ class MemoryOptions:
     gradient_accumulation_steps: int = 1  # > 1: gradients stay allocated between micro-batches
     adamw_impl: str = "fused"  # fused (train/optim.py) or foreach (torch's default: fp32 sqrt(v) temporaries)
     device: str = "gpu"  # "cpu": CPU processes (gloo) have no CUDA context or NCCL buffers
+
+    @property
+    def spec(self) -> StrategySpec:
+        return STRATEGIES[self.strategy]
 
 
 @dataclass
@@ -136,11 +140,7 @@ class MemoryBreakdown:
 
 def shard_degree(opts: MemoryOptions) -> int:
     """ddp replicates; hsdp shards inside a node and replicates across nodes; the rest shard over all."""
-    if opts.strategy == "ddp":
-        return 1
-    if opts.strategy == "hsdp":
-        return opts.gpus_per_node
-    return opts.world_size
+    return {"none": 1, "node": opts.gpus_per_node, "world": opts.world_size}[opts.spec.shards]
 
 
 def trainable_params(shape: ModelShape, opts: MemoryOptions) -> int:
@@ -169,8 +169,8 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
     trainable = trainable_params(shape, opts)
     frozen = shape.total_params if opts.lora else 0
     low = low_bytes(opts)
-    s, off, st = opts.strategy, opts.cpu_offload, opts.strategy.startswith("zero")
-    if not st:  # FSDP/DDP: the trainable params are themselves fp32 (Accelerate upcast / autocast)
+    zero3, off = opts.spec.zero_stage == 3, opts.cpu_offload
+    if opts.spec.engine != "deepspeed":  # FSDP/DDP: the trainable params are themselves fp32 (Accelerate upcast / autocast)
         gpu_params = 0 if off else ceil_div(4 * trainable + low * frozen, p)
         what = f"fp32 adapters + {low}B frozen base" if frozen else "fp32 (= master)"
         return {
@@ -179,8 +179,8 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
             "optimizer_states": (0 if off else ceil_div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
             "master_weights": (0, "none: the fp32 params are the master copy"),
         }
-    param_shard = p if s == "zero3" else 1
-    params = 0 if (off and s == "zero3") else ceil_div(low * (trainable + frozen), param_shard)
+    param_shard = p if zero3 else 1
+    params = 0 if (off and zero3) else ceil_div(low * (trainable + frozen), param_shard)
     return {
         "parameters": (params, f"{low}B params, /{param_shard}"),
         "gradients": (0 if off else ceil_div(low * trainable, p), f"{low}B grad partitions, /{p}"),
@@ -225,7 +225,7 @@ def _logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str
     outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
     chunked = 0 < opts.loss_chunk_tokens < opts.micro_batch_tokens
     rows = opts.loss_chunk_tokens if chunked else opts.micro_batch_tokens
-    held_elem = 4 if opts.strategy in ("fsdp1", "ddp") else elem
+    held_elem = 4 if opts.spec.fp32_params else elem
     held = held_elem * shape.vocab * rows if (opts.hold_outputs and not chunked) else 0
     return {
         "forward": rows * shape.vocab * (elem + 4 + 4),
@@ -246,22 +246,23 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     gradient bucket copy (gradient_as_bucket_view=False).
     """
     low = low_bytes(opts)
-    d, s = shape.hidden, opts.strategy
+    d, spec = shape.hidden, opts.spec
     layer = low * shape.layer_params
     layer_grad = low * (shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
                         if opts.lora else shape.layer_params)
     lm_head = low * shape.vocab * d
     lm_grad = 0 if opts.lora else lm_head
-    if s in ("fsdp", "hsdp", "fsdp1"):
-        root = lm_head * (2 if (s == "fsdp1" and not shape.tied) else 1)
-        layers_bwd = 2 * layer + layer_grad + (root if s == "fsdp1" else 0)
-        return {"forward": root + (layer if s != "fsdp1" else 0), "head_backward": root + lm_grad,
+    if spec.engine == "fsdp":
+        fsdp1 = spec.fsdp_version == 1
+        root = lm_head * (2 if (fsdp1 and not shape.tied) else 1)
+        layers_bwd = 2 * layer + layer_grad + (root if fsdp1 else 0)
+        return {"forward": root + (layer if not fsdp1 else 0), "head_backward": root + lm_grad,
                 "layers_backward": layers_bwd}
     buckets = 2 * low * d * d
-    if s == "zero3":
+    if spec.zero_stage == 3:
         return {"forward": lm_head + layer, "head_backward": lm_head + lm_grad + buckets,
                 "layers_backward": 2 * layer + layer_grad + buckets}
-    if s == "zero2":
+    if spec.zero_stage == 2:
         return {"forward": 0, "head_backward": lm_grad + buckets, "layers_backward": layer_grad + buckets}
     cast_cache = 0 if low == 4 else low * shape.matmul_params
     ddp_bucket = 4 * shape.total_params if (opts.world_size > 1 and not opts.lora) else 0
@@ -273,7 +274,7 @@ def _step_temporaries(shape: ModelShape, opts: MemoryOptions) -> int:
     """torch's foreach AdamW (`_multi_tensor_adam`, what `torch.optim.AdamW()` picks on CUDA, DTensor
     params included) allocates one fp32 `sqrt(v)` per parameter; the fused kernel (train/optim.py) and
     DeepSpeed's fused Adam allocate none, and an offloaded optimizer steps on the host."""
-    if opts.adamw_impl != "foreach" or opts.strategy.startswith("zero") or opts.cpu_offload:
+    if opts.adamw_impl != "foreach" or opts.spec.engine == "deepspeed" or opts.cpu_offload:
         return 0
     return ceil_div(4 * trainable_params(shape, opts), shard_degree(opts))
 
@@ -293,7 +294,7 @@ def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str
     act = _activation_terms(shape, opts, elem)
     logits = _logits_terms(shape, opts, elem)
     comm = _comm_terms(shape, opts)
-    persistent = opts.strategy.startswith("zero") or opts.gradient_accumulation_steps > 1
+    persistent = opts.spec.engine == "deepspeed" or opts.gradient_accumulation_steps > 1
     early_grads = full_grads if persistent else 0
     terms = ("activations", "logits_loss", "comm_buffers", "optimizer_temporaries", "gradients")
     rows = {
@@ -320,7 +321,7 @@ def _cached_not_reused(phases: dict[str, dict[str, int]], state: dict[str, int],
     any activation exists), so only the generic `ALLOCATOR_SLACK` applies; it is also the floor.
     """
     floor = int(ALLOCATOR_SLACK * allocated)
-    if opts.strategy.startswith("zero"):
+    if opts.spec.engine == "deepspeed":
         return floor
     working = max(t["activations"] + t["logits_loss"] + t["comm_buffers"]
                   for name, t in phases.items() if name != "optimizer/step")

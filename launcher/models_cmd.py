@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-
 from launcher.presets import format_presets
+from launcher.usage import Parser
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="sft-launch models", description="List the model presets "
+    parser = Parser(prog="sft-launch models", description="List the model presets "
                                      "(--model also takes a local model directory or a cached HF id).")
     parser.parse_args(argv)
     print(format_presets())

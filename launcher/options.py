@@ -16,14 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import gpus
+from contract import gpus
+from contract.config import TrainConfig, TrainSection
+from contract.schema import ConfigError, build, set_dotted, to_dict
+from contract.strategies import LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.presets import Preset, resolve_model
 from launcher.profile import (
-    ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
+    ClusterFile,
+    ClusterProfile,
+    build_profile,
+    format_time_limit,
+    parse_time_limit,
+    read_cluster_file,
     select_profile,
 )
-from launcher.schema import ConfigError, build, set_dotted, to_dict
-from train.config import TrainConfig, TrainSection
 
 TRAIN_NAMESPACES = ("model", "data", "train", "lora", "run")
 DEFAULT_CLUSTER_FILE = "cluster.toml"
@@ -77,6 +83,17 @@ class Launch:
     @property
     def time_limit(self) -> str:
         return format_time_limit(self.time_limit_s)
+
+    @property
+    def strategy_spec(self) -> StrategySpec:
+        return STRATEGIES[self.strategy]
+
+    @property
+    def mixed_precision(self) -> str:
+        """'bf16' / 'fp16' / 'no' for Accelerate and DeepSpeed, from model.precision and the profile's GPU."""
+        spec = gpus.lookup(self.profile.gpu_type)
+        return gpus.mixed_precision(self.train.model.precision, self.profile.gpus_per_node > 0,
+                                    spec.has_bf16 if spec is not None else None)
 
 
 def parse_value(text: str) -> Any:
@@ -179,7 +196,7 @@ def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
     spec = gpus.lookup(profile.gpu_type)
-    if launch.strategy in ("zero2", "zero3") and profile.gpus_per_node == 0:
+    if launch.strategy_spec.needs_gpu and profile.gpus_per_node == 0:
         raise ConfigError(f"--strategy {launch.strategy}: DeepSpeed needs GPUs; CPU profiles use fsdp (DDP over gloo)")
     if model.attn_implementation == "flash_attn":
         if profile.gpus_per_node == 0:
@@ -205,6 +222,8 @@ def resolve(request: LaunchRequest) -> Launch:
     preset = resolve_model(request.model)
     train = build_train_config(request, preset, profile, train_sets)
     strategy = request.strategy or profile.strategy
+    if strategy not in LAUNCHABLE:
+        raise ConfigError(f"--strategy {strategy}: must be one of {', '.join(LAUNCHABLE)}")
     try:
         time_limit_s = parse_time_limit(request.time) if request.time else profile.time_limit_s
     except ValueError as err:

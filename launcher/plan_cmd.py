@@ -13,18 +13,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import train.config
+from contract.config import SHIPPED_DATA
+from contract.schema import ConfigError
 from launcher.datasize import DataEstimate, estimate_tokens
 from launcher.memory import GIB
 from launcher.options import Launch
-from launcher.planner import Plan, PlanInput, Suggestion, format_plan, make_plan, plan_to_dict
-from launcher.schema import ConfigError
+from launcher.plan_format import format_plan
+from launcher.planner import Plan, PlanInput, Suggestion, make_plan, plan_to_dict
 
 # train/loss.py's fused lm_head + cross-entropy materializes logits for 4096 tokens at a time on CPU
 # (chunked); Liger's kernel on GPU keeps even less, so 4096 is the conservative figure for both.
 FUSED_LOSS_CHUNK_TOKENS = 4096
 CPU_RAM_FRACTION = 0.9  # of a CPU node's RAM, shared by its processes (the OS and slurmstepd keep the rest)
-SHIPPED_DATA = Path(train.config.__file__).resolve().parent / "assets" / "sample_chat.jsonl"
 _MEM = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
 _UNIT_GIB = {"K": 1 / 1024**2, "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}  # SLURM's default unit is MB
 
@@ -49,9 +49,7 @@ def data_estimate(launch: Launch) -> DataEstimate | None:
 
 
 def _precision(launch: Launch) -> str:
-    from launcher.render import mixed_precision  # jinja2 is imported lazily there; this stays light
-
-    return {"bf16": "bf16", "fp16": "fp16"}.get(mixed_precision(launch), "fp32")
+    return {"bf16": "bf16", "fp16": "fp16"}.get(launch.mixed_precision, "fp32")
 
 
 def _device_fields(launch: Launch) -> dict[str, Any]:
@@ -161,7 +159,7 @@ def refuse_unless_fits(report: LaunchPlan, force: bool) -> None:
 
 def main(argv: list[str]) -> int:
     """`sft-launch plan [launch flags] [--json]`: print the plan; writes nothing, submits nothing."""
-    from launcher.launch import build_parser, request_from_args
+    from launcher.launch_args import build_parser, request_from_args
     from launcher.options import resolve
 
     parser = build_parser()

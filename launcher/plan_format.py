@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from contract.strategies import STRATEGIES
 from launcher.memory import GIB, MemoryBreakdown
-from launcher.planner import MAX_SUGGESTED_NODES, STRATEGY_NAMES, Plan
+from launcher.planner import MAX_SUGGESTED_NODES, Plan
 
 GIB_F = float(GIB)
 
@@ -61,14 +62,14 @@ def _time_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def format_table(plan: Plan) -> str:
+def format_plan(plan: Plan) -> str:
     """Compact human-readable table: memory breakdown, verdict + suggestions, time/cost, signal lead."""
     inp = plan.input
     trainable = f", {_count(plan.params_trainable)} trainable (LoRA r={inp.lora_r})" if inp.lora else ""
     devices = f"{inp.nodes}x{inp.gpus_per_node} {inp.gpu_type}" if inp.device == "gpu" else \
         f"{inp.nodes}x{inp.gpus_per_node} CPU processes"
     lines = [
-        f"Plan    {_count(plan.params_total)} params{trainable} · {STRATEGY_NAMES[inp.strategy]}"
+        f"Plan    {_count(plan.params_total)} params{trainable} · {STRATEGIES[inp.strategy].title}"
         f"{' + CPU offload' if inp.cpu_offload else ''} · {devices} · "
         f"{inp.precision} · checkpointing {'on' if inp.gradient_checkpointing else 'off'} · "
         f"micro-batch {inp.micro_batch_tokens} tok x GA {inp.gradient_accumulation_steps}",

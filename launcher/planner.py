@@ -3,7 +3,7 @@
 Pure Python (no torch), instant on a login node. `make_plan(PlanInput) -> Plan` combines the memory
 model (launcher/memory.py) with a throughput model (expected MFU x peak FLOP/s / FLOPs per token), the
 time limit (how many requeues) and the checkpoint size (how early SLURM must signal the job so the
-save finishes). `format_plan` renders a compact table, `plan_to_dict` the same for `--json`.
+save finishes). `plan_format.format_plan` renders a compact table, `plan_to_dict` the same for `--json`.
 """
 
 from __future__ import annotations
@@ -13,17 +13,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from launcher import gpus
+from contract import gpus
+from contract.schema import build, require
+from contract.shape import LORA_TARGETS, ModelShape
+from contract.strategies import STRATEGIES, PlannerStrategy
 from launcher.host_memory import cpu_bytes_per_node
 from launcher.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory, trainable_params
-from launcher.shape import LORA_TARGETS, ModelShape
-from launcher.schema import ConfigError, build, require
-
-Strategy = Literal["fsdp", "fsdp1", "hsdp", "zero2", "zero3", "ddp"]
-STRATEGY_NAMES = {
-    "fsdp": "FSDP2 full shard", "fsdp1": "FSDP1 full shard", "hsdp": "FSDP2 hybrid shard",
-    "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "ddp": "DDP / single GPU",
-}
 
 # Expected model-FLOPs utilization (docs/ARCHITECTURE.md's MFU) for full fine-tuning with per-layer
 # checkpointing, packed micro-batches, FSDP2, bf16 (PlanInput.expected_mfu overrides). Hopper entries are
@@ -65,7 +60,7 @@ class PlanInput:
     gpu_memory_gib: float | None = None  # overrides the GPU table (unknown GPU types)
     usable_gpu_fraction: float = 0.95  # headroom for allocator spikes the model does not see
     cpu_mem_per_node_gib: float | None = None  # profile `mem`; None = not checked
-    strategy: Strategy = "fsdp"
+    strategy: PlannerStrategy = "fsdp"
     cpu_offload: bool = False
     lora: bool = False
     lora_r: int = 16
@@ -97,8 +92,9 @@ class PlanInput:
         require(0 < self.usable_gpu_fraction <= 1, "usable_gpu_fraction", "must be in (0, 1]")
         require(0 < self.packing_efficiency <= 1, "packing_efficiency", "must be in (0, 1]")
         require(self.storage_write_gbps > 0 and self.node_write_gbps > 0, "storage_write_gbps", "must be > 0")
-        require(not (self.cpu_offload and self.strategy == "ddp"), "cpu_offload",
-                "needs a sharded strategy (fsdp, fsdp1, hsdp, zero2, zero3), not ddp")
+        sharded = [name for name, spec in STRATEGIES.items() if spec.sharded]
+        require(not self.cpu_offload or STRATEGIES[self.strategy].sharded, "cpu_offload",
+                f"needs a sharded strategy ({', '.join(sharded)}), not {self.strategy}")
         require(self.expected_mfu is None or 0 < self.expected_mfu <= 1, "expected_mfu", "must be in (0, 1]")
         require(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be -1 or > 0")
         ModelShape.from_arch(self.arch)  # raises naming the arch key
@@ -208,7 +204,7 @@ def _try(inp: PlanInput, text: str, **change: Any) -> Suggestion | None:
 
 def _smallest_nodes(inp: PlanInput, **extra: Any) -> Suggestion | None:
     """More nodes only help where state is sharded over the whole world (not hsdp/ddp)."""
-    strategy = "fsdp" if inp.strategy in ("hsdp", "ddp") else inp.strategy
+    strategy = "fsdp" if STRATEGIES[inp.strategy].shards != "world" else inp.strategy
     for nodes in range(inp.nodes + 1, MAX_SUGGESTED_NODES + 1):
         change = {"nodes": nodes, **extra} | ({"strategy": strategy} if strategy != inp.strategy else {})
         found = _try(inp, f"use {nodes} nodes" + "".join(f", {k}={v}" for k, v in change.items() if k != "nodes"),
@@ -241,7 +237,7 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
         candidates.append(_try(inp, "load weights on rank 0 only", cpu_ram_efficient_loading=True))
     candidates.append(_smallest_nodes(inp))
     candidates.append(_smaller_micro_batch(inp))
-    if inp.strategy != "ddp" and not inp.cpu_offload:
+    if STRATEGIES[inp.strategy].sharded and not inp.cpu_offload:
         candidates.append(_try(inp, "enable CPU offload (slow)", cpu_offload=True))
     if not inp.lora:
         candidates.append(_try(inp, "train LoRA adapters instead of all weights", lora=True))
@@ -255,7 +251,7 @@ def checkpoint_bytes(trainable: int, inp: PlanInput) -> int:
     """Accelerate `save_state`: model state + optimizer. FSDP/DDP save the fp32 trainable params (4 B)
     and AdamW moments (8 B); DeepSpeed saves bf16 module weights (2 B) + fp32 master and moments (12 B).
     LoRA saves the adapters only (the frozen base is re-read from model.path)."""
-    per_param = 14 if inp.strategy.startswith("zero") else 12
+    per_param = 14 if STRATEGIES[inp.strategy].engine == "deepspeed" else 12
     return per_param * trainable
 
 
@@ -352,9 +348,3 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data |= {"fits": plan.fits, "fits_gpu": plan.fits_gpu, "fits_cpu": plan.fits_cpu, "verdict": plan.verdict}
     return data
 
-
-def format_plan(plan: Plan) -> str:
-    """Compact human-readable table (the default output of `sft-launch plan` and of every launch)."""
-    from launcher.plan_format import format_table  # the table lives apart; keeps this module the model
-
-    return format_table(plan)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.schema import ConfigError, closest
+from contract.schema import ConfigError, closest
 
 ARCH_KEYS = (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",

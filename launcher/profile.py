@@ -12,14 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from launcher import gpus
-from launcher.schema import ConfigError, build, closest, require
+from contract import gpus
+from contract.schema import ConfigError, build, closest, require
+from contract.strategies import Strategy
+from launcher.sbatch_options import validate_profile_options
 
-Strategy = Literal["fsdp", "fsdp1", "zero2", "zero3"]
-STRATEGIES: tuple[str, ...] = ("fsdp", "fsdp1", "zero2", "zero3")
-
-# Values that end up on `#SBATCH` lines must be literal tokens: sbatch never expands or unquotes them.
-_SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:|&!*=+@/\[\]%-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Credential-looking env names: a last word TOKEN/KEY (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, PRIVATE_KEY), or
 # SECRET/PASSWORD/PASSWD/API_KEY/ACCESS_KEY anywhere (AWS_SECRET_ACCESS_KEY, AWS_ACCESS_KEY_ID, DB_PASSWORD_FILE).
@@ -89,7 +86,7 @@ class ClusterProfile:
     constraint: str = ""
     exclusive: bool = True
     gpus_per_node: int = 8
-    gpu_type: str = ""  # key of launcher.gpus.GPUS; drives peak FLOP/s, memory, flash-attn checks
+    gpu_type: str = ""  # key of contract.gpus.GPUS; drives peak FLOP/s, memory, flash-attn checks
     processes_per_node: int = 0  # 0 = gpus_per_node; required (>= 1) when gpus_per_node = 0
     cpus_per_task: int = 0  # 0 = leave to SLURM
     mem: str = ""  # per node, e.g. "0" (all), "480G"; "" = leave to SLURM
@@ -109,7 +106,8 @@ class ClusterProfile:
     max_timeouts: int = 3  # stop requeueing after this many time-limit hits (preemptions are not capped)
     rdzv_timeout_s: int = 900  # how long nodes wait for each other at startup
     master_port: int = 0  # 0 = 20000 + job_id % 10000 (outside the ephemeral range)
-    python: str = "python3"  # used by the batch shell to update run.json
+    python: str = "python3"  # used by the batch shell for run.json and the checkpointed-after-stop check
+    sbatch: dict[str, str | int | bool] = field(default_factory=dict)  # other sbatch options: {mail-type = "END"}
 
     @property
     def procs_per_node(self) -> int:
@@ -121,9 +119,7 @@ class ClusterProfile:
 
     def validate(self) -> None:
         self._validate_resources()
-        for key in ("partition", "account", "qos", "reservation", "constraint", "mem"):
-            value = getattr(self, key)
-            require(bool(_SBATCH_TOKEN.match(value)), key, f"{value!r} has characters sbatch cannot take literally")
+        validate_profile_options(self)
         try:
             limit = parse_time_limit(self.time)
         except ValueError as err:

@@ -13,18 +13,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher import __version__, gpus, runrecord
+from contract import __version__, protocol
+from contract.command import shell_words, train_command
+from contract.schema import to_dict
+from launcher import runrecord
 from launcher.options import Launch
-from launcher.schema import to_dict
-from train.config import EXIT_REQUEUE
+from launcher.sbatch_options import profile_sbatch_options, sbatch_line
 
 TEMPLATE_NAMES = {
-    "launch.slurm": "launch.slurm.j2",
-    "accelerate.yaml": "accelerate.yaml.j2",
-    "deepspeed.json": "deepspeed.json.j2",
-    "train.toml": "train.toml.j2",
+    protocol.LAUNCH_SCRIPT: "launch.slurm.j2",
+    protocol.ACCELERATE_CONFIG: "accelerate.yaml.j2",
+    protocol.DEEPSPEED_CONFIG: "deepspeed.json.j2",
+    protocol.TRAIN_CONFIG: "train.toml.j2",
 }
-TRAIN_MODULE = "train"  # what `accelerate launch -m` runs on the cluster
+ALWAYS_RENDERED = (protocol.LAUNCH_SCRIPT, protocol.TRAIN_CONFIG)  # the strategy names the others
 
 
 def template_dir() -> Path:
@@ -56,19 +58,6 @@ def _environment() -> Any:
     return env
 
 
-def mixed_precision(launch: Launch) -> str:
-    """'bf16' / 'fp16' / 'no' for Accelerate and DeepSpeed, from model.precision and the GPU type."""
-    if launch.profile.gpus_per_node == 0:
-        return "no"
-    precision = launch.train.model.precision
-    spec = gpus.lookup(launch.profile.gpu_type)
-    if precision == "fp32":
-        return "no"
-    if precision == "fp16" or (precision == "auto" and spec is not None and not spec.has_bf16):
-        return "fp16"
-    return "bf16"
-
-
 SLURM_SIGNAL_EARLY_S = 60  # sbatch(1) --signal: "may be sent up to 60 seconds earlier than specified"
 
 
@@ -84,6 +73,17 @@ def timeout_threshold_s(limit_s: int, signal_lead_s: int = 0) -> int:
     if signal_lead_s:
         threshold = min(threshold, limit_s - signal_lead_s - SLURM_SIGNAL_EARLY_S)
     return max(1, threshold)
+
+
+def node_command() -> str:
+    """The training command as launch.slurm runs it on every node: `bash -c '...' _ "$RUN_DIR/..." ...`
+    passes the values as positional arguments, which each node expands itself."""
+    argv = train_command('$1', '$6', num_machines="$SLURM_NNODES", machine_rank="$SLURM_NODEID", num_processes="$2",
+                         main_ip="$3", main_port="$4", rdzv_timeout_s="$5")
+    text = shell_words(argv)
+    for flag in ("--num_machines", "--main_process_ip", "-m"):  # continuation lines, for the reader
+        text = text.replace(f" {flag} ", f" \\\n    {flag} ", 1)
+    return text
 
 
 def context(launch: Launch) -> dict[str, Any]:
@@ -104,12 +104,18 @@ def context(launch: Launch) -> dict[str, Any]:
         "run_dir": str(launch.run_dir),
         "stop_path": str(launch.run_dir / launch.train.run.stop_file),
         "checkpoint_path": str(launch.run_dir / launch.train.run.checkpoint_dir),
-        "deepspeed_path": str(launch.run_dir / "deepspeed.json"),
-        "exit_requeue": EXIT_REQUEUE,
-        "train_module": TRAIN_MODULE,
+        "deepspeed_path": str(launch.run_dir / protocol.DEEPSPEED_CONFIG),
+        "exit_requeue": protocol.EXIT_REQUEUE,
+        "cancel_file": protocol.CANCEL_FILE,
+        "files": {"accelerate": protocol.ACCELERATE_CONFIG, "train": protocol.TRAIN_CONFIG,
+                  "run": protocol.RUN_RECORD, "logs": protocol.LOGS_DIR},
+        "master_port": {"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN},
+        "sbatch_lines": [sbatch_line(flag, value) for flag, value in profile_sbatch_options(profile)],
+        "node_command": node_command(),
+        "s": launch.strategy_spec,
         "layer_class": launch.train.model.layer_class,
         "hidden": int(launch.preset.arch["hidden_size"]),
-        "mixed_precision": mixed_precision(launch),
+        "mixed_precision": launch.mixed_precision,
         "train": launch.train.train,
     }
 
@@ -121,7 +127,7 @@ def render_files(launch: Launch) -> dict[str, str]:
     env = _environment()
     ctx = context(launch)
     ctx["body"] = tomli_w.dumps(to_dict(launch.train))
-    names = [n for n in TEMPLATE_NAMES if n != "deepspeed.json" or launch.strategy in ("zero2", "zero3")]
+    names = [n for n in TEMPLATE_NAMES if n in ALWAYS_RENDERED or n in launch.strategy_spec.config_files]
     return {name: env.get_template(TEMPLATE_NAMES[name]).render(ctx) for name in names}
 
 
@@ -149,13 +155,13 @@ def write_run_dir(launch: Launch, command: list[str]) -> Path:
     files = render_files(launch)
     run_dir = launch.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / protocol.LOGS_DIR).mkdir(exist_ok=True)
     for name, text in files.items():
         _write(run_dir / name, text)
-    (run_dir / "launch.slurm").chmod(0o755)
-    if "deepspeed.json" not in files:
-        (run_dir / "deepspeed.json").unlink(missing_ok=True)  # left over from an earlier zero run
-    (run_dir / "CANCEL_REQUESTED").unlink(missing_ok=True)  # launching again means: this run should go on
+    (run_dir / protocol.LAUNCH_SCRIPT).chmod(0o755)
+    for stale in set(TEMPLATE_NAMES) - set(files):
+        (run_dir / stale).unlink(missing_ok=True)  # e.g. deepspeed.json left over from an earlier zero run
+    (run_dir / protocol.CANCEL_FILE).unlink(missing_ok=True)  # launching again means: this run should go on
     submission = {
         "time": runrecord.now(),
         "command": command,
@@ -181,7 +187,7 @@ def write_run_dir(launch: Launch, command: list[str]) -> Path:
         data.setdefault("submissions", []).append(submission)
         data.setdefault("events", [])
 
-    runrecord.update(run_dir / "run.json", change)
+    runrecord.update(run_dir / protocol.RUN_RECORD, change)
     return run_dir
 
 
@@ -193,4 +199,4 @@ def record_submission(run_dir: Path, job_id: str) -> None:
         if data.get("submissions"):
             data["submissions"][-1]["job_id"] = job_id
 
-    runrecord.update(run_dir / "run.json", change)
+    runrecord.update(run_dir / protocol.RUN_RECORD, change)

@@ -1,4 +1,4 @@
-"""The sbatch executor: `sbatch --test-only` for dry runs, `sbatch --parsable` for real submissions.
+"""The sbatch executor (launcher/executors.py): `sbatch --test-only` for dry runs, `sbatch --parsable` to submit.
 
 sbatch runs with the run directory as its working directory, so the script's relative
 `#SBATCH --output=logs/...` lands there (no paths with spaces on #SBATCH lines).
@@ -11,6 +11,13 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from contract import protocol
+from launcher.executors import Started
+
+if TYPE_CHECKING:
+    from launcher.options import Launch
 
 SBATCH_TIMEOUT_S = 60
 
@@ -32,7 +39,7 @@ class TestOnlyResult:
 
 def _sbatch(args: list[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(["sbatch", *args, "launch.slurm"], cwd=run_dir, capture_output=True, text=True,
+        return subprocess.run(["sbatch", *args, protocol.LAUNCH_SCRIPT], cwd=run_dir, capture_output=True, text=True,
                               timeout=SBATCH_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         raise SubmitError(f"sbatch did not answer within {SBATCH_TIMEOUT_S} s") from None
@@ -69,3 +76,15 @@ def submit(run_dir: Path) -> str:
     if not job_id.isdigit():
         raise SubmitError(f"sbatch: unexpected answer {result.stdout.strip()!r}")
     return job_id
+
+
+def check(launch: Launch) -> str:
+    """The executor's dry run: SLURM's own check of the rendered script."""
+    return f"sbatch --test-only: {test_only(launch.run_dir).message}\ndry run: nothing submitted"
+
+
+def start(launch: Launch) -> Started:
+    job_id = submit(launch.run_dir)
+    log = f"{launch.run_dir}/{protocol.LOGS_DIR}/{protocol.log_name(job_id, 0)}"
+    return Started(protocol.EXIT_OK, f"submitted job {job_id}\nfollow it:  tail -F {log}\n"
+                   f"            squeue -j {job_id}", job_id)

@@ -1,4 +1,4 @@
-"""`--executor submitit`: the same run directory and training command, submitted through submitit.
+"""`--executor submitit` (launcher/executors.py): the same run directory and training command, through submitit.
 
 One submitit job with nodes=N, tasks_per_node=1: each task (a Python process on its node) builds
 `accelerate launch ... -m train --config RUN/train.toml` from the SLURM variables and runs it,
@@ -30,13 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contract import command, protocol
+from contract.protocol import CANCEL_FILE, EXIT_REQUEUE
+from contract.schema import ConfigError
 from launcher import runrecord
-from launcher.local import checkpointed_after_stop
-from launcher.ops.rundir import CANCEL_FILE
+from launcher.executors import Started
 from launcher.options import Launch
-from launcher.render import TRAIN_MODULE, record_submission, timeout_threshold_s
-from launcher.schema import ConfigError
-from train.config import EXIT_REQUEUE
+from launcher.render import timeout_threshold_s
+from launcher.sbatch_options import submitit_parameters
 
 PREEMPT_SIGNAL = "USR1"
 POLL_S = 0.5
@@ -84,19 +85,14 @@ class TrainTask:
 
     def command(self, node_rank: int, nnodes: int, master_addr: str, port: int) -> list[str]:
         run = Path(self.run_dir)
-        return [
-            sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
-            "--config_file", str(run / "accelerate.yaml"),
-            "--num_machines", str(nnodes), "--machine_rank", str(node_rank),
-            "--num_processes", str(nnodes * self.procs_per_node),
-            "--main_process_ip", master_addr, "--main_process_port", str(port),
-            "--rdzv_conf", f"timeout={self.rdzv_timeout_s}",
-            "-m", TRAIN_MODULE, "--config", str(run / "train.toml"),
-        ]
+        return command.train_command(
+            str(run / protocol.ACCELERATE_CONFIG), str(run / protocol.TRAIN_CONFIG), num_machines=nnodes,
+            machine_rank=node_rank, num_processes=nnodes * self.procs_per_node, main_ip=master_addr, main_port=port,
+            rdzv_timeout_s=self.rdzv_timeout_s, accelerate=command.accelerate_of_this_python())
 
     def _record(self, event: str, **fields: Any) -> None:
         try:
-            runrecord.record_event(Path(self.run_dir) / "run.json", event, {"executor": "submitit", **fields})
+            runrecord.record_event(Path(self.run_dir) / protocol.RUN_RECORD, event, {"executor": "submitit", **fields})
         except OSError as err:  # bookkeeping must never fail the job
             print(f"sft-launch: run.json not updated: {err}", file=sys.stderr, flush=True)
 
@@ -109,13 +105,13 @@ class TrainTask:
         job_id = os.environ["SLURM_JOB_ID"]
         restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         run, stop_file, _ = self._paths
-        (run / "logs").mkdir(exist_ok=True)
-        log = open(run / "logs" / f"{job_id}-r{restart}.log", "ab", buffering=0)  # O_APPEND: nodes share it
+        (run / protocol.LOGS_DIR).mkdir(exist_ok=True)
+        log = open(run / protocol.LOGS_DIR / protocol.log_name(job_id, restart), "ab", buffering=0)  # O_APPEND: nodes share it
         if node == 0:
             stop_file.unlink(missing_ok=True)  # a stale request must not stop this run
             log.write(f"sft-launch: job {job_id} restart {restart} on {environment.hostname} (submitit)\n".encode())
             self._record("start")
-        port = self.master_port or 20000 + int(job_id.split("_")[0]) % 10000
+        port = protocol.master_port(job_id, self.master_port)
         command = self.command(node, nnodes, environment.hostnames[0], port)
         self._child = subprocess.Popen(command, cwd=run, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True, preexec_fn=_ignore_stop_signals)
@@ -129,10 +125,9 @@ class TrainTask:
     def _training_code(self) -> int:
         """Exit code of training; 75 when a complete checkpoint is newer than the stop request
         (torchrun reports any failing worker as 1)."""
-        code = self._exit_code if self._exit_code is not None else 1
-        if code not in (0, EXIT_REQUEUE) and checkpointed_after_stop(*self._paths):
-            code = EXIT_REQUEUE
-        return code
+        _, stop_file, checkpoint_dir = self._paths
+        return protocol.training_exit_code(self._exit_code if self._exit_code is not None else 1, stop_file,
+                                           checkpoint_dir)
 
     def __call__(self) -> int:
         node = self._start()
@@ -198,18 +193,12 @@ def _setup_lines(launch: Launch) -> list[str]:
 def executor_parameters(launch: Launch) -> dict[str, Any]:
     """submitit SlurmExecutor.update_parameters(...) for this launch."""
     profile = launch.profile
-    extra: dict[str, Any] = {"requeue": True}
-    for key in ("mem", "reservation"):
-        if getattr(profile, key):
-            extra[key] = getattr(profile, key)
-    optional = {"partition": profile.partition, "account": profile.account, "qos": profile.qos,
-                "constraint": profile.constraint, "cpus_per_task": profile.cpus_per_task,
-                "gpus_per_node": profile.gpus_per_node, "exclusive": profile.exclusive}
+    named, extra = submitit_parameters(profile)  # launcher/sbatch_options.py: the same table as launch.slurm
     return {
         "job_name": launch.job_name, "nodes": launch.nodes, "ntasks_per_node": 1,
         "time": max(1, math.ceil(launch.time_limit_s / 60)), "signal_delay_s": profile.signal_lead_s,
-        "setup": _setup_lines(launch), "stderr_to_stdout": True, "additional_parameters": extra,
-        **{key: value for key, value in optional.items() if value},
+        "setup": _setup_lines(launch), "stderr_to_stdout": True,
+        "additional_parameters": {"requeue": True, **extra}, **named,
     }
 
 
@@ -220,7 +209,7 @@ def make_task(launch: Launch) -> TrainTask:
 
 
 def submit(launch: Launch) -> str:
-    """Submit the rendered run directory through submitit; records and returns the job id."""
+    """Submit the rendered run directory through submitit; returns the job id."""
     if launch.profile.container.kind != "none":
         raise ConfigError(f"--executor submitit: container profiles ({launch.profile.container.kind}) are not "
                           "supported; use --executor sbatch")
@@ -240,19 +229,17 @@ def submit(launch: Launch) -> str:
         raise RuntimeError(f"submitit: {err}".splitlines()[0]) from None
     finally:
         SlurmJobEnvironment.USR_SIG = previous
-    record_submission(launch.run_dir, str(job.job_id))
     return str(job.job_id)
 
 
-def launch_main(launch: Launch, run_dir: Path, dry_run: bool) -> int:
-    """`sft-launch --executor submitit ...` after the run directory is rendered."""
-    if dry_run:
-        from launcher import sbatch
+def check(launch: Launch) -> str:
+    """The executor's dry run: SLURM's check of launch.slurm, which asks for the same resources."""
+    from launcher import sbatch
 
-        check = sbatch.test_only(run_dir)  # same resources as the rendered launch.slurm
-        print(f"sbatch --test-only: {check.message}\ndry run: nothing submitted (submitit)")
-        return 0
+    return f"sbatch --test-only: {sbatch.test_only(launch.run_dir).message}\ndry run: nothing submitted (submitit)"
+
+
+def start(launch: Launch) -> Started:
     job_id = submit(launch)
-    print(f"submitted job {job_id} through submitit\nfollow it:  sft-launch logs -f {run_dir}\n"
-          f"            sft-launch status {run_dir}")
-    return 0
+    return Started(protocol.EXIT_OK, f"submitted job {job_id} through submitit\nfollow it:  sft-launch logs -f "
+                   f"{launch.run_dir}\n            sft-launch status {launch.run_dir}", job_id)

@@ -1,1 +1,1 @@
-"""sft-launch training side (runs on compute nodes). Keep this import light: launcher imports train.config."""
+"""sft-launch training side (runs on compute nodes). Keep this import light; train imports contract, never launcher."""

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from launcher.schema import ConfigError
+from contract.schema import ConfigError
 
 logger = logging.getLogger(__name__)
 

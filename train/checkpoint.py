@@ -25,15 +25,15 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
+from contract import protocol
+from train.hooks import HOOKS
+
 logger = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
+MARKER = protocol.CHECKPOINT_MARKER
+PREFIX = protocol.CHECKPOINT_PREFIX
+TMP_PREFIX = protocol.CHECKPOINT_TMP_PREFIX
 STATE_FILE = "train_state.json"
-PREFIX = "step-"
-TMP_PREFIX = ".tmp-step-"
-# Test hook: at the save of this step, sleep after the temp dir is written and before the rename
-# (lets a test kill -9 the job in the middle of a save). Never set in production.
-TEST_SLOW_SAVE_STEP_ENV = "SFT_TEST_SLOW_SAVE_STEP"
 
 
 @dataclass
@@ -45,10 +45,6 @@ class TrainState:
     micro_batch_index: int = 0
     tokens_seen: int = 0
     elapsed_s: float = 0.0
-
-
-def _dir_name(step: int, prefix: str = PREFIX) -> str:
-    return f"{prefix}{step:08d}"
 
 
 def _fsync_path(path: Path) -> None:
@@ -63,8 +59,8 @@ def complete_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoint dirs, oldest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / MARKER).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+    found = [p for p in root.iterdir() if protocol.checkpoint_step(p) is not None and (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: protocol.checkpoint_step(p) or 0)
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -88,8 +84,8 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
 
     Errors (full disk, I/O) propagate: the caller exits 1 and the previous checkpoint stays intact.
     """
-    tmp = root / _dir_name(state.step, TMP_PREFIX)
-    final = root / _dir_name(state.step)
+    tmp = root / protocol.checkpoint_name(state.step, TMP_PREFIX)
+    final = root / protocol.checkpoint_name(state.step)
     started = time.perf_counter()
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
@@ -100,8 +96,8 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
     if accelerator.is_main_process:
         _write_json(tmp / STATE_FILE, asdict(state))
     accelerator.wait_for_everyone()
-    if os.environ.get(TEST_SLOW_SAVE_STEP_ENV) == str(state.step):
-        time.sleep(600)
+    if HOOKS.before_checkpoint_publish is not None:
+        HOOKS.before_checkpoint_publish(state.step)
     if accelerator.is_main_process:
         _publish(tmp, final)
         _prune(root, keep)

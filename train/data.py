@@ -1,6 +1,6 @@
 """Tokenizer loading and the tokenized train/eval datasets (train.data in docs/ARCHITECTURE.md).
 
-`build_datasets` reads the data file(s), normalises every row (train.formats), tokenizes it with
+`build_datasets` reads the data file(s), normalises every row (contract.formats), tokenizes it with
 loss only on assistant tokens (train.chat), truncates to `train.model_max_length`, and caches the
 result with `datasets.save_to_disk` under `data.cache_dir` (default RUN_DIR/cache). The cache key
 hashes the data files' path/size/mtime, the tokenizer (vocabulary, merges, specials, chat
@@ -31,16 +31,14 @@ from typing import Any
 import datasets
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from launcher.schema import ConfigError
+from contract.config import SHIPPED_ASSETS, SHIPPED_DATA, TrainConfig
+from contract.formats import BadRowError, RawRow, detect_format, iter_rows, normalize
+from contract.schema import ConfigError
 from train.chat import IGNORE_INDEX, MaskError, has_generation_markers, tokenize_chat, tokenize_text
-from train.config import TrainConfig
-from train.formats import BadRowError, RawRow, detect_format, iter_rows, normalize
 
 logger = logging.getLogger(__name__)
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-SHIPPED_TOKENIZER = ASSETS / "tiny-tokenizer"
-SHIPPED_DATA = ASSETS / "sample_chat.jsonl"
+SHIPPED_TOKENIZER = SHIPPED_ASSETS / "tiny-tokenizer"
 CACHE_VERSION = 1  # bump when tokenization/masking changes so old caches are not reused
 CHUNK_EXAMPLES = 8192  # examples per Arrow chunk while tokenizing (bounds Python-list memory)
 MAX_LISTED_SKIPS = 20  # skipped rows named individually in stats/logs; the rest only counted

@@ -16,7 +16,7 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from train.config import TrainConfig
+from contract.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 

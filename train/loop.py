@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,17 +26,19 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from launcher.schema import ConfigError
+from contract.config import TrainConfig
+from contract.protocol import EXIT_REQUEUE
+from contract.schema import ConfigError
 from train.attention import setup_attention
 from train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
-from train.config import EXIT_REQUEUE, TrainConfig
 from train.data import build_datasets, load_tokenizer
 from train.export import export_model
+from train.hooks import HOOKS
 from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_per_gpu, step_record
 from train.model import build_model, log_model_ready, log_placement
 from train.optim import build_optimizer, build_scheduler
-from train.perf import RecompileWatch, StepProfiler
 from train.packing import collate_packed, collate_padded, plan_micro_batches
+from train.perf import RecompileWatch, StepProfiler
 from train.stop import StopRequest
 
 logger = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ class Loop:
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path) -> bool:
         """Train until total_steps; True when stopped (and saved) on request."""
         window, watch = Window(), Stopwatch()
-        profiler = StepProfiler(os.environ.get("SFT_PROFILE_STEPS", ""), self.acc.is_main_process)
+        profiler = StepProfiler(self.cfg.train.profile_steps or "", self.acc.is_main_process)
         self.model.train()
         while state.step < self.total_steps:
             lr = self.scheduler.get_last_lr()[0]
@@ -227,6 +228,8 @@ class Loop:
                 self._settle(state, window, watch)
                 sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": self.evaluate()})
                 watch.lap()  # eval is not training throughput
+            if HOOKS.after_step is not None:
+                HOOKS.after_step(state.step, self.acc.is_main_process, stop.stop_file)
             if stop.agreed(state.step, self.acc.is_main_process):
                 self._settle(state, window, watch)  # tokens_seen must be exact in the checkpoint
                 save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)

@@ -12,8 +12,9 @@ import logging
 import os
 import sys
 
-from launcher.schema import ConfigError
-from train.config import load_train_config
+from contract.config import load_train_config
+from contract.protocol import EXIT_FAILURE, EXIT_USAGE
+from contract.schema import ConfigError
 
 logger = logging.getLogger("train")
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_train_config(args.config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     # Heavy imports only after the config is known to be valid (fast exit 2 on a typo).
     import torch
     from accelerate import Accelerator
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return train(cfg, accelerator)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except Exception:
         logger.exception("training failed")
-        return 1
+        return EXIT_FAILURE

@@ -5,7 +5,7 @@ and a run's measured one share N): 6·N + 6·L·a·s̄, with s̄ the token-weigh
 length of the step (packed documents do not attend to each other).
 
 MFU = flops_per_token · tokens_per_s_per_gpu / peak_flops_per_gpu, with the peak (dense bf16) from
-``launcher.gpus``, looked up from ``torch.cuda.get_device_name()`` and falling back to
+``contract.gpus``, looked up from ``torch.cuda.get_device_name()`` and falling back to
 ``run.gpu_type``. An unknown GPU, or a CPU run, gives ``mfu = null`` (one warning, never a guess).
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from launcher.gpus import gpu_type_from_device_name, lookup
-from launcher.shape import ModelShape
-from train.config import TrainConfig
+from contract.config import TrainConfig
+from contract.gpus import gpu_type_from_device_name, lookup
+from contract.shape import ModelShape
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ class MetricsSink:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        record = {**record, "total_steps": self.total_steps}  # `sft-launch status` reads it (eta)
         logger.info(console_line(record, self.total_steps))
         if self.jsonl_path is not None:
             self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,8 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel
 
-from train.config import TrainConfig
+from contract import gpus
+from contract.config import TrainConfig
 from train.metrics import peak_rss_mib
 from train.perf import compile_decoder_layers, use_fused_loss
 
@@ -39,10 +40,9 @@ logger = logging.getLogger(__name__)
 
 
 def mixed_precision(precision: str) -> str:
-    """Accelerate's mixed_precision value: 'auto' = bf16 on GPUs that support it, else fp32 ('no')."""
-    if precision == "auto":
-        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    return {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]
+    """Accelerate's mixed_precision value for model.precision on this machine (one rule: contract.gpus)."""
+    on_gpu = torch.cuda.is_available()
+    return gpus.mixed_precision(precision, on_gpu, torch.cuda.is_bf16_supported() if on_gpu else None)
 
 
 def build_config(cfg: TrainConfig) -> PretrainedConfig:

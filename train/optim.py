@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from train.config import TrainConfig
+from contract.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 

@@ -88,7 +88,7 @@ class RecompileWatch:
 
 
 class StepProfiler:
-    """Opt-in kernel profile of a few optimizer steps: SFT_PROFILE_STEPS="8:10" profiles steps 8 and 9
+    """Opt-in kernel profile of a few optimizer steps: train.profile_steps = "8:10" profiles steps 8 and 9
     on rank 0 and logs the top CUDA kernels by total time (the evidence behind BENCHMARKS.md notes)."""
 
     def __init__(self, spec: str, is_main: bool):

@@ -10,18 +10,15 @@ together — a rank that saw the signal a moment later would otherwise deadlock 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-logger = logging.getLogger(__name__)
+from contract import protocol
 
-# Test hook: rank 0 writes the stop file itself after this optimizer step (exercises the real
-# file + all-reduce path at a deterministic step). Never set in production.
-TEST_STOP_AT_STEP_ENV = "SFT_TEST_STOP_AT_STEP"
+logger = logging.getLogger(__name__)
 
 
 class StopRequest:
@@ -29,8 +26,6 @@ class StopRequest:
         self.stop_file = stop_file
         self.device = device
         self.signalled: str | None = None
-        hook = os.environ.get(TEST_STOP_AT_STEP_ENV, "")
-        self._test_stop_step = int(hook) if hook else None
         self._group = _cpu_group()
 
     def install_signal_handlers(self) -> None:
@@ -53,9 +48,7 @@ class StopRequest:
         run was starting up) and must stop this run at its first step boundary."""
         if not is_main_process or not self.stop_file.exists() or latest_checkpoint is None:
             return
-        from train.checkpoint import MARKER
-
-        if (latest_checkpoint / MARKER).stat().st_mtime >= self.stop_file.stat().st_mtime:
+        if protocol.answers_stop(latest_checkpoint, self.stop_file):
             logger.info("removing stop file answered by %s", latest_checkpoint.name)
             self.stop_file.unlink(missing_ok=True)
 
@@ -64,8 +57,6 @@ class StopRequest:
 
     def agreed(self, step: int, is_main_process: bool) -> bool:
         """True on every rank when any rank saw a stop request. Collective: call on all ranks."""
-        if self._test_stop_step == step and is_main_process:
-            self.stop_file.touch()
         local = self.requested_locally()
         if not (dist.is_available() and dist.is_initialized()):
             if local and is_main_process:

@@ -12,13 +12,14 @@ Protocol (sbatch and submitit executors alike):
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Any
 
+from contract import protocol
 from launcher import runrecord
 from launcher.ops import rundir, slurm
+from launcher.usage import Parser
 
 POLL_S = 1.0
 FINISH_WAIT_S = 60  # scancel -> SLURM reports the job finished (KillWait + epilog)
@@ -26,7 +27,7 @@ DEFAULT_WAIT_S = 300
 
 
 def _record(run_dir: Path, event: str, job_id: str, **fields: Any) -> None:
-    runrecord.record_event(run_dir / "run.json", event, {"job_id": job_id, "by": "sft-launch cancel", **fields})
+    runrecord.record_event(run_dir / protocol.RUN_RECORD, event, {"job_id": job_id, "by": "sft-launch cancel", **fields})
 
 
 def _state(job_id: str) -> str:
@@ -44,7 +45,7 @@ def wait_for_final_checkpoint(run_dir: Path, job_id: str, since: float, wait_s: 
     deadline = time.monotonic() + wait_s
     while True:
         fresh = [step for step, path in rundir.complete_checkpoints(run_dir)
-                 if (path / rundir.CHECKPOINT_MARKER).stat().st_mtime >= since]
+                 if (path / protocol.CHECKPOINT_MARKER).stat().st_mtime >= since]
         if fresh:
             return max(fresh)
         if _state(job_id) != "RUNNING" or time.monotonic() > deadline:
@@ -71,7 +72,7 @@ def cancel_run(run_dir: Path, now: bool = False, wait_s: float = DEFAULT_WAIT_S)
     state = _state(job_id)
     if _finished(state):
         return {"job_id": job_id, "state": state, "already_finished": True, "checkpoint_step": None}
-    cancel_file = run_dir / rundir.CANCEL_FILE
+    cancel_file = run_dir / protocol.CANCEL_FILE
     cancel_file.write_text(f"{runrecord.now()} job {job_id}\n", encoding="utf-8")
     since = cancel_file.stat().st_mtime
     _record(run_dir, "cancel_requested", job_id, now=int(now))
@@ -93,7 +94,7 @@ def cancel_run(run_dir: Path, now: bool = False, wait_s: float = DEFAULT_WAIT_S)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="sft-launch cancel", description="Checkpoint, then cancel a run's job.")
+    parser = Parser(prog="sft-launch cancel", description="Checkpoint, then cancel a run's job.")
     rundir.add_run_arguments(parser)
     parser.add_argument("--now", action="store_true", help="cancel at once, without a final checkpoint")
     parser.add_argument("--wait", type=float, metavar="S",

@@ -12,7 +12,6 @@ kinds of lines for node N and drops untagged ones (batch-shell, torchrun and war
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from launcher.ops import rundir, slurm, status
+from launcher.usage import Parser
 
 _RANK_TAG = re.compile(r"\[rank (\d+)\]")
 _SRUN_TASK = re.compile(r"^srun: .*\btask (\d+)\b")
@@ -105,7 +105,7 @@ def _read_from(path: Path, position: int) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="sft-launch logs", description="Print or follow a run's log.")
+    parser = Parser(prog="sft-launch logs", description="Print or follow a run's log.")
     rundir.add_run_arguments(parser)
     parser.add_argument("-f", "--follow", action="store_true", help="follow across requeues until the job ends")
     parser.add_argument("--restart", type=int, metavar="N", help="the log of restart N (default: the newest)")

@@ -7,11 +7,11 @@ backend), never when `launcher` is imported.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from launcher.ops import rundir
+from launcher.usage import Parser
 
 PANELS = (("loss", "loss"), ("lr", "learning rate"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"))
 
@@ -62,7 +62,7 @@ def make_figure(steps: list[dict[str, Any]], title: str) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="sft-launch plot", description="Plot a run's training curves.")
+    parser = Parser(prog="sft-launch plot", description="Plot a run's training curves.")
     rundir.add_run_arguments(parser)
     parser.add_argument("--out", metavar="PNG", help="output file (default: RUN/metrics.png)")
     args = parser.parse_args(argv)

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract import protocol
+from contract.protocol import CHECKPOINT_MARKER
+from contract.schema import ConfigError
 from launcher import runrecord
-from launcher.schema import ConfigError
 
-CHECKPOINT_MARKER = "COMPLETE"  # train/checkpoint.py MARKER (not imported: train/checkpoint imports torch)
-CANCEL_FILE = "CANCEL_REQUESTED"  # written by `sft-launch cancel`: do not requeue after the stop-save
-_LOG_NAME = re.compile(r"^(?P<job>[0-9_]+)-r(?P<restart>\d+)\.log$")
-_TOTAL_IN_LOG = re.compile(r"(\d+) steps total|\bstep \d+/(\d+)\b")
+_LOG_NAME = re.compile(r"^(?P<job>[0-9_]+)-r(?P<restart>\d+)\.log$")  # protocol.log_name
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +48,7 @@ def storage_root(args: argparse.Namespace) -> Path:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "run.json").is_file() or (path / "train.toml").is_file()
+    return (path / protocol.RUN_RECORD).is_file() or (path / protocol.TRAIN_CONFIG).is_file()
 
 
 def resolve_run(args: argparse.Namespace) -> Path:
@@ -66,7 +65,7 @@ def resolve_run(args: argparse.Namespace) -> Path:
 
 def read_run_json(run_dir: Path) -> dict[str, Any]:
     try:
-        return runrecord.read(run_dir / "run.json")
+        return runrecord.read(run_dir / protocol.RUN_RECORD)
     except json.JSONDecodeError as err:
         raise RuntimeError(f"{run_dir / 'run.json'}:{err.lineno}: not valid JSON ({err.msg})") from None
 
@@ -74,7 +73,7 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
 def train_settings(run_dir: Path) -> dict[str, Any]:
     """train.toml as a plain dict (unvalidated: status must work even if the schema moved on)."""
     try:
-        return tomllib.loads((run_dir / "train.toml").read_text(encoding="utf-8"))
+        return tomllib.loads((run_dir / protocol.TRAIN_CONFIG).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
         return {}
 
@@ -88,7 +87,7 @@ def run_path(run_dir: Path, settings: dict[str, Any], key: str, default: str) ->
 def read_metrics(run_dir: Path, settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every record of metrics.jsonl; a line still being written (incomplete JSON) is skipped."""
     path = run_path(run_dir, settings if settings is not None else train_settings(run_dir), "metrics_file",
-                    "metrics.jsonl")
+                    protocol.METRICS_FILE)
     records = []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -112,12 +111,12 @@ def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def complete_checkpoints(run_dir: Path, settings: dict[str, Any] | None = None) -> list[tuple[int, Path]]:
     """(step, dir) of every checkpoint that holds the COMPLETE marker, oldest first."""
     root = run_path(run_dir, settings if settings is not None else train_settings(run_dir), "checkpoint_dir",
-                    "checkpoints")
+                    protocol.CHECKPOINT_DIR)
     found = []
-    for marker in root.glob(f"step-*/{CHECKPOINT_MARKER}"):
-        digits = marker.parent.name.removeprefix("step-")
-        if digits.isdigit():
-            found.append((int(digits), marker.parent))
+    for marker in root.glob(f"{protocol.CHECKPOINT_PREFIX}*/{CHECKPOINT_MARKER}"):
+        step = protocol.checkpoint_step(marker.parent)
+        if step is not None:
+            found.append((step, marker.parent))
     return sorted(found)
 
 
@@ -132,7 +131,7 @@ def log_files(run_dir: Path, job_ids: list[str] | None = None) -> list[LogFile]:
     """logs/<jobid>-r<restart>.log, oldest first: by the job's order in run.json, then restart."""
     order = {job: index for index, job in enumerate(job_ids or [])}
     files = []
-    for path in (run_dir / "logs").glob("*-r*.log"):
+    for path in (run_dir / protocol.LOGS_DIR).glob("*-r*.log"):
         match = _LOG_NAME.match(path.name)
         if match:
             files.append(LogFile(match["job"], int(match["restart"]), path))
@@ -145,20 +144,13 @@ def log_files(run_dir: Path, job_ids: list[str] | None = None) -> list[LogFile]:
     return sorted(files, key=key)
 
 
-def total_steps(run_dir: Path, settings: dict[str, Any], logs: list[LogFile]) -> int | None:
-    """train.max_steps when set, else the total the training printed in its newest log."""
+def total_steps(settings: dict[str, Any], records: list[dict[str, Any]]) -> int | None:
+    """train.max_steps when set, else the `total_steps` of the newest metrics record that has one."""
     max_steps = int(settings.get("train", {}).get("max_steps", -1) or -1)
     if max_steps > 0:
         return max_steps
-    for log in reversed(logs):
-        try:
-            text = log.path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        totals = [int(a or b) for a, b in _TOTAL_IN_LOG.findall(text)]
-        if totals:
-            return totals[-1]
-    return None
+    totals = [r["total_steps"] for r in records if isinstance(r.get("total_steps"), int)]
+    return totals[-1] if totals else None
 
 
 def procs_per_node(run: dict[str, Any]) -> int:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from launcher.ops import rundir, slurm, status
+from launcher.usage import Parser
 
 
 def list_runs(root: Path) -> list[dict[str, Any]]:
@@ -41,7 +41,7 @@ def format_runs(runs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="sft-launch runs", description="List the runs under the storage root.")
+    parser = Parser(prog="sft-launch runs", description="List the runs under the storage root.")
     rundir.add_root_arguments(parser)
     args = parser.parse_args(argv)
     root = rundir.storage_root(args)

@@ -7,14 +7,15 @@ checkpoints/ for the last complete checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contract import protocol
 from launcher.ops import rundir, slurm
+from launcher.usage import Parser
 
 ETA_WINDOW = 20  # recent step records used for seconds per step
 ACTIVE_STATES = frozenset({"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
@@ -79,7 +80,7 @@ def _requeue_counts(events: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _updated(run_dir: Path, logs: list[rundir.LogFile]) -> str | None:
-    paths = [run_dir / "run.json", run_dir / "metrics.jsonl", *(log.path for log in logs[-1:])]
+    paths = [run_dir / protocol.RUN_RECORD, run_dir / protocol.METRICS_FILE, *(log.path for log in logs[-1:])]
     times = [p.stat().st_mtime for p in paths if p.exists()]
     if not times:
         return None
@@ -99,7 +100,7 @@ def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, A
     if state is None:
         state = state_from_record(run, records)
     last = steps[-1] if steps else {}
-    total = rundir.total_steps(run_dir, settings, logs)
+    total = rundir.total_steps(settings, records)
     pace = seconds_per_step(steps)
     checkpoints = rundir.complete_checkpoints(run_dir, settings)
     eta = None
@@ -115,7 +116,7 @@ def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, A
         "step": last.get("step"), "total_steps": total, "loss": last.get("loss"), "lr": last.get("lr"),
         "tokens_per_s": last.get("tokens_per_s"), "mfu": last.get("mfu"),
         "seconds_per_step": pace, "eta_s": eta, "done": any(r.get("event") == "done" for r in records),
-        "cancel_requested": (run_dir / rundir.CANCEL_FILE).exists(), "updated": _updated(run_dir, logs),
+        "cancel_requested": (run_dir / protocol.CANCEL_FILE).exists(), "updated": _updated(run_dir, logs),
     }
 
 
@@ -153,12 +154,12 @@ def format_status(status: dict[str, Any]) -> str:
         f"updated      {status['updated'] or '-'}",
     ]
     if status["cancel_requested"]:
-        lines.append(f"note         cancel requested ({rundir.CANCEL_FILE} present)")
+        lines.append(f"note         cancel requested ({protocol.CANCEL_FILE} present)")
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="sft-launch status", description="State of a run across requeues.")
+    parser = Parser(prog="sft-launch status", description="State of a run across requeues.")
     rundir.add_run_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
     args = parser.parse_args(argv)

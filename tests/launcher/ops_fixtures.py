@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 
-def step_record(step: int, restart: int, elapsed: float, mfu: float | None = None) -> dict[str, Any]:
+def step_record(step: int, restart: int, elapsed: float, mfu: float | None = None,
+                total_steps: int = 40) -> dict[str, Any]:
     return {"step": step, "epoch": 0, "loss": 6.0 - 0.05 * step, "lr": 1e-3 * min(1.0, step / 5),
             "grad_norm": 1.0, "tokens_per_s": 1000.0 + step, "tokens_per_s_per_gpu": 500.0,
             "tflops_per_gpu": 0.01, "mfu": mfu, "peak_mem_gib": None, "packing_efficiency": 0.98,
-            "elapsed_s": elapsed, "restart": restart}
+            "elapsed_s": elapsed, "restart": restart, "total_steps": total_steps}
 
 
 def make_run(root: Path, name: str = "run-a", *, job_id: str = "900042", steps_per_restart: tuple[int, ...] = (10, 8),
@@ -27,7 +28,7 @@ def make_run(root: Path, name: str = "run-a", *, job_id: str = "900042", steps_p
         log_lines = [f"sft-launch: job {job_id} restart {restart} on node1"]
         for index in range(count):
             step += 1
-            records.append(step_record(step, restart, elapsed=2.0 * (index + 1), mfu=mfu))
+            records.append(step_record(step, restart, elapsed=2.0 * (index + 1), mfu=mfu, total_steps=max_steps))
             log_lines += [f"2026-01-01 00:00:0{index % 10},000 [rank 0] INFO train.metrics: step {step}/{max_steps}",
                           f"2026-01-01 00:00:0{index % 10},000 [rank 1] INFO train.model: rank 1 says {step}"]
         log_lines.append("srun: error: node2: task 1: Terminated")

@@ -1,6 +1,7 @@
 """The local executor's signal / exit-code protocol through the real `accelerate launch` (2 CPU workers).
 
-The training module is a stand-in (SFT_LAUNCH_TRAIN_MODULE) that follows the train contract: wait for
+The training module is a stand-in `train.py` put first on PYTHONPATH (the launcher never imports `train`,
+so only the workers' `-m train` finds it) that follows the train contract: wait for
 the stop file or SIGUSR1, save a checkpoint with its COMPLETE marker (every rank waits for it, as the
 real save's closing barrier does), exit 75; when a complete checkpoint exists at start, "resume" and
 exit 0. The lead can point this at the real `train` module.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import fault_env
 from tests.launcher.conftest import cli_env
 
 STAND_IN = '''
@@ -66,8 +68,8 @@ def _default_sigint() -> None:
 def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, stop_signal: signal.Signals) -> None:
     module_dir = tmp_path / "standin"
     module_dir.mkdir()
-    (module_dir / "standin_train.py").write_text(STAND_IN)
-    env = cli_env(SFT_LAUNCH_TRAIN_MODULE="standin_train")
+    (module_dir / "train.py").write_text(STAND_IN)
+    env = cli_env()
     env["PYTHONPATH"] = f"{module_dir}{os.pathsep}{env['PYTHONPATH']}"
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--output", str(run_dir)]
@@ -96,7 +98,7 @@ def test_real_train_module_stop_exit_75_and_resume(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--max_steps", "4",
                "--save_steps", "100", "--output", str(run_dir)]
-    stopped = subprocess.run(command, cwd=tmp_path, env=cli_env(SFT_TEST_STOP_AT_STEP="2"), capture_output=True,
+    stopped = subprocess.run(command, cwd=tmp_path, env=fault_env(cli_env(), stop_at_step=2), capture_output=True,
                              text=True, timeout=300)
     assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     assert (run_dir / "checkpoints" / "step-00000002" / "COMPLETE").exists()

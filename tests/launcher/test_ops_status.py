@@ -47,10 +47,10 @@ def test_status_falls_back_to_run_json_when_slurm_forgot_the_job(tmp_path: Path)
     assert requeued["state"].startswith("REQUEUED") and requeued["timeouts"] == 1
 
 
-def test_status_total_steps_from_the_log_when_max_steps_unset(tmp_path: Path) -> None:
+def test_status_total_steps_from_the_metrics_when_max_steps_unset(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, max_steps=40)
     (run_dir / "train.toml").write_text("[train]\nnum_train_epochs = 2.0\n")
-    assert status.run_status(run_dir, running)["total_steps"] == 40  # "step N/40" in the newest log
+    assert status.run_status(run_dir, running)["total_steps"] == 40  # "total_steps": 40 in metrics.jsonl
 
 
 def test_status_json_and_unknown_run_through_the_cli(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from launcher.options import LaunchRequest, resolve
 from launcher.plan_cmd import (
     FUSED_LOSS_CHUNK_TOKENS, SHIPPED_DATA, mem_gib, plan_input_from_launch, plan_launch, refuse_unless_fits,
 )
-from launcher.schema import ConfigError
+from contract.schema import ConfigError
 
 A100 = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100"]
 LLAMA70B_ONE_NODE = [*A100, "--model", "llama-70b", "--nodes", "1"]

@@ -8,11 +8,12 @@ import json
 import pytest
 
 from launcher.memory import ALLOCATOR_SLACK, GIB, layer_activation_bytes_per_token, state_bytes
-from launcher.shape import ModelShape
+from contract.shape import ModelShape
+from launcher.plan_format import format_plan
 from launcher.planner import (
-    PlanInput, format_plan, make_plan, memory_options, plan_input_from_dict, plan_to_dict,
+    PlanInput, make_plan, memory_options, plan_input_from_dict, plan_to_dict,
 )
-from launcher.schema import ConfigError
+from contract.schema import ConfigError
 
 LLAMA2_7B = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
                  intermediate_size=11008, vocab_size=32000, tie_word_embeddings=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.profile import ClusterProfile, is_secret_name
-from launcher.schema import ConfigError, build
+from contract.schema import ConfigError, build
 
 SECRETS = ["HF_TOKEN", "WANDB_API_KEY", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY",
            "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "DB_PASSWORD", "MY_PASSWD_FILE", "CLIENT_SECRET", "TOKEN",

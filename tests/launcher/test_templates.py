@@ -1,5 +1,5 @@
 """Rendered files checked by the real consumers: shellcheck + bash -n, Accelerate's config loader,
-DeepSpeed's config class, and train.config's own loader."""
+DeepSpeed's config class, and contract.config's own loader."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from tests.launcher.conftest import CASES, Case, case_launch, render_case
 from launcher.options import LaunchRequest, resolve
 from launcher.render import render_files, timeout_threshold_s, write_run_dir
-from train.config import load_train_config
+from contract.config import load_train_config
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.faults import FOLDER as FAULTS
 from tests.train.conftest import TINY_ARCH
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +69,8 @@ def launch_command(run_dir: Path) -> list[str]:
 
 
 def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
+    """The workers' environment; tests/faults first on PYTHONPATH, so fault variables in `extra` take effect."""
+    pythonpath = os.pathsep.join(filter(None, [str(FAULTS), str(REPO), os.environ.get("PYTHONPATH", "")]))
     env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     env.update(extra or {})

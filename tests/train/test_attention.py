@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from launcher.schema import ConfigError
+from contract.schema import ConfigError
 from train.attention import (
     PACKED_SDPA,
     block_causal_mask,

@@ -13,10 +13,10 @@ import pytest
 import torch
 from tests.train.run_helpers import launch_command, launch_env, metrics, read_log, run_training, write_run, exported_tensors
 
-from launcher.local import checkpointed_after_stop
-from train.checkpoint import MARKER, TEST_SLOW_SAVE_STEP_ENV
-from train.config import EXIT_REQUEUE
-from train.stop import TEST_STOP_AT_STEP_ENV
+from contract.protocol import EXIT_REQUEUE, checkpointed_after_stop
+from tests.faults import SLOW_SAVE_STEP_ENV as TEST_SLOW_SAVE_STEP_ENV
+from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
+from train.checkpoint import MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def test_stop_request_checkpoints_exits_75_and_resumes_bitwise(tmp_path, referen
     # Each worker exits 75, which torchrun reports as its own 1; the launcher recovers the requeue
     # from the file system with this rule (launch.slurm has the same one in shell).
     assert code in (EXIT_REQUEUE, 1) and "exitcode  : 75" in first_log, first_log
-    assert checkpointed_after_stop(run_dir, run_dir / "STOP_REQUESTED", run_dir / "checkpoints")
+    assert checkpointed_after_stop(run_dir / "STOP_REQUESTED", run_dir / "checkpoints")
     assert (run_dir / "checkpoints" / "step-00000010" / MARKER).is_file()
     assert not (run_dir / "export").exists()
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.schema import ConfigError
+from contract.schema import ConfigError
 from train.chat import IGNORE_INDEX
-from train.config import TrainConfig
+from contract.config import TrainConfig
 from train.data import build_datasets, load_tokenizer
 
 BOS, EOT = "<|begin_of_text|>", "<|eot_id|>"

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.faults import STOP_AT_STEP_ENV
 from tests.train.run_helpers import metrics, read_log, run_training, write_run
 from train.attention import setup_attention
 from train.checkpoint import MARKER
@@ -59,7 +60,7 @@ def test_bf16_training_stops_saves_and_resumes(tmp_path):
     }, processes=gpus)
     yaml = run / "accelerate.yaml"
     yaml.write_text(yaml.read_text().replace("mixed_precision: 'no'", "mixed_precision: 'bf16'"))
-    first = run_training(run, {"SFT_TEST_STOP_AT_STEP": "6"}, timeout=400)
+    first = run_training(run, {STOP_AT_STEP_ENV: "6"}, timeout=400)
     assert first != 0, read_log(run)
     assert (run / "checkpoints" / "step-00000006" / MARKER).exists(), read_log(run)
     assert run_training(run, timeout=400, log_name="resume.log") == 0, read_log(run, "resume.log")

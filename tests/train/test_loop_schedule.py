@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from train.config import TrainConfig
+from contract.config import TrainConfig
 from train.optim import build_optimizer, build_scheduler, lr_multiplier
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.shape import ModelShape
+from contract.shape import ModelShape
 from train.metrics import attended_length, console_line, flops_per_token, step_record
 
 ARCH = {  # d=64, L=2, 4 heads of 16, 2 KV heads, MLP 128, vocab 512, untied
@@ -76,3 +76,21 @@ def test_unknown_gpu_gives_null_mfu():
     keys = {"step", "epoch", "loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_gpu",
             "tflops_per_gpu", "mfu", "peak_mem_gib", "packing_efficiency", "elapsed_s", "restart"}
     assert keys <= set(record)
+
+
+def test_every_record_carries_total_steps_for_status(tmp_path):
+    """`sft-launch status` reads the total from metrics.jsonl (launcher/ops/rundir.total_steps), not from log text."""
+    import json
+
+    from contract.config import TrainConfig
+    from launcher.ops import rundir
+    from train.metrics import MetricsSink
+
+    cfg = TrainConfig()
+    cfg.run.dir = str(tmp_path)
+    sink = MetricsSink(cfg, total_steps=40, start_step=0, enabled=True)
+    sink.write({"step": 5, "epoch": 0, "eval_loss": 1.5})
+    sink.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records == [{"step": 5, "epoch": 0, "eval_loss": 1.5, "total_steps": 40}]
+    assert rundir.total_steps({"train": {"num_train_epochs": 2.0}}, records) == 40

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.schema import ConfigError
+from contract.schema import ConfigError
 
 FORMATS = ("sharegpt", "messages", "alpaca", "text", "tokens")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}

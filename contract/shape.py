@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.schema import ConfigError
+from contract.schema import ConfigError
 
 REQUIRED_ARCH_KEYS = (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",

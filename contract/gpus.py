@@ -70,3 +70,16 @@ def gpu_type_from_device_name(device_name: str) -> str | None:
 
 def lookup(gpu_type: str) -> GpuSpec | None:
     return GPUS.get(gpu_type.lower()) if gpu_type else None
+
+
+def mixed_precision(precision: str, on_gpu: bool, has_bf16: bool | None) -> str:
+    """Accelerate's / DeepSpeed's mixed_precision ('bf16', 'fp16', 'no') for model.precision.
+
+    'auto' = bf16 on GPUs that have it (`has_bf16` None: unknown GPU, assumed to), fp16 on older
+    GPUs, fp32 ('no') on CPU. The launcher renders it from the profile's GPU; training asks torch.
+    """
+    if not on_gpu or precision == "fp32":
+        return "no"
+    if precision == "fp16" or (precision == "auto" and has_bf16 is False):
+        return "fp16"
+    return "bf16"

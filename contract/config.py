@@ -6,21 +6,24 @@ Field names in [train] follow transformers' TrainingArguments so users can carry
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from launcher.schema import ConfigError, build, require
+from contract import protocol
+from contract.schema import ConfigError, build, documented, require
 
 AttnImpl = Literal["auto", "flash_attn", "varlen", "sdpa", "eager"]
 DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "text", "tokens"]  # tokens: pre-tokenized input_ids
 Scheduler = Literal["cosine", "linear", "constant"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]
 
-# Exit code of a training process that saved a checkpoint because it was asked to stop
-# (EX_TEMPFAIL): the batch shell requeues the job when it sees it.
-EXIT_REQUEUE = 75
+# The shipped tiny assets live in train/assets/; found by path (`contract` and `train` are sibling
+# packages in a checkout and in the wheel), so the launcher can read the sample data without importing train.
+SHIPPED_ASSETS = Path(__file__).resolve().parent.parent / "train" / "assets"
+SHIPPED_DATA = SHIPPED_ASSETS / "sample_chat.jsonl"
 
 
 @dataclass
@@ -30,7 +33,7 @@ class ModelSection:
     arch: dict[str, Any] = field(default_factory=dict)  # LlamaConfig kwargs for random init
     layer_class: str = "LlamaDecoderLayer"  # decoder layer wrapped by FSDP
     attn_implementation: AttnImpl = "auto"
-    precision: Precision = "auto"  # auto: bf16 on GPUs that have it, else fp32 (CPU)
+    precision: Precision = "auto"  # auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU
     tokenizer: str = ""  # "" = same as path; for tiny: the shipped tokenizer
     rope_scaling: bool = True  # stretch RoPE (linear) when model_max_length > context
 
@@ -58,28 +61,32 @@ class DataSection:
 
 @dataclass
 class TrainSection:
-    learning_rate: float = 2e-5
-    per_device_train_batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    num_train_epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides num_train_epochs
-    lr_scheduler_type: Scheduler = "cosine"
-    warmup_ratio: float = 0.03
-    min_lr_ratio: float = 0.0  # floor of the schedule as a fraction of learning_rate
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    max_grad_norm: float = 1.0
-    model_max_length: int = 2048
-    gradient_checkpointing: bool = True
-    save_steps: int = 500
-    save_total_limit: int = 2  # keep the last K complete checkpoints
-    logging_steps: int = 10
-    eval_steps: int = 0  # 0 = eval only at the end (when there is an eval split)
-    report_to: list[str] = field(default_factory=lambda: ["jsonl"])  # jsonl, wandb, none
-    seed: int = 42
-    compile: bool | Literal["auto"] = "auto"  # torch.compile each decoder layer; auto = on CUDA GPUs
-    fused_loss: bool = True  # lm_head + cross-entropy fused (Liger on CUDA if installed, else chunked)
+    """[train]: every field is also a CLI flag (--learning_rate ...); its text is the flag's --help."""
+
+    learning_rate: float = documented(2e-5, "peak learning rate of AdamW (after warmup)")
+    per_device_train_batch_size: int = documented(4, "sequences per micro-batch per process (packing: x model_max_length tokens)")
+    gradient_accumulation_steps: int = documented(1, "micro-batches per optimizer step")
+    num_train_epochs: float = documented(1.0, "passes over the training data")
+    max_steps: int = documented(-1, "optimizer steps to run; > 0 overrides num_train_epochs")
+    lr_scheduler_type: Scheduler = documented("cosine", "learning-rate schedule after warmup: cosine, linear, constant")
+    warmup_ratio: float = documented(0.03, "share of the steps spent warming the learning rate up from 0")
+    min_lr_ratio: float = documented(0.0, "floor of the schedule as a fraction of learning_rate")
+    weight_decay: float = documented(0.0, "AdamW weight decay")
+    adam_beta1: float = documented(0.9, "AdamW beta1")
+    adam_beta2: float = documented(0.95, "AdamW beta2")
+    max_grad_norm: float = documented(1.0, "clip the global gradient norm to this; 0 = no clipping")
+    model_max_length: int = documented(2048, "longest sequence in tokens; longer examples are truncated")
+    gradient_checkpointing: bool = documented(True, "recompute activations in backward (less memory, ~1/3 more compute)")
+    save_steps: int = documented(500, "checkpoint every N optimizer steps (and on every stop request)")
+    save_total_limit: int = documented(2, "keep the last K complete checkpoints")
+    logging_steps: int = documented(10, "write a metrics.jsonl record every N optimizer steps")
+    eval_steps: int = documented(0, "evaluate every N steps; 0 = only at the end (when there is an eval split)")
+    report_to: list[str] = documented(["jsonl"], "where metrics go: jsonl, wandb, none")
+    seed: int = documented(42, "seed of weights init, data order and dropout")
+    compile: bool | Literal["auto"] = documented("auto", "torch.compile each decoder layer; auto = on CUDA GPUs")
+    fused_loss: bool = documented(True, "fuse lm_head and cross-entropy (Liger on CUDA if installed, else chunked)")
+    profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on "
+                                           "rank 0 and log the top CUDA kernels; unset = off")
 
     def validate(self) -> None:
         require(self.learning_rate > 0, "train.learning_rate", "must be > 0")
@@ -93,6 +100,8 @@ class TrainSection:
         require(self.save_steps >= 1, "train.save_steps", "must be >= 1")
         require(self.save_total_limit >= 1, "train.save_total_limit", "must be >= 1")
         require(self.logging_steps >= 1, "train.logging_steps", "must be >= 1")
+        require(self.profile_steps is None or bool(re.fullmatch(r"\d+(:\d+)?", self.profile_steps)),
+                "train.profile_steps", f"expected 'START:STOP' (e.g. '8:10'), got {self.profile_steps!r}")
         bad = set(self.report_to) - {"jsonl", "wandb", "none"}
         require(not bad, "train.report_to", f"unknown reporter(s) {sorted(bad)}; valid: jsonl, wandb, none")
 
@@ -115,10 +124,10 @@ class LoraSection:
 @dataclass
 class RunSection:
     dir: str = "."  # the run directory; relative paths below are inside it
-    checkpoint_dir: str = "checkpoints"
-    export_dir: str = "export"  # "" = no export at the end (benchmarks)
-    metrics_file: str = "metrics.jsonl"
-    stop_file: str = "STOP_REQUESTED"  # written by the batch shell's trap
+    checkpoint_dir: str = protocol.CHECKPOINT_DIR
+    export_dir: str = protocol.EXPORT_DIR  # "" = no export at the end (benchmarks)
+    metrics_file: str = protocol.METRICS_FILE
+    stop_file: str = protocol.STOP_FILE  # written by the batch shell's trap
     gpu_type: str = ""  # from the profile; used for peak FLOP/s when the device name is unknown
     wandb_project: str = "sft-launch"
     name: str = ""

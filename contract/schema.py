@@ -7,6 +7,7 @@ then calls the dataclass's own `validate()` if it has one. No torch here: the CL
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -105,6 +106,18 @@ def build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
                 raise ConfigError(f"{prefix}.{err}", f"{prefix}.{err.key}") from None
             raise
     return obj
+
+
+def documented(default: Any, text: str) -> Any:
+    """A dataclass field with a one-line description (`field_help`), e.g. shown by `sft-launch --help`."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={"help": text})
+    return dataclasses.field(default=default, metadata={"help": text})
+
+
+def field_help(cls: type, name: str) -> str:
+    """The description `documented` gave field `name` of dataclass `cls` ('' when none)."""
+    return next((f.metadata.get("help", "") for f in dataclasses.fields(cls) if f.name == name), "")
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -1,0 +1,100 @@
+"""The process contract: run-directory names, exit codes, the stop/cancel file protocol, the master port.
+
+Everything here is read or written by more than one process (batch shell, local executor, submitit
+task, `sft-launch status/cancel`, the training ranks), so each name and rule is written once.
+
+The batch shell asks this module (``python -m contract.protocol checkpointed-after-stop STOP CKPT``)
+instead of re-implementing the rule in bash; it exits 0 for yes, 1 for no.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Exit codes of `sft-launch` and of `python -m train`.
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # bad configuration or command line
+# A training process that saved a checkpoint because it was asked to stop (EX_TEMPFAIL): the batch
+# shell requeues the job, the local executor tells the user to run the same command again.
+EXIT_REQUEUE = 75
+
+# Run directory layout (docs/ARCHITECTURE.md). Names relative to the run directory.
+LAUNCH_SCRIPT = "launch.slurm"
+ACCELERATE_CONFIG = "accelerate.yaml"
+DEEPSPEED_CONFIG = "deepspeed.json"
+TRAIN_CONFIG = "train.toml"
+RUN_RECORD = "run.json"
+LOGS_DIR = "logs"
+CANCEL_FILE = "CANCEL_REQUESTED"  # `sft-launch cancel`: checkpoint, then do not requeue
+# Defaults of the [run] keys that name files (contract.config.RunSection).
+STOP_FILE = "STOP_REQUESTED"
+CHECKPOINT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+EXPORT_DIR = "export"
+
+# Checkpoints: CHECKPOINT_DIR/step-00000050/ is complete only once it holds CHECKPOINT_MARKER.
+CHECKPOINT_PREFIX = "step-"
+CHECKPOINT_TMP_PREFIX = ".tmp-step-"
+CHECKPOINT_MARKER = "COMPLETE"
+
+# MASTER_PORT when the profile fixes none: derived from the job id, outside the ephemeral range
+# (32768+), so jobs sharing a node do not collide. launch.slurm renders the same two numbers.
+MASTER_PORT_BASE = 20000
+MASTER_PORT_SPAN = 10000
+
+
+def log_name(job_id: str, restart: int) -> str:
+    """logs/<jobid>-r<restart>.log: one file per (re)start."""
+    return f"{job_id}-r{restart}.log"
+
+
+def checkpoint_name(step: int, prefix: str = CHECKPOINT_PREFIX) -> str:
+    return f"{prefix}{step:08d}"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a checkpoint directory name, None for anything else."""
+    digits = path.name.removeprefix(CHECKPOINT_PREFIX)
+    return int(digits) if path.name.startswith(CHECKPOINT_PREFIX) and digits.isdigit() else None
+
+
+def master_port(job_id: str, fixed: int = 0) -> int:
+    return fixed or MASTER_PORT_BASE + int(job_id.split("_")[0]) % MASTER_PORT_SPAN
+
+
+def answers_stop(checkpoint: Path, stop_file: Path) -> bool:
+    """The complete checkpoint `checkpoint` was written after (in answer to) the stop request."""
+    marker = checkpoint / CHECKPOINT_MARKER
+    return marker.is_file() and stop_file.exists() and marker.stat().st_mtime >= stop_file.stat().st_mtime
+
+
+def checkpointed_after_stop(stop_file: Path, checkpoint_dir: Path) -> bool:
+    """A complete checkpoint newer than the stop request: "checkpointed, requeue me".
+
+    torchrun reports any non-zero worker exit as its own exit 1, so the 75 of the training processes
+    does not survive `accelerate launch`; every executor recovers it from the file system with this.
+    """
+    if not stop_file.exists():
+        return False
+    return any(answers_stop(marker.parent, stop_file) for marker in checkpoint_dir.glob(f"{CHECKPOINT_PREFIX}*/{CHECKPOINT_MARKER}"))
+
+
+def training_exit_code(code: int, stop_file: Path, checkpoint_dir: Path) -> int:
+    """The exit code of a training run as the executors report it (75 recovered, see above)."""
+    if code not in (EXIT_OK, EXIT_REQUEUE) and checkpointed_after_stop(stop_file, checkpoint_dir):
+        return EXIT_REQUEUE
+    return code
+
+
+def main(argv: list[str]) -> int:
+    """`python -m contract.protocol checkpointed-after-stop STOP_FILE CHECKPOINT_DIR` (exit 0 = yes)."""
+    if len(argv) != 3 or argv[0] != "checkpointed-after-stop":
+        print("usage: python -m contract.protocol checkpointed-after-stop STOP_FILE CHECKPOINT_DIR", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK if checkpointed_after_stop(Path(argv[1]), Path(argv[2])) else EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,54 @@
+"""Sharding strategies: one table of what each name implies, used by the profile, the CLI, the
+planner and memory model, the templates and the training side.
+
+`fsdp`, `fsdp1`, `zero2`, `zero3` can be launched; `hsdp` and `ddp` exist for the planner only
+(`sft-launch plan` compares against them; the templates do not render them yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    title: str  # for plans and summaries
+    engine: Literal["fsdp", "deepspeed", "ddp"]  # accelerate's distributed_type family
+    shards: Literal["world", "node", "none"]  # over which ranks params/grads/optimizer state are split
+    fsdp_version: int = 0  # 1 or 2 for engine fsdp
+    zero_stage: int = 0  # 2 or 3 for engine deepspeed
+    fp32_params: bool = False  # the wrapped model keeps fp32 weights (low precision only as a cast cache)
+    launchable: bool = True  # the profile and --strategy may choose it
+
+    @property
+    def config_files(self) -> tuple[str, ...]:
+        """Run-directory files the strategy needs besides launch.slurm and train.toml."""
+        return ("accelerate.yaml", "deepspeed.json") if self.engine == "deepspeed" else ("accelerate.yaml",)
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.engine == "deepspeed"  # CPU runs are DDP over gloo whatever fsdp* says (ARCHITECTURE.md)
+
+    @property
+    def sharded(self) -> bool:
+        return self.shards != "none"
+
+
+STRATEGIES: dict[str, StrategySpec] = {
+    spec.name: spec
+    for spec in [
+        StrategySpec("fsdp", "FSDP2 full shard", "fsdp", "world", fsdp_version=2),
+        StrategySpec("fsdp1", "FSDP1 full shard", "fsdp", "world", fsdp_version=1, fp32_params=True),
+        StrategySpec("hsdp", "FSDP2 hybrid shard", "fsdp", "node", fsdp_version=2, launchable=False),
+        StrategySpec("zero2", "DeepSpeed ZeRO-2", "deepspeed", "world", zero_stage=2),
+        StrategySpec("zero3", "DeepSpeed ZeRO-3", "deepspeed", "world", zero_stage=3),
+        StrategySpec("ddp", "DDP / single GPU", "ddp", "none", fp32_params=True, launchable=False),
+    ]
+}
+LAUNCHABLE: tuple[str, ...] = tuple(name for name, spec in STRATEGIES.items() if spec.launchable)
+# For config dataclasses: the schema checks values against these Literals and names them in errors.
+# Built from the table (Literal accepts a tuple at run time), so the names stay written once.
+Strategy = Literal[LAUNCHABLE]  # type: ignore[valid-type]
+PlannerStrategy = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]

@@ -1,0 +1,110 @@
+"""The one direction of dependency (docs/ARCHITECTURE.md): launcher -> contract <- train.
+
+Read from the source with `ast` (every import, also those inside functions: a late import is still
+a dependency), then checked in a fresh interpreter: importing the whole launcher and contract
+loads neither torch nor train.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("contract", "launcher", "train")
+# package -> top-level names it must never import
+FORBIDDEN = {
+    "contract": {"launcher", "train", "torch"},
+    "launcher": {"train", "torch"},
+    "train": {"launcher"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[0] == "templates":
+        parts[0] = "launcher.templates"
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every module `path` imports (submodules resolved where `from pkg import sub` names one)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                names.add(sub if sub in modules else node.module)
+    return names
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) for name, path in modules.items()}
+
+
+def test_imports_follow_one_direction() -> None:
+    bad = [f"{module} imports {target}"
+           for module, targets in _graph().items()
+           for target in targets
+           if target.split(".")[0] in FORBIDDEN[module.split(".")[0]]]
+    assert not bad, "imports against launcher -> contract <- train (no torch in launcher/contract):\n" + "\n".join(bad)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle among the project's modules, or None (iterative DFS, colours white/grey/black)."""
+    state: dict[str, int] = {}
+    for root in sorted(graph):
+        if state.get(root):
+            continue
+        stack = [(root, iter(sorted(graph[root] & graph.keys())))]
+        path = [root]
+        state[root] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(child) == 1:
+                return path[path.index(child):] + [child]
+            elif not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(graph[child] & graph.keys()))))
+    return None
+
+
+def test_no_import_cycles() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_finds_cycles() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_launcher_and_contract_load_neither_torch_nor_train() -> None:
+    names = [name for name in _modules() if name.split(".")[0] in ("contract", "launcher")]
+    probe = ("import importlib, json, sys\n"
+             f"for name in {names!r}:\n    importlib.import_module(name)\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'train'))))")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
