@@ -64,7 +64,8 @@ class TrainSection:
     """[train]: every field is also a CLI flag (--learning_rate ...); its text is the flag's --help."""
 
     learning_rate: float = documented(2e-5, "peak learning rate of AdamW (after warmup)")
-    per_device_train_batch_size: int = documented(4, "sequences per micro-batch per process (packing: x model_max_length tokens)")
+    per_device_train_batch_size: int = documented(4, "sequences per micro-batch per process "
+                                                     "(packed: x model_max_length tokens)")
     gradient_accumulation_steps: int = documented(1, "micro-batches per optimizer step")
     num_train_epochs: float = documented(1.0, "passes over the training data")
     max_steps: int = documented(-1, "optimizer steps to run; > 0 overrides num_train_epochs")
@@ -76,7 +77,7 @@ class TrainSection:
     adam_beta2: float = documented(0.95, "AdamW beta2")
     max_grad_norm: float = documented(1.0, "clip the global gradient norm to this; 0 = no clipping")
     model_max_length: int = documented(2048, "longest sequence in tokens; longer examples are truncated")
-    gradient_checkpointing: bool = documented(True, "recompute activations in backward (less memory, ~1/3 more compute)")
+    gradient_checkpointing: bool = documented(True, "recompute activations in backward (less memory, more compute)")
     save_steps: int = documented(500, "checkpoint every N optimizer steps (and on every stop request)")
     save_total_limit: int = documented(2, "keep the last K complete checkpoints")
     logging_steps: int = documented(10, "write a metrics.jsonl record every N optimizer steps")

@@ -78,7 +78,8 @@ def checkpointed_after_stop(stop_file: Path, checkpoint_dir: Path) -> bool:
     """
     if not stop_file.exists():
         return False
-    return any(answers_stop(marker.parent, stop_file) for marker in checkpoint_dir.glob(f"{CHECKPOINT_PREFIX}*/{CHECKPOINT_MARKER}"))
+    markers = checkpoint_dir.glob(f"{CHECKPOINT_PREFIX}*/{CHECKPOINT_MARKER}")
+    return any(answers_stop(marker.parent, stop_file) for marker in markers)
 
 
 def training_exit_code(code: int, stop_file: Path, checkpoint_dir: Path) -> int:

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from contract import command, protocol
+from contract import protocol
+from contract.command import accelerate_of_this_python, train_command
 from contract.protocol import CANCEL_FILE, EXIT_REQUEUE
 from contract.schema import ConfigError
 from launcher import runrecord
@@ -85,10 +86,10 @@ class TrainTask:
 
     def command(self, node_rank: int, nnodes: int, master_addr: str, port: int) -> list[str]:
         run = Path(self.run_dir)
-        return command.train_command(
+        return train_command(
             str(run / protocol.ACCELERATE_CONFIG), str(run / protocol.TRAIN_CONFIG), num_machines=nnodes,
             machine_rank=node_rank, num_processes=nnodes * self.procs_per_node, main_ip=master_addr, main_port=port,
-            rdzv_timeout_s=self.rdzv_timeout_s, accelerate=command.accelerate_of_this_python())
+            rdzv_timeout_s=self.rdzv_timeout_s, accelerate=accelerate_of_this_python())
 
     def _record(self, event: str, **fields: Any) -> None:
         try:
@@ -106,7 +107,8 @@ class TrainTask:
         restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         run, stop_file, _ = self._paths
         (run / protocol.LOGS_DIR).mkdir(exist_ok=True)
-        log = open(run / protocol.LOGS_DIR / protocol.log_name(job_id, restart), "ab", buffering=0)  # O_APPEND: nodes share it
+        # O_APPEND: the nodes share the file.
+        log = open(run / protocol.LOGS_DIR / protocol.log_name(job_id, restart), "ab", buffering=0)
         if node == 0:
             stop_file.unlink(missing_ok=True)  # a stale request must not stop this run
             log.write(f"sft-launch: job {job_id} restart {restart} on {environment.hostname} (submitit)\n".encode())

@@ -17,7 +17,7 @@ def test_wheel_installs_into_fresh_venv_and_renders_a_run(tmp_path: Path) -> Non
     # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
     source = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", "runs", "cache")
-    for name in ("launcher", "templates", "train", "pyproject.toml", "README.md"):
+    for name in ("contract", "launcher", "templates", "train", "pyproject.toml", "README.md"):
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, source / name, ignore=ignore)
         elif (REPO / name).exists():
