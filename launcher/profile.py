@@ -15,7 +15,7 @@ from typing import Any, Literal
 from contract import gpus
 from contract.schema import ConfigError, build, closest, require
 from contract.strategies import Strategy
-from launcher.sbatch_options import validate_profile_options
+from launcher.sbatch_options import sbatch_option, validate_profile_options
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Credential-looking env names: a last word TOKEN/KEY (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, PRIVATE_KEY), or
@@ -79,17 +79,18 @@ class ContainerSection:
 
 @dataclass
 class ClusterProfile:
-    partition: str = ""
-    account: str = ""
-    qos: str = ""
-    reservation: str = ""
-    constraint: str = ""
-    exclusive: bool = True
-    gpus_per_node: int = 8
+    # sbatch_option(default, flag[, submitit parameter]): the key is also `#SBATCH --flag` (launcher/sbatch_options.py).
+    partition: str = sbatch_option("", "partition", "partition")
+    account: str = sbatch_option("", "account", "account")
+    qos: str = sbatch_option("", "qos", "qos")
+    reservation: str = sbatch_option("", "reservation")
+    constraint: str = sbatch_option("", "constraint", "constraint")
+    exclusive: bool = sbatch_option(True, "exclusive", "exclusive")
+    gpus_per_node: int = sbatch_option(8, "gpus-per-node", "gpus_per_node")
     gpu_type: str = ""  # key of contract.gpus.GPUS; drives peak FLOP/s, memory, flash-attn checks
     processes_per_node: int = 0  # 0 = gpus_per_node; required (>= 1) when gpus_per_node = 0
-    cpus_per_task: int = 0  # 0 = leave to SLURM
-    mem: str = ""  # per node, e.g. "0" (all), "480G"; "" = leave to SLURM
+    cpus_per_task: int = sbatch_option(0, "cpus-per-task", "cpus_per_task")  # 0 = leave to SLURM
+    mem: str = sbatch_option("", "mem")  # per node, e.g. "0" (all), "480G"; "" = leave to SLURM
     time: str = "1-00:00:00"  # default time limit; --time overrides
     strategy: Strategy = "fsdp"  # default sharding strategy; --strategy overrides
     cpu_offload: bool = False  # offload params (FSDP) / optimizer+params (ZeRO-3) to CPU

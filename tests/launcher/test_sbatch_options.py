@@ -1,4 +1,4 @@
-"""sbatch options from one table, for launch.slurm and submitit alike, with a validated pass-through."""
+"""sbatch options declared once on the profile, for launch.slurm and submitit alike, with a validated pass-through."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 
 from contract.schema import ConfigError
 from launcher.options import LaunchRequest, resolve
+from launcher.profile import ClusterProfile
 from launcher.render import render_files
-from launcher.sbatch_options import PROFILE_OPTIONS
+from launcher.sbatch_options import profile_options
 from launcher.submitit_exec import executor_parameters
 from tests.launcher.conftest import EXAMPLE_CLUSTER
 
@@ -44,8 +45,8 @@ def test_pass_through_is_validated_like_the_rest(tmp_path: Path, option: str, ex
         _launch(tmp_path, option)
 
 
-def test_every_table_row_is_a_profile_key() -> None:
-    from launcher.profile import ClusterProfile
-
-    fields = ClusterProfile.__dataclass_fields__
-    assert all(option.key in fields for option in PROFILE_OPTIONS)
+def test_the_profile_fields_declare_their_sbatch_options() -> None:
+    flags = {option.key: option.flag for option in profile_options(ClusterProfile())}
+    assert flags == {"partition": "partition", "account": "account", "qos": "qos", "reservation": "reservation",
+                     "constraint": "constraint", "exclusive": "exclusive", "gpus_per_node": "gpus-per-node",
+                     "cpus_per_task": "cpus-per-task", "mem": "mem"}
