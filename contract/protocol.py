@@ -4,7 +4,8 @@ Everything here is read or written by more than one process (batch shell, local 
 task, `sft-launch status/cancel`, the training ranks), so each name and rule is written once.
 
 The batch shell asks this module (``python -m contract.protocol checkpointed-after-stop STOP CKPT``)
-instead of re-implementing the rule in bash; it exits 0 for yes, 1 for no.
+instead of re-implementing the rule in bash; it prints ``yes`` or ``no``, so that a Python that
+cannot run (no answer at all) is told apart from a "no".
 """
 
 from __future__ import annotations
@@ -90,11 +91,12 @@ def training_exit_code(code: int, stop_file: Path, checkpoint_dir: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m contract.protocol checkpointed-after-stop STOP_FILE CHECKPOINT_DIR` (exit 0 = yes)."""
+    """`python -m contract.protocol checkpointed-after-stop STOP_FILE CHECKPOINT_DIR`: prints yes or no."""
     if len(argv) != 3 or argv[0] != "checkpointed-after-stop":
         print("usage: python -m contract.protocol checkpointed-after-stop STOP_FILE CHECKPOINT_DIR", file=sys.stderr)
         return EXIT_USAGE
-    return EXIT_OK if checkpointed_after_stop(Path(argv[1]), Path(argv[2])) else EXIT_FAILURE
+    print("yes" if checkpointed_after_stop(Path(argv[1]), Path(argv[2])) else "no")
+    return EXIT_OK
 
 
 if __name__ == "__main__":

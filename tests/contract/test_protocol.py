@@ -21,23 +21,24 @@ def _checkpoint(root: Path, step: int, mtime: float) -> Path:
     return path
 
 
-def _shell_says(stop: Path, checkpoints: Path) -> int:
+def _shell_says(stop: Path, checkpoints: Path) -> str:
     """The batch shell's question, asked as launch.slurm asks it."""
     return subprocess.run([sys.executable, "-m", "contract.protocol", "checkpointed-after-stop", str(stop),
-                           str(checkpoints)], cwd=REPO, capture_output=True, timeout=60, check=False).returncode
+                           str(checkpoints)], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=True).stdout.strip()
 
 
 def test_checkpointed_after_stop_in_python_and_for_the_batch_shell(tmp_path: Path) -> None:
     stop, root = tmp_path / protocol.STOP_FILE, tmp_path / protocol.CHECKPOINT_DIR
-    assert not protocol.checkpointed_after_stop(stop, root) and _shell_says(stop, root) == 1  # no request
+    assert not protocol.checkpointed_after_stop(stop, root) and _shell_says(stop, root) == "no"  # no request
     stop.touch()
     os.utime(stop, (1000.0, 1000.0))
     _checkpoint(root, 10, mtime=900.0)  # older than the request: does not answer it
     (root / protocol.checkpoint_name(30)).mkdir()  # no marker: never counts
-    assert not protocol.checkpointed_after_stop(stop, root) and _shell_says(stop, root) == 1
+    assert not protocol.checkpointed_after_stop(stop, root) and _shell_says(stop, root) == "no"
     assert protocol.training_exit_code(1, stop, root) == 1
     _checkpoint(root, 20, mtime=1000.0)  # same second as the request: answers it
-    assert protocol.checkpointed_after_stop(stop, root) and _shell_says(stop, root) == 0
+    assert protocol.checkpointed_after_stop(stop, root) and _shell_says(stop, root) == "yes"
     assert protocol.training_exit_code(1, stop, root) == protocol.EXIT_REQUEUE  # torchrun's 1 -> 75
     assert protocol.training_exit_code(0, stop, root) == 0
 

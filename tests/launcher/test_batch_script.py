@@ -182,3 +182,13 @@ def test_missing_python_does_not_fail_the_job(tmp_path: Path, python: str) -> No
     result = _run_script(tmp_path, run_dir, "exit 0")
     assert result.returncode == 0
     assert "run.json not updated" in (run_dir / "logs" / "4242-r0.log").read_text()
+
+
+def test_the_checkpointed_after_stop_question_without_python_is_a_logged_no(tmp_path: Path) -> None:
+    # The rule lives in contract.protocol; a batch shell that cannot ask it says so and does not requeue.
+    run_dir = _render(tmp_path, "run", ["profile.python=/nonexistent/python3"])
+    behaviour = (STOP_AND_WAIT + 'mkdir -p "$PWD/checkpoints/step-00000007"; '
+                 'touch "$PWD/checkpoints/step-00000007/COMPLETE"; exit 1')
+    result = _run_script(tmp_path, run_dir, behaviour)
+    assert result.returncode == 1
+    assert "no answer from contract.protocol" in (run_dir / "logs" / "4242-r0.log").read_text()
