@@ -111,7 +111,7 @@ def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
     profile, warnings = launch.profile, []
     if profile.gpus_per_node and not profile.gpu_type:
         warnings.append(f"profile '{launch.profile_name}' has no gpu_type: memory fit not checked "
-                        "(set gpu_type to a launcher/gpus.py name)")
+                        "(set gpu_type to a contract/gpus.py name)")
     if not profile.gpus_per_node and plan.input.gpu_memory_gib is None:
         warnings.append(f"profile '{launch.profile_name}' sets no mem: CPU RAM fit not checked")
     if launch.executor != "local" and profile.signal_lead_s < plan.signal_lead_s:

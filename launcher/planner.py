@@ -323,9 +323,9 @@ def make_plan(inp: PlanInput) -> Plan:
     if inp.device == "cpu":
         warnings.append("CPU processes: no MFU/time estimate")
     elif gpus.lookup(inp.gpu_type) is None:
-        warnings.append(f"gpu_type {inp.gpu_type!r} is not in launcher/gpus.py: no MFU/time estimate")
-    if inp.strategy == "hsdp" and inp.nodes == 1:
-        warnings.append("hsdp on one node is plain full sharding")
+        warnings.append(f"gpu_type {inp.gpu_type!r} is not in contract/gpus.py: no MFU/time estimate")
+    if STRATEGIES[inp.strategy].shards == "node" and inp.nodes == 1:
+        warnings.append(f"{inp.strategy} on one node is plain full sharding")
     if inp.dataset_tokens is None and inp.max_steps <= 0:
         warnings.append("dataset size unknown and max_steps unset: no step count, ETA or cost")
     trainable = trainable_params(shape, opts)

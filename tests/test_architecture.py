@@ -1,8 +1,8 @@
 """The one direction of dependency (docs/ARCHITECTURE.md): launcher -> contract <- train.
 
 Read from the source with `ast` (every import, also those inside functions: a late import is still
-a dependency), then checked in a fresh interpreter: importing the whole launcher and contract
-loads neither torch nor train.
+a dependency; only `if TYPE_CHECKING:` imports, which never run, are left out), then checked in a
+fresh interpreter: importing the whole launcher and contract loads neither torch nor train.
 """
 
 from __future__ import annotations
@@ -38,10 +38,21 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+def _type_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside `if TYPE_CHECKING:` blocks (annotations only, never imported at run time)."""
+    guarded = [node for node in ast.walk(tree) if isinstance(node, ast.If)
+               and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")]
+    return {id(inner) for node in guarded for stmt in node.body for inner in ast.walk(stmt)}
+
+
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """Every module `path` imports (submodules resolved where `from pkg import sub` names one)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
