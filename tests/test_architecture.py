@@ -105,9 +105,13 @@ def test_no_import_cycles() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_the_cycle_check_finds_cycles() -> None:
+def test_the_checks_find_cycles_and_late_imports_but_not_type_only_ones(tmp_path: Path) -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+                      "def f():\n    import train.loop\n")
+    assert _imports(source, {}) == {"typing", "train.loop"}
 
 
 def test_launcher_and_contract_load_neither_torch_nor_train() -> None:
