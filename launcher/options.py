@@ -175,18 +175,30 @@ def config_hash(profile_name: str, profile: ClusterProfile, train: TrainConfig, 
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
 
 
+# GPU-only attention backends: the compute capabilities their kernels are built for.
+GPU_ATTENTION = {"flash_attn": (8, 0), "fa4": (9, 0)}
+
+
+def check_attention(backend: str, gpus_per_node: int, spec: gpus.GpuSpec | None) -> None:
+    """A GPU-only attention backend on a CPU profile or a GPU its kernels do not support."""
+    if backend not in GPU_ATTENTION:
+        return
+    if gpus_per_node == 0:
+        raise ConfigError(f"model.attn_implementation: {backend} needs GPUs (profile has gpus_per_node = 0)")
+    low = GPU_ATTENTION[backend]
+    if spec is not None and spec.compute_capability < low:
+        major, minor = spec.compute_capability
+        raise ConfigError(f"model.attn_implementation: {backend} needs compute capability >= {low[0]}.{low[1]}; "
+                          f"{spec.name} has {major}.{minor}")
+
+
 def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
     spec = gpus.lookup(profile.gpu_type)
     if launch.strategy in ("zero2", "zero3") and profile.gpus_per_node == 0:
         raise ConfigError(f"--strategy {launch.strategy}: DeepSpeed needs GPUs; CPU profiles use fsdp (DDP over gloo)")
-    if model.attn_implementation == "flash_attn":
-        if profile.gpus_per_node == 0:
-            raise ConfigError("model.attn_implementation: flash_attn needs GPUs (profile has gpus_per_node = 0)")
-        if spec is not None and spec.compute_capability < (8, 0):
-            raise ConfigError(f"model.attn_implementation: flash_attn needs compute capability >= 8.0; "
-                              f"{spec.name} has {spec.compute_capability[0]}.{spec.compute_capability[1]}")
+    check_attention(model.attn_implementation, profile.gpus_per_node, spec)
     if model.precision == "bf16" and spec is not None and not spec.has_bf16:
         raise ConfigError(f"model.precision: {spec.name} has no bf16; use fp16 or auto")
     if launch.executor == "local" and launch.nodes != 1:
