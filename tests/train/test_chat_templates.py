@@ -10,16 +10,18 @@ hand-built expectations: exactly each assistant reply and its end-of-turn token 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from tests.train.conftest import SAMPLE_CHAT
 from tests.train.test_data import (
     BOS, EOT, MULTI_TURN_EXPECTED, expected, header, learned_text, make_cfg, only_example, write_jsonl,
 )
-from train.chat import has_generation_markers
+from train.chat import IGNORE_INDEX, has_generation_markers
 from train.data import build_datasets, load_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
@@ -31,13 +33,14 @@ class Family:
     bos: str | None
     eos: str
     specials: tuple[str, ...] = ()  # further special tokens of the family's tokenizer
+    learned: str = "{reply}{eos}"  # the learned text of one assistant turn, as the template renders it
 
 
 FAMILIES = {
-    "llama-2": Family("llama-2-chat.jinja", "<s>", "</s>"),  # llama-7b/13b/70b
+    "llama-2": Family("llama-2-chat.jinja", "<s>", "</s>", learned=" {reply} {eos}"),  # llama-7b/13b/70b
     "llama-3": Family("llama-3-instruct.jinja", BOS, EOT),  # llama3-8b/70b
     "llama-3.2": Family("llama-3.2-instruct.jinja", BOS, EOT),  # llama3.2-1b
-    "mistral": Family("mistral-7b-instruct-v0.2.jinja", "<s>", "</s>"),  # mistral-7b
+    "mistral": Family("mistral-7b-instruct-v0.2.jinja", "<s>", "</s>", learned=" {reply}{eos}"),  # mistral-7b
     "qwen2.5": Family("qwen2.5-instruct.jinja", None, "<|im_end|>", ("<|im_start|>", "<|endoftext|>")),
 }
 
@@ -149,6 +152,30 @@ def test_llama3_template_turn_by_turn_equals_generation_markers(tmp_path, tiny_t
     assert turn_by_turn.stats["skipped"] == 0
     assert turn_by_turn.train["input_ids"] == with_markers["input_ids"]
     assert turn_by_turn.train["labels"] == with_markers["labels"]
+
+
+def learned_spans(tokenizer, labels: list[int]) -> list[str]:
+    """The decoded runs of consecutive learned tokens."""
+    spans, run = [], []
+    for label in [*labels, IGNORE_INDEX]:
+        if label != IGNORE_INDEX:
+            run.append(label)
+        elif run:
+            spans.append(tokenizer.decode(run))
+            run = []
+    return spans
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sample_set_learns_each_reply_and_its_end_of_turn(tmp_path, family_tokenizers, family):
+    """Every row of the shipped sample set: one learned span per assistant turn, the reply then the eos."""
+    tokenizer, spec = family_tokenizers[family], FAMILIES[family]
+    bundle = build_datasets(make_cfg(tmp_path), tokenizer)
+    assert bundle.stats["skipped"] == 0 and len(bundle.train) == bundle.stats["rows"]
+    rows = [json.loads(line) for line in SAMPLE_CHAT.read_text(encoding="utf-8").splitlines()]
+    for row, labels in zip(rows, bundle.train["labels"]):
+        replies = [turn["value"] for turn in row["conversations"] if turn["from"] == "gpt"]
+        assert learned_spans(tokenizer, labels) == [spec.learned.format(reply=r, eos=spec.eos) for r in replies]
 
 
 ALTERNATING = [{"role": "user", "content": Q1}, {"role": "assistant", "content": A1}]
