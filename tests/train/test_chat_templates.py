@@ -140,6 +140,19 @@ def test_llama32_without_system_prompt_still_renders_the_date_header(tmp_path, f
     ])
 
 
+def test_llama2_renders_as_transformers_did_upstream(family_tokenizers):
+    """The rendering mistral.rs's test_chat_templates recorded from transformers for Llama-2-13b-chat-hf."""
+    turns = [("system", "You are a helpful assistant"), ("user", "Hello"), ("assistant", "Hi there"),
+             ("user", "Who are you"), ("assistant", "   I am an assistant   "), ("user", "Another question")]
+    rendered = family_tokenizers["llama-2"].apply_chat_template(
+        [{"role": role, "content": content} for role, content in turns], tokenize=False, add_generation_prompt=True
+    )
+    assert rendered == (
+        "<s>[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST] Hi there </s>"
+        "<s>[INST] Who are you [/INST] I am an assistant </s><s>[INST] Another question [/INST]"
+    )
+
+
 def test_llama3_template_turn_by_turn_equals_generation_markers(tmp_path, tiny_tokenizer):
     """The tiny template is Llama-3's with {% generation %} markers: both paths must agree on every row."""
     cfg = make_cfg(tmp_path)  # the shipped sample set: multi-turn rows, with and without system turns
