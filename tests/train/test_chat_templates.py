@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.schema import ConfigError
+
 from tests.train.conftest import SAMPLE_CHAT
 from tests.train.test_data import (
     BOS, EOT, MULTI_TURN_EXPECTED, expected, header, learned_text, make_cfg, only_example, write_jsonl,
@@ -233,3 +235,13 @@ def test_prefix_inconsistent_template_is_skipped_with_reason(tmp_path, family_to
     assert bundle.stats["skipped_mask"] == 1
     assert bundle.stats["skipped_examples"] == [
         f"row 1 ({path}:2): assistant mask: turn 2: the template renders a prefix differently from the whole"]
+
+
+def test_all_rows_unmaskable_fails_with_the_reason(tmp_path, tiny_tokenizer):
+    """A base model's tokenizer often has no chat template (Llama-2-7b-hf, Mistral-7B-v0.1)."""
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = None
+    path = write_jsonl(tmp_path / "d.jsonl", [{"messages": ALTERNATING}] * 2)
+    with pytest.raises(ConfigError, match=rf"^{path}: no usable examples \(2 rows, 2 skipped; first: row 0 "
+                                          rf"\({path}:1\): assistant mask: the tokenizer has no chat template\)$"):
+        build_datasets(make_cfg(tmp_path, path), tokenizer)
