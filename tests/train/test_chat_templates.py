@@ -23,7 +23,7 @@ from tests.train.conftest import SAMPLE_CHAT
 from tests.train.test_data import (
     BOS, EOT, MULTI_TURN_EXPECTED, expected, header, learned_text, make_cfg, only_example, write_jsonl,
 )
-from train.chat import IGNORE_INDEX, has_generation_markers
+from train.chat import IGNORE_INDEX, has_generation_markers, tokenize_chat
 from train.data import build_datasets, load_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
@@ -167,6 +167,26 @@ def test_llama3_template_turn_by_turn_equals_generation_markers(tmp_path, tiny_t
     assert turn_by_turn.stats["skipped"] == 0
     assert turn_by_turn.train["input_ids"] == with_markers["input_ids"]
     assert turn_by_turn.train["labels"] == with_markers["labels"]
+
+
+EDGE_CASES = {
+    "padded reply": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  padded  "}],
+    "newlines around the reply": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "\n\nx\n\n"}],
+    "trailing user turn": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
+                           {"role": "user", "content": "more?"}],
+    "adjacent replies": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "one"},
+                         {"role": "assistant", "content": "two"}],
+    "non-ASCII": [{"role": "system", "content": "sÿs"}, {"role": "user", "content": "héllo 日本"},
+                  {"role": "assistant", "content": "réponse 日本語"}],
+}
+
+
+@pytest.mark.parametrize("case", EDGE_CASES)
+def test_llama3_turn_by_turn_equals_generation_markers_on_edge_cases(tiny_tokenizer, case):
+    real = copy.deepcopy(tiny_tokenizer)
+    real.chat_template = (TEMPLATES / "llama-3-instruct.jinja").read_text(encoding="utf-8")
+    messages = EDGE_CASES[case]
+    assert tokenize_chat(real, messages, False) == tokenize_chat(tiny_tokenizer, messages, True)
 
 
 def learned_spans(tokenizer, labels: list[int]) -> list[str]:
