@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED_TOKENIZER = ASSETS / "tiny-tokenizer"
 SHIPPED_DATA = ASSETS / "sample_chat.jsonl"
-CACHE_VERSION = 1  # bump when tokenization/masking changes so old caches are not reused
+CACHE_VERSION = 2  # bump when tokenization/masking changes so old caches are not reused
 CHUNK_EXAMPLES = 8192  # examples per Arrow chunk while tokenizing (bounds Python-list memory)
 MAX_LISTED_SKIPS = 20  # skipped rows named individually in stats/logs; the rest only counted
 FEATURES = datasets.Features(
@@ -235,7 +235,9 @@ def tokenize_file(
             columns = {name: [] for name in columns}
     chunks.append(datasets.Dataset.from_dict(columns, features=FEATURES))
     if stats.examples == 0:
-        raise ConfigError(f"{path}: no usable examples ({stats.rows} rows, {stats.skipped} skipped)", "data.path")
+        first = f"; first: {stats.skipped_examples[0]}" if stats.skipped_examples else ""
+        summary = f"{stats.rows} rows, {stats.skipped} skipped{first}"
+        raise ConfigError(f"{path}: no usable examples ({summary})", "data.path")
     logger.info(
         "%s: %d examples from %d rows (%d skipped, %d truncated), %d tokens, %d with loss",
         path, stats.examples, stats.rows, stats.skipped, stats.truncated, stats.tokens, stats.loss_tokens,
