@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
-from launcher.autofit import MIN_MICRO_BATCH_TOKENS, _trial, candidates, search
+from launcher.autofit import MIN_MICRO_BATCH_TOKENS, Rules, _trial, candidates, search
 from launcher.planner import PlanInput, make_plan
 from launcher.presets import PRESETS
 
@@ -58,7 +58,7 @@ def test_memory_falls_monotonically_with_the_micro_batch_and_with_checkpointing(
 
 def test_search_stops_at_the_largest_candidate_that_fits() -> None:
     inp = _a100("llama-70b", 2, 16384)
-    trials = search(inp, checkpointing_fixed=False, model_max_length=4096)
+    trials = search(inp, Rules(checkpointing_fixed=False, model_max_length=4096))
     assert [t.tokens for t in trials] == [16384, 8192, 4096, 2048]
     assert [t.fits for t in trials] == [False, False, False, True]
     # the boundary, straight from the planner: 2048 fits the 76.0 usable GiB of an A100 80GB, 4096 does not
@@ -67,27 +67,25 @@ def test_search_stops_at_the_largest_candidate_that_fits() -> None:
 
 
 def test_a_default_that_fits_is_kept() -> None:
-    (trial,) = search(_a100("llama3-8b", 1, 32768), checkpointing_fixed=False, model_max_length=8192)
+    (trial,) = search(_a100("llama3-8b", 1, 32768), Rules(False, 8192))
     assert trial.fits and trial.tokens == 32768
 
 
 def test_checkpointing_is_turned_on_before_documents_are_cut() -> None:
-    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), checkpointing_fixed=False,
-                    model_max_length=8192)
+    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), Rules(False, 8192))
     assert [(t.tokens, t.checkpointing) for t in trials] == [(32768, False), (16384, False), (8192, False),
                                                              (32768, True)]
     assert trials[-1].fits and not any(t.fits for t in trials[:-1])
 
 
 def test_checkpointing_the_user_turned_off_stays_off() -> None:
-    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), checkpointing_fixed=True,
-                    model_max_length=8192)
+    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), Rules(True, 8192))
     assert not any(t.checkpointing for t in trials)
     assert trials[-1].fits and trials[-1].tokens == 4096  # below model_max_length: documents are cut
 
 
 def test_nothing_fits_down_to_the_floor() -> None:
-    trials = search(_a100("llama-70b", 1, 16384), checkpointing_fixed=False, model_max_length=4096)
+    trials = search(_a100("llama-70b", 1, 16384), Rules(False, 4096))
     assert trials[-1].tokens == MIN_MICRO_BATCH_TOKENS and not any(t.fits for t in trials)
 
 
@@ -157,4 +155,19 @@ def test_refusal_when_no_micro_batch_fits_names_the_settings_that_would(tmp_path
     assert "(--lora)" in line and "--force" in line
     assert "Micro   none fits: even 256 tokens with checkpointing needs" in result.stdout
     assert "would choose 2048 with --nodes 2" in result.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_max_length_the_user_set_keeps_documents_whole() -> None:
+    trials = search(_a100("llama-70b", 2, 16384), Rules(False, 4096, cut_documents=False))
+    assert [t.tokens for t in trials] == [16384, 8192, 4096] and not trials[-1].fits
+
+
+def test_refusal_for_a_user_set_model_max_length_names_cutting_and_more_nodes(tmp_path: Path) -> None:
+    result = _cli([*HEADLINE_70B, "--model_max_length", "4096"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "try: micro_batch_tokens=2048 (documents cut to it) (--set data.tokens_per_micro_batch=2048)" in line
+    assert "use 3 nodes (--nodes 3)" in line, line
+    assert "model_max_length is yours: documents are kept whole" in result.stdout
     assert not (tmp_path / "run").exists()
