@@ -154,7 +154,7 @@ def suggestion_flags(suggestion: Suggestion) -> str:
 
 
 def refuse_unless_fits(report: LaunchPlan, force: bool) -> None:
-    """Exit 2 (ConfigError) with one line and the best suggestion when the plan does not fit."""
+    """Exit 2 (ConfigError) with one line naming the best suggestions when the plan does not fit."""
     plan = report.plan
     if plan.fits is not False or force:
         return
