@@ -14,7 +14,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher import gpus
 from launcher.presets import Preset, resolve_model
@@ -24,6 +24,9 @@ from launcher.profile import (
 )
 from launcher.schema import ConfigError, build, set_dotted, to_dict
 from train.config import TrainConfig, TrainSection
+
+if TYPE_CHECKING:
+    from launcher.autofit import MicroBatchChoice
 
 TRAIN_NAMESPACES = ("model", "data", "train", "lora", "run")
 DEFAULT_CLUSTER_FILE = "cluster.toml"
@@ -64,6 +67,7 @@ class Launch:
     job_name: str
     executor: str
     cluster_file: str | None
+    micro_batch: MicroBatchChoice | None = None  # launcher/autofit.py's choice; None = the user fixed it
 
     @property
     def world_size(self) -> int:
@@ -221,15 +225,20 @@ def resolve(request: LaunchRequest) -> Launch:
         time_limit_s = parse_time_limit(request.time) if request.time else profile.time_limit_s
     except ValueError as err:
         raise ConfigError(f"--time: {err}") from None
+    launch = Launch(profile_name, profile, preset, train, request.nodes, strategy, time_limit_s, Path(),
+                    "", request.executor, str(cluster.path) if cluster else None)
+    check_combinations(launch)
+    from launcher.autofit import fit_micro_batch  # lazy: it asks the planner, whose launch view imports this
+
+    # Before the run-directory hash: a different micro-batch is a different run, never resumed as this one.
+    launch.micro_batch = fit_micro_batch(launch, request)
     digest = config_hash(profile_name, profile, train, request.nodes, strategy)
     if request.output:
-        run_dir = Path(request.output).expanduser().resolve()
+        launch.run_dir = Path(request.output).expanduser().resolve()
     else:
         # Deterministic: the same command lands in the same directory, so re-running it resumes.
-        run_dir = (Path(profile.storage_root).expanduser() / _safe_name(f"{profile_name}-{preset.name}-{digest}")).resolve()
-    train.run.name = train.run.name or run_dir.name
-    job_name = _safe_name(request.job_name or f"sft-{run_dir.name}")
-    launch = Launch(profile_name, profile, preset, train, request.nodes, strategy, time_limit_s, run_dir,
-                    job_name, request.executor, str(cluster.path) if cluster else None)
-    check_combinations(launch)
+        launch.run_dir = (Path(profile.storage_root).expanduser()
+                          / _safe_name(f"{profile_name}-{preset.name}-{digest}")).resolve()
+    train.run.name = train.run.name or launch.run_dir.name
+    launch.job_name = _safe_name(request.job_name or f"sft-{launch.run_dir.name}")
     return launch

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import train.config
 from launcher.datasize import DataEstimate, estimate_tokens
@@ -20,9 +20,13 @@ from launcher.options import Launch
 from launcher.planner import Plan, PlanInput, Suggestion, format_plan, make_plan, plan_to_dict
 from launcher.schema import ConfigError
 
+if TYPE_CHECKING:
+    from launcher.autofit import MicroBatchChoice
+
 # train/loss.py's fused lm_head + cross-entropy materializes logits for 4096 tokens at a time on CPU
 # (chunked); Liger's kernel on GPU keeps even less, so 4096 is the conservative figure for both.
 FUSED_LOSS_CHUNK_TOKENS = 4096
+MAX_NAMED = 3  # suggestions named in a refusal's one line
 CPU_RAM_FRACTION = 0.9  # of a CPU node's RAM, shared by its processes (the OS and slurmstepd keep the rest)
 SHIPPED_DATA = Path(train.config.__file__).resolve().parent / "assets" / "sample_chat.jsonl"
 _MEM = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -93,20 +97,25 @@ def plan_input_from_launch(launch: Launch, data: DataEstimate | None = None) -> 
 class LaunchPlan:
     plan: Plan
     data: DataEstimate | None
+    micro_batch: MicroBatchChoice | None = None  # launcher/autofit.py's choice, shown under the header
 
     @property
     def text(self) -> str:
         data = self.data
-        if data is None:
-            return format_plan(self.plan)
-        rows = f"{'' if data.exact_rows else '~'}{data.rows:,} rows" if data.rows else "rows unknown"
         lines = format_plan(self.plan).splitlines()
+        if self.micro_batch is not None:
+            lines.insert(1, f"Micro   {self.micro_batch.describe()}")
+        if data is None:
+            return "\n".join(lines)
+        rows = f"{'' if data.exact_rows else '~'}{data.rows:,} rows" if data.rows else "rows unknown"
         at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
         lines.insert(at, f"Data    ~{data.tokens:,} tokens, {rows} (estimated: {data.method})")
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        return json.dumps(plan_to_dict(self.plan) | {"dataset": asdict(self.data) if self.data else None}, indent=2)
+        extra = {"dataset": asdict(self.data) if self.data else None,
+                 "micro_batch": self.micro_batch.record() if self.micro_batch else None}
+        return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
 
 
 def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
@@ -127,7 +136,9 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     data = data_estimate(launch)
     plan = make_plan(plan_input_from_launch(launch, data))
     plan.warnings += _launch_warnings(launch, plan)
-    return LaunchPlan(plan, data)
+    if launch.micro_batch is not None and launch.micro_batch.source == "none":
+        plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
+    return LaunchPlan(plan, data, launch.micro_batch)
 
 
 def suggestion_flags(suggestion: Suggestion) -> str:
@@ -143,7 +154,7 @@ def suggestion_flags(suggestion: Suggestion) -> str:
 
 
 def refuse_unless_fits(report: LaunchPlan, force: bool) -> None:
-    """Exit 2 (ConfigError) with one line and the best suggestion when the plan does not fit."""
+    """Exit 2 (ConfigError) with one line naming the best suggestions when the plan does not fit."""
     plan = report.plan
     if plan.fits is not False or force:
         return
@@ -154,8 +165,7 @@ def refuse_unless_fits(report: LaunchPlan, force: bool) -> None:
         usage += f", {plan.cpu['total'] / GIB:.1f} GiB RAM on node 0 of {plan.cpu_usable_bytes / GIB:.1f} usable"
     hint = "no single change found that fits"
     if plan.suggestions:
-        best = plan.suggestions[0]
-        hint = f"try: {best.text} ({suggestion_flags(best)})"
+        hint = "try: " + "; or ".join(f"{s.text} ({suggestion_flags(s)})" for s in plan.suggestions[:MAX_NAMED])
     raise ConfigError(f"plan: {plan.verdict} ({usage}); {hint}; or pass --force to launch anyway")
 
 

@@ -121,6 +121,8 @@ def render_files(launch: Launch) -> dict[str, str]:
     env = _environment()
     ctx = context(launch)
     ctx["body"] = tomli_w.dumps(to_dict(launch.train))
+    chosen = launch.micro_batch
+    ctx["micro_batch_note"] = chosen.describe() if chosen and chosen.source == "auto" else ""
     names = [n for n in TEMPLATE_NAMES if n != "deepspeed.json" or launch.strategy in ("zero2", "zero3")]
     return {name: env.get_template(TEMPLATE_NAMES[name]).render(ctx) for name in names}
 
@@ -176,6 +178,8 @@ def write_run_dir(launch: Launch, command: list[str]) -> Path:
             "world_size": launch.world_size,
             "time_limit": launch.time_limit,
             "python": sys.executable,
+            # launcher/autofit.py: the micro-batch chosen for the user and why (None: the user fixed it)
+            "micro_batch": launch.micro_batch.record() if launch.micro_batch else None,
         })
         data.setdefault("job_ids", [])
         data.setdefault("submissions", []).append(submission)
