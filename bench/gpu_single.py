@@ -31,6 +31,7 @@ from train.config import TrainConfig
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 3  # steps excluded from throughput (CUDA context, torch.compile, allocator warm-up)
 LOGGING_STEPS = 4  # the loop reads GPU numbers only when it logs (one host sync per log line)
+RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "900"))  # one stuck run must not eat the others' time
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
 
@@ -91,13 +92,17 @@ def steady_state(metrics: Path) -> dict[str, float]:
     }
 
 
-def run_ours(name: str, out: Path, data: Path, arch: dict, budget: int) -> dict[str, Any]:
+def run_ours(name: str, out: Path, data: Path, arch: dict, budget: int, profile: str = "") -> dict[str, Any]:
     run_dir = out / name
     toml = write_train_toml(run_dir, data, arch, budget, VARIANTS[name])
     log = run_dir / "train.log"
+    env = dict(os.environ, SFT_PROFILE_STEPS=profile) if profile else None
     with log.open("w") as f:
-        proc = subprocess.run([sys.executable, "-m", "train", "--config", str(toml)], cwd=ROOT,
-                              stdout=f, stderr=subprocess.STDOUT)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "train", "--config", str(toml)], cwd=ROOT,
+                                  stdout=f, stderr=subprocess.STDOUT, env=env, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"path": name, "error": f"timeout {RUN_TIMEOUT_S} s"}
     if proc.returncode != 0:
         print(log.read_text()[-3000:])
         return {"path": name, "error": f"exit {proc.returncode}"}
@@ -108,7 +113,10 @@ def run_peer(name: str, out: Path, data: Path, shape: str, budget: int) -> dict[
     command = [sys.executable, *PEERS[name], "--data", str(data), "--shape", shape, "--out", str(out / name)]
     if name.startswith("trl"):
         command += ["--max-length", str(budget)]
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"path": f"peer-{name}", "error": f"timeout {RUN_TIMEOUT_S} s"}
     if proc.returncode != 0:
         print(proc.stdout[-2000:], proc.stderr[-3000:])
         return {"path": f"peer-{name}", "error": f"exit {proc.returncode}"}
@@ -125,6 +133,7 @@ def main() -> None:
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-single"))
     parser.add_argument("--results", type=Path, default=None, help="folder for one JSON per run")
+    parser.add_argument("--profile", default="", help='kernel profile of our runs\' steps, e.g. "8:10" (in train.log)')
     parser.add_argument("--cpu-smoke", action="store_true")
     args = parser.parse_args()
     arch = TINY if args.cpu_smoke else SHAPES[args.shape]
@@ -136,8 +145,13 @@ def main() -> None:
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, arch["vocab_size"])
     peers = [] if args.no_peer else [p for p in args.peers.split(",") if p]
-    results = [run_peer(name, args.out, data, args.shape, args.budget) for name in peers]
-    results += [run_ours(name, args.out, data, arch, args.budget) for name in args.variants.split(",")]
+    results = []
+    for name in peers:
+        results.append(run_peer(name, args.out, data, args.shape, args.budget))
+        print(json.dumps(results[-1]), flush=True)  # each result as it lands: a later timeout loses nothing
+    for name in args.variants.split(","):
+        results.append(run_ours(name, args.out, data, arch, args.budget, args.profile))
+        print(json.dumps(results[-1]), flush=True)
     report(results, arch, lengths, args)
 
 

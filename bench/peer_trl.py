@@ -51,8 +51,8 @@ def build_model(shape: str, lora: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     config = LlamaConfig(**SHAPES[shape], use_cache=False)
     dtype = torch.bfloat16 if lora else torch.float32
-    model = LlamaForCausalLM._from_config(config, attn_implementation="flex_attention", dtype=dtype)
-    return model.cuda()
+    with torch.device("cuda"):  # random init on the GPU (minutes on the CPU for 8B), as ours does
+        return LlamaForCausalLM._from_config(config, attn_implementation="flex_attention", dtype=dtype)
 
 
 def main() -> None:

@@ -79,12 +79,22 @@ def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
     logger.info("RoPE linear scaling x%.0f (context %d -> %d)", factor, context, model_max_length)
 
 
+def random_init(config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]) -> PreTrainedModel:
+    """A model with random weights (no model.path: tests, benchmarks), the same seed on every rank.
+    One process initialises on its own device (an 8B init takes minutes on the CPU, seconds on a
+    GPU); several processes build on the CPU, as the sharding that follows expects."""
+    if accelerator.num_processes == 1:
+        with torch.device(accelerator.device):
+            return AutoModelForCausalLM.from_config(config, **kwargs)
+    return AutoModelForCausalLM.from_config(config, **kwargs)
+
+
 def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation: str) -> PreTrainedModel:
     config = build_config(cfg)
     kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, dtype=weights_dtype(cfg))
     rss_before, started = peak_rss_mib(), time.perf_counter()
     if not cfg.model.path:
-        model = AutoModelForCausalLM.from_config(config, **kwargs)  # same seed on every rank
+        model = random_init(config, accelerator, kwargs)
     elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         model = _load_on_rank0_and_broadcast(cfg.model.path, config, accelerator, kwargs)
     elif accelerator.distributed_type == DistributedType.FSDP and accelerator.num_processes > 1:
