@@ -1,0 +1,83 @@
+"""RUN/eval/<name>.json, the results files `sft-launch eval` writes (train/evaluate.py), read-only.
+
+Each file holds lm-eval's `results` (per task: "metric,filter" -> value, plus "..._stderr,..."),
+`groups`, `versions`, `n-shot`, `configs`, and our `settings` (tasks asked for, tasks a preset left
+out and why, limit, few-shot, chat template). `status` shows the newest file's headline scores,
+`runs` one short column.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = "eval"
+
+
+def results_dir(run_dir: Path) -> Path:
+    return run_dir / RESULTS_DIR
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise RuntimeError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def latest(run_dir: Path) -> dict[str, Any] | None:
+    """The newest results file (by its `created` time, then mtime), or None."""
+    found = []
+    for path in results_dir(run_dir).glob("*.json"):
+        try:
+            data = read_results(path)
+        except (OSError, RuntimeError):
+            continue
+        found.append((str(data.get("created", "")), path.stat().st_mtime, data))
+    return max(found, key=lambda item: item[:2])[2] if found else None
+
+
+def _headline(metrics: dict[str, Any]) -> tuple[str, float] | None:
+    """The first metric of a task's results that is a number and not a standard error."""
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and "," in key \
+                and "_stderr" not in key:
+            return key.split(",")[0] + ("" if key.endswith(",none") else f"[{key.split(',', 1)[1]}]"), float(value)
+    return None
+
+
+def scores(data: dict[str, Any]) -> list[tuple[str, str, float]]:
+    """(task or group, metric, value) for what was asked for: results not inside another group."""
+    groups = data.get("groups") or {}
+    inside = {t for subtasks in (data.get("group_subtasks") or {}).values() for t in subtasks}
+    rows = []
+    for name, metrics in (data.get("results") or {}).items():
+        headline = _headline(groups.get(name) or metrics) if name not in inside else None
+        if headline:
+            rows.append((name, *headline))
+    return rows
+
+
+def format_scores(data: dict[str, Any]) -> str:
+    """Lines for `status` and the end of `sft-launch eval --executor local`."""
+    settings = data.get("settings", {})
+    shots = settings.get("num_fewshot")
+    how = [f"limit {settings['limit']:g}" if settings.get("limit") else "",
+           f"{shots}-shot" if shots is not None else "",
+           "chat template" if settings.get("apply_chat_template") else ""]
+    lines = [f"eval         {data.get('name', '?')} ({data.get('created', '?')}"
+             + "".join(f", {h}" for h in how if h) + ")"]
+    lines += [f"  {name:<28} {metric:<16} {value:.4f}" for name, metric, value in scores(data)]
+    lines += [f"  left out {task}: {why}" for task, why in (settings.get("excluded") or {}).items()]
+    return "\n".join(lines)
+
+
+def short(data: dict[str, Any] | None) -> str:
+    """One cell for `runs`: the first score, and how many more."""
+    rows = scores(data) if data else []
+    if not rows:
+        return "-"
+    name, metric, value = rows[0]
+    return f"{name} {metric} {value:.3f}" + (f" +{len(rows) - 1}" if len(rows) > 1 else "")
