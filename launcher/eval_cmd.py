@@ -80,14 +80,6 @@ def default_name(tasks: list[str]) -> str:
     return f"{slug}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 
 
-def export_dir(run_dir: Path) -> Path:
-    """The run's exported model (train.toml run.export_dir); ConfigError when training has not exported."""
-    path = rundir.run_path(run_dir, rundir.train_settings(run_dir), "export_dir", "export")
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"RUN {run_dir}: no exported model at {path} (has training finished?)")
-    return path
-
-
 def eval_request(args: argparse.Namespace) -> EvalRequest:
     """Everything checkable on the login node, checked; ConfigError (exit 2) names the flag."""
     tasks = _check_tasks(args.tasks)
@@ -106,7 +98,7 @@ def eval_request(args: argparse.Namespace) -> EvalRequest:
     if importlib.util.find_spec("lm_eval") is None:
         raise ConfigError(INSTALL_HINT)
     run_dir = rundir.resolve_run(args)
-    model_dir = export_dir(run_dir)
+    model_dir = rundir.export_dir(run_dir)
     output = evalresults.results_dir(run_dir) / f"{name}.json"
     flags = ["--model", str(model_dir), "--output", str(output), "--name", name, "--tasks", ",".join(tasks),
              "--batch-size", args.batch_size]
@@ -171,7 +163,7 @@ def run_local(request: EvalRequest, profile: ClusterProfile, allow_code_eval: bo
         return 0
     code = subprocess.call(command, cwd=request.run_dir, env=_local_env(profile, allow_code_eval))
     if code == 0 and request.output.is_file():
-        print(evalresults.format_scores(evalresults.read_results(request.output)))
+        print(evalresults.format_summary(evalresults.summary(evalresults.read_results(request.output))))
         print(f"results: {request.output}")
         return 0
     print(f"sft-launch: error: evaluation exited with {code}", file=sys.stderr)

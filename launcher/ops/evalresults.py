@@ -60,24 +60,32 @@ def scores(data: dict[str, Any]) -> list[tuple[str, str, float]]:
     return rows
 
 
-def format_scores(data: dict[str, Any]) -> str:
-    """Lines for `status` and the end of `sft-launch eval --executor local`."""
+def summary(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What `status` shows of a results file (JSON-ready), or None."""
+    if not data:
+        return None
     settings = data.get("settings", {})
+    return {"name": data.get("name"), "created": data.get("created"),
+            "settings": {key: settings.get(key) for key in ("limit", "num_fewshot", "apply_chat_template")},
+            "scores": [list(row) for row in scores(data)], "excluded": settings.get("excluded") or {}}
+
+
+def format_summary(view: dict[str, Any]) -> str:
+    """Lines for `status` and the end of `sft-launch eval --executor local`."""
+    settings = view["settings"]
     shots = settings.get("num_fewshot")
     how = [f"limit {settings['limit']:g}" if settings.get("limit") else "",
            f"{shots}-shot" if shots is not None else "",
            "chat template" if settings.get("apply_chat_template") else ""]
-    lines = [f"eval         {data.get('name', '?')} ({data.get('created', '?')}"
-             + "".join(f", {h}" for h in how if h) + ")"]
-    lines += [f"  {name:<28} {metric:<16} {value:.4f}" for name, metric, value in scores(data)]
-    lines += [f"  left out {task}: {why}" for task, why in (settings.get("excluded") or {}).items()]
+    lines = [f"eval         {view['name']} ({view['created']}" + "".join(f", {h}" for h in how if h) + ")"]
+    lines += [f"  {name:<28} {metric:<16} {value:.4f}" for name, metric, value in view["scores"]]
+    lines += [f"  left out {task}: {why}" for task, why in view["excluded"].items()]
     return "\n".join(lines)
 
 
-def short(data: dict[str, Any] | None) -> str:
+def short(view: dict[str, Any] | None) -> str:
     """One cell for `runs`: the first score, and how many more."""
-    rows = scores(data) if data else []
-    if not rows:
+    if not view or not view["scores"]:
         return "-"
-    name, metric, value = rows[0]
-    return f"{name} {metric} {value:.3f}" + (f" +{len(rows) - 1}" if len(rows) > 1 else "")
+    name, metric, value = view["scores"][0]
+    return f"{name} {metric} {value:.3f}" + (f" +{len(view['scores']) - 1}" if len(view["scores"]) > 1 else "")
