@@ -125,10 +125,12 @@ def run_profile(args: argparse.Namespace, run_dir: Path) -> tuple[str, ClusterPr
     return str(run.get("profile_name", "recorded")), build(ClusterProfile, dict(run["profile"]))
 
 
-def eval_command(accelerate: list[str], num_processes: int, flags: list[str]) -> list[str]:
-    """`accelerate launch` of train.evaluate: data parallel over `num_processes` GPUs of one node."""
-    parallel = ["--multi_gpu"] if num_processes > 1 else []
-    return [*accelerate, "launch", "--num_machines", "1", "--num_processes", str(num_processes), *parallel,
+def eval_command(python: str, accelerate: list[str], num_processes: int, flags: list[str]) -> list[str]:
+    """train.evaluate as one process (its exit code intact), or through `accelerate launch`: data
+    parallel over the node's `num_processes` GPUs (torchrun reports any failure as 1)."""
+    if num_processes <= 1:
+        return [python, "-m", EVAL_MODULE, *flags]
+    return [*accelerate, "launch", "--num_machines", "1", "--num_processes", str(num_processes), "--multi_gpu",
             "--mixed_precision", "no", "--dynamo_backend", "no", "-m", EVAL_MODULE, *flags]
 
 
@@ -136,11 +138,11 @@ def render_script(request: EvalRequest, profile_name: str, profile: ClusterProfi
                   allow_code_eval: bool) -> str:
     from launcher.render import _environment
 
-    command = eval_command(["accelerate"], max(1, profile.gpus_per_node), request.args)
+    command = eval_command(profile.python, ["accelerate"], profile.gpus_per_node, request.args)
     view = to_dict(profile)
     return _environment().get_template(TEMPLATE).render(
         version=__version__, profile_name=profile_name, p=view, container=view["container"],
-        job_name=f"eval-{request.run_dir.name}"[:64], name=request.name, time_limit=time_limit,
+        job_name=re.sub(r"[^A-Za-z0-9._-]+", "-", f"eval-{request.run_dir.name}")[:64], name=request.name, time_limit=time_limit,
         run_dir=str(request.run_dir), output=str(request.output), num_processes=max(1, profile.gpus_per_node),
         allow_code_eval=allow_code_eval, command=command)
 
@@ -157,7 +159,7 @@ def _local_env(profile: ClusterProfile, allow_code_eval: bool) -> dict[str, str]
 
 def run_local(request: EvalRequest, profile: ClusterProfile, allow_code_eval: bool, dry_run: bool) -> int:
     accelerate = [sys.executable, "-m", "accelerate.commands.accelerate_cli"]  # = `accelerate`, this Python's
-    command = eval_command(accelerate, max(1, profile.gpus_per_node), request.args)
+    command = eval_command(sys.executable, accelerate, profile.gpus_per_node, request.args)
     print(f"{'would run' if dry_run else 'running'}: {shlex.join(command)}", flush=True)
     if dry_run:
         return 0

@@ -1,0 +1,69 @@
+"""`sft-launch eval`'s batch script (templates/eval.slurm.j2) against golden files, shellcheck and
+bash -n, on a weird run path; and the login-node checks of `sft-launch eval` (exit 2, one line)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.eval_cmd import EvalRequest, render_script
+from launcher.profile import build_profile, read_cluster_file, select_profile
+from tests.launcher.conftest import EXAMPLE_CLUSTER, GOLDEN_DIR, cli_env, run_cli
+
+PROFILES = ["cpu", "a100", "h100-efa"]  # CPU (one process), 8 GPUs (accelerate launch), pyxis container
+WEIRD_RUN = Path("/shared/runs/it's a $(run) dir")
+
+
+def render(profile_name: str) -> str:
+    cluster = read_cluster_file(EXAMPLE_CLUSTER)
+    name, raw = select_profile(cluster, profile_name)
+    profile = build_profile(raw, name, cluster, set())
+    output = WEIRD_RUN / "eval" / "leaderboard-1.json"
+    flags = ["--model", str(WEIRD_RUN / "export"), "--output", str(output), "--name", "leaderboard-1",
+             "--tasks", "leaderboard", "--batch-size", "auto", "--apply-chat-template"]
+    request = EvalRequest(WEIRD_RUN, WEIRD_RUN / "export", "leaderboard-1", output, flags)
+    return render_script(request, name, profile, "0-04:00:00", allow_code_eval=False)
+
+
+@pytest.mark.parametrize("profile_name", PROFILES)
+def test_eval_script_matches_golden_and_passes_shellcheck(profile_name: str, tmp_path: Path) -> None:
+    text = render(profile_name)
+    golden = GOLDEN_DIR / "eval" / f"{profile_name}.slurm"
+    if os.environ.get("SFT_UPDATE_GOLDEN") == "1":
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(text, encoding="utf-8")
+    assert text == golden.read_text(encoding="utf-8"), f"{golden} differs (SFT_UPDATE_GOLDEN=1 regenerates)"
+    script = tmp_path / "eval.slurm"
+    script.write_text(text, encoding="utf-8")
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    lint = subprocess.run(["shellcheck", "--shell=bash", str(script)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    sbatch_lines = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=1" in sbatch_lines and not any("$" in line for line in sbatch_lines)
+
+
+def test_eval_script_is_data_parallel_over_the_nodes_gpus() -> None:
+    assert "--num_processes 8 --multi_gpu" in render("a100")
+    assert "python3 -m train.evaluate" in render("cpu")  # one process: its exit code reaches the shell
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--tasks", ","], "--tasks"),
+    (["--limit", "0"], "--limit"),
+    (["--num-fewshot", "-1"], "--num-fewshot"),
+    (["--batch-size", "big"], "--batch-size"),
+    (["--include-path", "/no/such/dir"], "--include-path"),
+    (["--name", "a b"], "--name"),
+    ([], "no exported model"),
+])
+def test_eval_usage_errors_are_one_line_exit_2(tmp_path: Path, flags: list[str], named: str) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "train.toml").write_text('[run]\ndir = "."\n')
+    proc = run_cli(["eval", str(run_dir), "--executor", "local", *flags], tmp_path, cli_env())
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and named in proc.stderr
+    assert not (run_dir / "eval").exists()
