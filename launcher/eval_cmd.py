@@ -14,6 +14,7 @@ import importlib.util
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from launcher.schema import ConfigError, build, to_dict
 
 TEMPLATE = "eval.slurm.j2"
 EVAL_MODULE = "train.evaluate"  # the compute-side entry point (train/evaluate.py)
+EXPORT_MODULE = "train.export_checkpoint"  # checkpoint -> HF model dir (train/export_checkpoint.py)
 INSTALL_HINT = "lm-eval is not installed: pip install 'sft-launch[eval]' (or pip install lm-eval)"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 _TASK = re.compile(r"^[A-Za-z0-9_.*-]+$")
@@ -49,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory of custom lm-eval task YAMLs (repeatable)")
     parser.add_argument("--allow-code-eval", action="store_true",
                         help="allow tasks that execute model-written code (sets HF_ALLOW_CODE_EVAL=1)")
+    parser.add_argument("--checkpoint", metavar="STEP", help="evaluate checkpoints/step-STEP (or 'latest', the "
+                        "newest complete one) instead of the export; it is exported first, once")
     parser.add_argument("--name", metavar="NAME", help="results name (default: <tasks>-<UTC time>)")
     parser.add_argument("--executor", choices=("sbatch", "local"), default="sbatch",
                         help="sbatch (default): a one-node job on the run's profile; local: here, now")
@@ -64,6 +68,7 @@ class EvalRequest:
     name: str
     output: Path
     args: list[str]  # train.evaluate's arguments
+    export_from: Path | None = None  # a checkpoint to export into model_dir first
 
 
 def _check_tasks(text: str) -> list[str]:
@@ -80,8 +85,8 @@ def default_name(tasks: list[str]) -> str:
     return f"{slug}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 
 
-def eval_request(args: argparse.Namespace) -> EvalRequest:
-    """Everything checkable on the login node, checked; ConfigError (exit 2) names the flag."""
+def _check_flags(args: argparse.Namespace) -> list[str]:
+    """The flags' own checks; returns the task names."""
     tasks = _check_tasks(args.tasks)
     if args.limit is not None and args.limit <= 0:
         raise ConfigError(f"--limit {args.limit:g}: must be > 0")
@@ -92,13 +97,35 @@ def eval_request(args: argparse.Namespace) -> EvalRequest:
     for path in args.include_path:
         if not Path(path).is_dir():
             raise ConfigError(f"--include-path {path}: not a directory")
-    name = args.name or default_name(tasks)
-    if not _NAME.match(name):
-        raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (at most 80)")
+    if args.name is not None and not _NAME.match(args.name):
+        raise ConfigError(f"--name {args.name!r}: use letters, digits, '.', '_' or '-' (at most 80)")
+    return tasks
+
+
+def model_source(run_dir: Path, checkpoint: str | None) -> tuple[Path, Path | None]:
+    """(model dir to evaluate, checkpoint to export into it first or None)."""
+    if checkpoint is None:
+        return rundir.export_dir(run_dir), None
+    complete = rundir.complete_checkpoints(run_dir)
+    chosen = complete[-1:] if checkpoint == "latest" else \
+        [c for c in complete if checkpoint.isdigit() and c[0] == int(checkpoint)]
+    if not chosen:
+        steps = ", ".join(str(step) for step, _ in complete) or "none"
+        raise ConfigError(f"--checkpoint {checkpoint}: no complete checkpoint with that step in {run_dir} "
+                          f"(complete: {steps})")
+    step, path = chosen[0]
+    model_dir = evalresults.results_dir(run_dir) / f"export-step-{step:08d}"
+    return model_dir, None if (model_dir / "config.json").is_file() else path
+
+
+def eval_request(args: argparse.Namespace) -> EvalRequest:
+    """Everything checkable on the login node, checked; ConfigError (exit 2) names the flag."""
+    tasks = _check_flags(args)
     if importlib.util.find_spec("lm_eval") is None:
         raise ConfigError(INSTALL_HINT)
     run_dir = rundir.resolve_run(args)
-    model_dir = rundir.export_dir(run_dir)
+    model_dir, export_from = model_source(run_dir, args.checkpoint)
+    name = args.name or default_name(tasks)
     output = evalresults.results_dir(run_dir) / f"{name}.json"
     flags = ["--model", str(model_dir), "--output", str(output), "--name", name, "--tasks", ",".join(tasks),
              "--batch-size", args.batch_size]
@@ -107,7 +134,15 @@ def eval_request(args: argparse.Namespace) -> EvalRequest:
     flags += ["--num-fewshot", str(args.num_fewshot)] if args.num_fewshot is not None else []
     flags += ["--apply-chat-template"] if args.apply_chat_template else []
     flags += ["--allow-code-eval"] if args.allow_code_eval else []
-    return EvalRequest(run_dir, model_dir, name, output, flags)
+    return EvalRequest(run_dir, model_dir, name, output, flags, export_from)
+
+
+def export_args(request: EvalRequest, num_processes: int) -> list[str]:
+    """`accelerate launch` arguments (after the rendezvous address) of train.export_checkpoint on one node."""
+    run_dir = request.run_dir
+    return ["--config_file", str(run_dir / "accelerate.yaml"), "--num_machines", "1", "--machine_rank", "0",
+            "--num_processes", str(num_processes), "-m", EXPORT_MODULE, "--config", str(run_dir / "train.toml"),
+            "--checkpoint", str(request.export_from), "--output", str(request.model_dir)]
 
 
 def run_profile(args: argparse.Namespace, run_dir: Path) -> tuple[str, ClusterProfile]:
@@ -138,13 +173,21 @@ def render_script(request: EvalRequest, profile_name: str, profile: ClusterProfi
                   allow_code_eval: bool) -> str:
     from launcher.render import _environment
 
+    processes = max(1, profile.gpus_per_node)
     command = eval_command(profile.python, ["accelerate"], profile.gpus_per_node, request.args)
     view = to_dict(profile)
     return _environment().get_template(TEMPLATE).render(
         version=__version__, profile_name=profile_name, p=view, container=view["container"],
-        job_name=re.sub(r"[^A-Za-z0-9._-]+", "-", f"eval-{request.run_dir.name}")[:64], name=request.name, time_limit=time_limit,
-        run_dir=str(request.run_dir), output=str(request.output), num_processes=max(1, profile.gpus_per_node),
-        allow_code_eval=allow_code_eval, command=command)
+        job_name=re.sub(r"[^A-Za-z0-9._-]+", "-", f"eval-{request.run_dir.name}")[:64], name=request.name,
+        time_limit=time_limit, run_dir=str(request.run_dir), output=str(request.output), num_processes=processes,
+        allow_code_eval=allow_code_eval, command=command, checkpoint=str(request.export_from or ""),
+        export_args=export_args(request, processes) if request.export_from else [])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _local_env(profile: ClusterProfile, allow_code_eval: bool) -> dict[str, str]:
@@ -159,11 +202,17 @@ def _local_env(profile: ClusterProfile, allow_code_eval: bool) -> dict[str, str]
 
 def run_local(request: EvalRequest, profile: ClusterProfile, allow_code_eval: bool, dry_run: bool) -> int:
     accelerate = [sys.executable, "-m", "accelerate.commands.accelerate_cli"]  # = `accelerate`, this Python's
-    command = eval_command(sys.executable, accelerate, profile.gpus_per_node, request.args)
-    print(f"{'would run' if dry_run else 'running'}: {shlex.join(command)}", flush=True)
+    commands = [eval_command(sys.executable, accelerate, profile.gpus_per_node, request.args)]
+    if request.export_from:
+        commands.insert(0, [*accelerate, "launch", "--main_process_ip", "127.0.0.1", "--main_process_port",
+                            str(_free_port()), *export_args(request, max(1, profile.gpus_per_node))])
+    code = 0
+    for command in commands:
+        print(f"{'would run' if dry_run else 'running'}: {shlex.join(command)}", flush=True)
+        if not dry_run and code == 0:
+            code = subprocess.call(command, cwd=request.run_dir, env=_local_env(profile, allow_code_eval))
     if dry_run:
         return 0
-    code = subprocess.call(command, cwd=request.run_dir, env=_local_env(profile, allow_code_eval))
     if code == 0 and request.output.is_file():
         print(evalresults.format_summary(evalresults.summary(evalresults.read_results(request.output))))
         print(f"results: {request.output}")

@@ -13,25 +13,29 @@ from launcher.eval_cmd import EvalRequest, render_script
 from launcher.profile import build_profile, read_cluster_file, select_profile
 from tests.launcher.conftest import EXAMPLE_CLUSTER, GOLDEN_DIR, cli_env, run_cli
 
-PROFILES = ["cpu", "a100", "h100-efa"]  # CPU (one process), 8 GPUs (accelerate launch), pyxis container
+# CPU (one process), 8 GPUs (accelerate launch), pyxis container; a checkpoint exported first.
+CASES = [("cpu", False), ("a100", False), ("h100-efa", False), ("a100", True)]
 WEIRD_RUN = Path("/shared/runs/it's a $(run) dir")
 
 
-def render(profile_name: str) -> str:
+def render(profile_name: str, checkpoint: bool = False) -> str:
     cluster = read_cluster_file(EXAMPLE_CLUSTER)
     name, raw = select_profile(cluster, profile_name)
     profile = build_profile(raw, name, cluster, set())
     output = WEIRD_RUN / "eval" / "leaderboard-1.json"
     flags = ["--model", str(WEIRD_RUN / "export"), "--output", str(output), "--name", "leaderboard-1",
              "--tasks", "leaderboard", "--batch-size", "auto", "--apply-chat-template"]
-    request = EvalRequest(WEIRD_RUN, WEIRD_RUN / "export", "leaderboard-1", output, flags)
+    model = WEIRD_RUN / ("eval/export-step-00000050" if checkpoint else "export")
+    flags[1] = str(model)
+    request = EvalRequest(WEIRD_RUN, model, "leaderboard-1", output, flags,
+                          WEIRD_RUN / "checkpoints" / "step-00000050" if checkpoint else None)
     return render_script(request, name, profile, "0-04:00:00", allow_code_eval=False)
 
 
-@pytest.mark.parametrize("profile_name", PROFILES)
-def test_eval_script_matches_golden_and_passes_shellcheck(profile_name: str, tmp_path: Path) -> None:
-    text = render(profile_name)
-    golden = GOLDEN_DIR / "eval" / f"{profile_name}.slurm"
+@pytest.mark.parametrize("profile_name, checkpoint", CASES)
+def test_eval_script_matches_golden_and_passes_shellcheck(profile_name: str, checkpoint: bool, tmp_path: Path) -> None:
+    text = render(profile_name, checkpoint)
+    golden = GOLDEN_DIR / "eval" / f"{profile_name}{'-checkpoint' if checkpoint else ''}.slurm"
     if os.environ.get("SFT_UPDATE_GOLDEN") == "1":
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(text, encoding="utf-8")
@@ -48,6 +52,8 @@ def test_eval_script_matches_golden_and_passes_shellcheck(profile_name: str, tmp
 def test_eval_script_is_data_parallel_over_the_nodes_gpus() -> None:
     assert "--num_processes 8 --multi_gpu" in render("a100")
     assert "python3 -m train.evaluate" in render("cpu")  # one process: its exit code reaches the shell
+    exporting = render("a100", checkpoint=True)
+    assert exporting.index("-m train.export_checkpoint") < exporting.index("-m train.evaluate")
 
 
 @pytest.mark.parametrize("flags, named", [
