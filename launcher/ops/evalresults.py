@@ -28,15 +28,14 @@ def read_results(path: Path) -> dict[str, Any]:
 
 
 def latest(run_dir: Path) -> dict[str, Any] | None:
-    """The newest results file (by its `created` time, then mtime), or None."""
-    found = []
-    for path in results_dir(run_dir).glob("*.json"):
+    """The newest readable results file, or None (a file being rewritten is skipped)."""
+    paths = sorted(results_dir(run_dir).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in paths:
         try:
-            data = read_results(path)
+            return read_results(path)
         except (OSError, RuntimeError):
             continue
-        found.append((str(data.get("created", "")), path.stat().st_mtime, data))
-    return max(found, key=lambda item: item[:2])[2] if found else None
+    return None
 
 
 def _headline(metrics: dict[str, Any]) -> tuple[str, float] | None:

@@ -2,7 +2,7 @@
 
 Sources: SLURM (`scontrol show job -o`) for the live state; run.json for job ids, restarts and
 what each stop was (preemption / time limit); metrics.jsonl for step, loss, throughput and ETA;
-checkpoints/ for the last complete checkpoint.
+checkpoints/ for the last complete checkpoint; eval/ for the newest `sft-launch eval` scores.
 """
 
 from __future__ import annotations

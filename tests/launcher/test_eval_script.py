@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,27 @@ def test_eval_usage_errors_are_one_line_exit_2(tmp_path: Path, flags: list[str],
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and named in proc.stderr
     assert not (run_dir / "eval").exists()
+
+
+def test_eval_and_chat_do_not_import_torch_or_lm_eval_on_the_login_node(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "export").mkdir(parents=True)
+    (run_dir / "train.toml").write_text('[run]\ndir = "."\n')
+    (run_dir / "export" / "config.json").write_text("{}")
+    probe = (
+        "import sys, contextlib, io\n"
+        "import launcher.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        f"    code = launcher.cli.main(['eval', {str(run_dir)!r}, '--executor', 'local', '--dry-run', '--tasks', 'x'])\n"
+        "    for command in (['chat', '--help'], ['eval', '--help']):\n"
+        "        try:\n"
+        "            launcher.cli.main(command)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "assert code == 0 and 'would run' in out.getvalue(), (code, out.getvalue())\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'accelerate', 'lm_eval', 'train') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=cli_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
