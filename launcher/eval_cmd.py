@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allow tasks that execute model-written code (sets HF_ALLOW_CODE_EVAL=1)")
     parser.add_argument("--checkpoint", metavar="STEP", help="evaluate checkpoints/step-STEP (or 'latest', the "
                         "newest complete one) instead of the export; it is exported first, once")
+    parser.add_argument("--every-checkpoint", action="store_true",
+                        help="keep watching the run: evaluate each new complete checkpoint in its own job "
+                        "(training never waits), until the run finishes; results <name>-step-N")
     parser.add_argument("--name", metavar="NAME", help="results name (default: <tasks>-<UTC time>)")
     parser.add_argument("--executor", choices=("sbatch", "local"), default="sbatch",
                         help="sbatch (default): a one-node job on the run's profile; local: here, now")
@@ -69,6 +72,7 @@ class EvalRequest:
     output: Path
     args: list[str]  # train.evaluate's arguments
     export_from: Path | None = None  # a checkpoint to export into model_dir first
+    consume_checkpoint: bool = False  # export_from is a pinned copy (launcher/eval_watch.py): remove it after
 
 
 def _check_tasks(text: str) -> list[str]:
@@ -86,7 +90,9 @@ def default_name(tasks: list[str]) -> str:
 
 
 def _check_flags(args: argparse.Namespace) -> list[str]:
-    """The flags' own checks; returns the task names."""
+    """The flags' own checks and lm-eval's presence; returns the task names."""
+    if importlib.util.find_spec("lm_eval") is None:
+        raise ConfigError(INSTALL_HINT)
     tasks = _check_tasks(args.tasks)
     if args.limit is not None and args.limit <= 0:
         raise ConfigError(f"--limit {args.limit:g}: must be > 0")
@@ -118,13 +124,15 @@ def model_source(run_dir: Path, checkpoint: str | None) -> tuple[Path, Path | No
     return model_dir, None if (model_dir / "config.json").is_file() else path
 
 
-def eval_request(args: argparse.Namespace) -> EvalRequest:
-    """Everything checkable on the login node, checked; ConfigError (exit 2) names the flag."""
+def eval_request(args: argparse.Namespace, pinned: Path | None = None) -> EvalRequest:
+    """Everything checkable on the login node, checked; ConfigError (exit 2) names the flag.
+    `pinned`: a pinned copy of checkpoint args.checkpoint to export from (and remove after)."""
     tasks = _check_flags(args)
-    if importlib.util.find_spec("lm_eval") is None:
-        raise ConfigError(INSTALL_HINT)
     run_dir = rundir.resolve_run(args)
-    model_dir, export_from = model_source(run_dir, args.checkpoint)
+    if pinned is not None:
+        model_dir, export_from = evalresults.results_dir(run_dir) / f"export-step-{int(args.checkpoint):08d}", pinned
+    else:
+        model_dir, export_from = model_source(run_dir, args.checkpoint)
     name = args.name or default_name(tasks)
     output = evalresults.results_dir(run_dir) / f"{name}.json"
     flags = ["--model", str(model_dir), "--output", str(output), "--name", name, "--tasks", ",".join(tasks),
@@ -134,7 +142,7 @@ def eval_request(args: argparse.Namespace) -> EvalRequest:
     flags += ["--num-fewshot", str(args.num_fewshot)] if args.num_fewshot is not None else []
     flags += ["--apply-chat-template"] if args.apply_chat_template else []
     flags += ["--allow-code-eval"] if args.allow_code_eval else []
-    return EvalRequest(run_dir, model_dir, name, output, flags, export_from)
+    return EvalRequest(run_dir, model_dir, name, output, flags, export_from, consume_checkpoint=pinned is not None)
 
 
 def export_args(request: EvalRequest, num_processes: int) -> list[str]:
@@ -142,7 +150,8 @@ def export_args(request: EvalRequest, num_processes: int) -> list[str]:
     run_dir = request.run_dir
     return ["--config_file", str(run_dir / "accelerate.yaml"), "--num_machines", "1", "--machine_rank", "0",
             "--num_processes", str(num_processes), "-m", EXPORT_MODULE, "--config", str(run_dir / "train.toml"),
-            "--checkpoint", str(request.export_from), "--output", str(request.model_dir)]
+            "--checkpoint", str(request.export_from), "--output", str(request.model_dir),
+            *(["--remove-checkpoint"] if request.consume_checkpoint else [])]
 
 
 def run_profile(args: argparse.Namespace, run_dir: Path) -> tuple[str, ClusterProfile]:
@@ -239,9 +248,9 @@ def submit(request: EvalRequest, script: str, dry_run: bool) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    request = eval_request(args)
+def start(args: argparse.Namespace, pinned: Path | None = None) -> int:
+    """One evaluation: run it here, or render and submit its job."""
+    request = eval_request(args, pinned)
     profile_name, profile = run_profile(args, request.run_dir)
     if args.executor == "local":
         return run_local(request, profile, args.allow_code_eval, args.dry_run)
@@ -251,3 +260,15 @@ def main(argv: list[str]) -> int:
         raise ConfigError(f"--time: {err}") from None
     return submit(request, render_script(request, profile_name, profile, time_limit, args.allow_code_eval),
                   args.dry_run)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.every_checkpoint:
+        return start(args)
+    if args.checkpoint is not None or args.dry_run:
+        raise ConfigError("--every-checkpoint: not with --checkpoint or --dry-run")
+    _check_flags(args)  # fail now, not at the first checkpoint
+    from launcher.eval_watch import watch
+
+    return watch(args, start)

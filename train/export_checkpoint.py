@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
 
+from launcher.ops.evalresults import PINNED_PREFIX  # eval --every-checkpoint's copies, the only ones removed
 from launcher.schema import ConfigError
 from train.checkpoint import MARKER
 from train.config import load_train_config
@@ -62,14 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="RUN/train.toml")
     parser.add_argument("--checkpoint", required=True, type=Path, help="a checkpoints/step-N directory")
     parser.add_argument("--output", required=True, type=Path, help="model directory to create")
+    parser.add_argument("--remove-checkpoint", action="store_true",
+                        help=f"remove --checkpoint after the export (only a pinned copy, {PINNED_PREFIX}*)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sft-launch export: %(message)s")
     if not (args.checkpoint / MARKER).is_file():
         print(f"error: --checkpoint {args.checkpoint}: not a complete checkpoint (no {MARKER})",
               file=sys.stderr)
         return 2
+    if args.remove_checkpoint and not args.checkpoint.name.startswith(PINNED_PREFIX):
+        print(f"error: --remove-checkpoint: {args.checkpoint} is not a pinned copy ({PINNED_PREFIX}*)", file=sys.stderr)
+        return 2
     try:
         export_checkpoint(args.config, args.checkpoint, args.output)
+        if args.remove_checkpoint and int(os.environ.get("RANK", "0")) == 0:
+            shutil.rmtree(args.checkpoint)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

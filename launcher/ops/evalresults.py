@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = "eval"
+# eval/pinned-step-N: a checkpoint hard-linked by `eval --every-checkpoint` until its export removes it
+PINNED_PREFIX = "pinned-step-"
 
 
 def results_dir(run_dir: Path) -> Path:

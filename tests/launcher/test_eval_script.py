@@ -98,3 +98,18 @@ def test_eval_and_chat_do_not_import_torch_or_lm_eval_on_the_login_node(tmp_path
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=cli_env(), capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_pin_links_a_complete_checkpoint_and_gives_up_on_a_pruned_one(tmp_path: Path) -> None:
+    from launcher.eval_watch import pin
+
+    checkpoint = tmp_path / "checkpoints" / "step-00000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    assert pin(checkpoint, tmp_path, 4) is None  # no COMPLETE marker: not a checkpoint to export
+    (checkpoint / "COMPLETE").touch()
+    pinned = pin(checkpoint, tmp_path, 4)
+    assert pinned == tmp_path / "eval" / "pinned-step-00000004"
+    assert (pinned / "model.safetensors").stat().st_ino == (checkpoint / "model.safetensors").stat().st_ino
+    assert pin(tmp_path / "checkpoints" / "step-00000006", tmp_path, 6) is None  # pruned meanwhile
+    assert not list((tmp_path / "eval").glob(".tmp-*"))
