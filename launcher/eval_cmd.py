@@ -19,7 +19,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from launcher import __version__
 from launcher.ops import evalresults, rundir
@@ -103,6 +102,11 @@ def _check_flags(args: argparse.Namespace) -> list[str]:
     for path in args.include_path:
         if not Path(path).is_dir():
             raise ConfigError(f"--include-path {path}: not a directory")
+    if args.time is not None:
+        try:
+            parse_time_limit(args.time)
+        except ValueError as err:
+            raise ConfigError(f"--time: {err}") from None
     if args.name is not None and not _NAME.match(args.name):
         raise ConfigError(f"--name {args.name!r}: use letters, digits, '.', '_' or '-' (at most 80)")
     return tasks
@@ -254,10 +258,7 @@ def start(args: argparse.Namespace, pinned: Path | None = None) -> int:
     profile_name, profile = run_profile(args, request.run_dir)
     if args.executor == "local":
         return run_local(request, profile, args.allow_code_eval, args.dry_run)
-    try:
-        time_limit = format_time_limit(parse_time_limit(args.time or profile.time))
-    except ValueError as err:
-        raise ConfigError(f"--time: {err}") from None
+    time_limit = format_time_limit(parse_time_limit(args.time or profile.time))  # both checked already
     return submit(request, render_script(request, profile_name, profile, time_limit, args.allow_code_eval),
                   args.dry_run)
 

@@ -64,6 +64,9 @@ def test_eval_script_is_data_parallel_over_the_nodes_gpus() -> None:
     (["--batch-size", "big"], "--batch-size"),
     (["--include-path", "/no/such/dir"], "--include-path"),
     (["--name", "a b"], "--name"),
+    (["--time", "soon"], "--time"),
+    (["--every-checkpoint", "--checkpoint", "2"], "--every-checkpoint"),
+    (["--checkpoint", "7"], "--checkpoint 7"),
     ([], "no exported model"),
 ])
 def test_eval_usage_errors_are_one_line_exit_2(tmp_path: Path, flags: list[str], named: str) -> None:
