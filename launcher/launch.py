@@ -16,7 +16,7 @@ transformers' TrainingArguments. --set KEY=VALUE overrides any key by its dotted
 profile.<key> (cluster profile) or model./data./train./lora./run.<key> (train.toml); values are
 TOML literals (1e-5, true, ["wandb"]) or plain strings. Every launch prints the plan (memory, time,
 signal lead) and refuses one that does not fit unless --force. Other commands: sft-launch plan
-(same flags, writes nothing, --json), models, status, runs, logs, cancel, plot.
+(same flags, writes nothing, --json), models, status, runs, logs, cancel, plot, eval, chat.
 """
 
 

@@ -2,7 +2,7 @@
 
 Sources: SLURM (`scontrol show job -o`) for the live state; run.json for job ids, restarts and
 what each stop was (preemption / time limit); metrics.jsonl for step, loss, throughput and ETA;
-checkpoints/ for the last complete checkpoint.
+checkpoints/ for the last complete checkpoint; eval/ for the newest `sft-launch eval` scores.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.ops import rundir, slurm
+from launcher.ops import evalresults, rundir, slurm
 
 ETA_WINDOW = 20  # recent step records used for seconds per step
 ACTIVE_STATES = frozenset({"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
@@ -116,6 +116,7 @@ def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, A
         "tokens_per_s": last.get("tokens_per_s"), "mfu": last.get("mfu"),
         "seconds_per_step": pace, "eta_s": eta, "done": any(r.get("event") == "done" for r in records),
         "cancel_requested": (run_dir / rundir.CANCEL_FILE).exists(), "updated": _updated(run_dir, logs),
+        "eval": evalresults.summary(evalresults.latest(run_dir)),
     }
 
 
@@ -152,6 +153,8 @@ def format_status(status: dict[str, Any]) -> str:
         f"eta          {format_duration(status['eta_s'])}",
         f"updated      {status['updated'] or '-'}",
     ]
+    if status.get("eval"):
+        lines.append(evalresults.format_summary(status["eval"]))
     if status["cancel_requested"]:
         lines.append(f"note         cancel requested ({rundir.CANCEL_FILE} present)")
     return "\n".join(lines)
