@@ -34,7 +34,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from launcher.schema import ConfigError
 from train.chat import IGNORE_INDEX, MaskError, has_generation_markers, tokenize_chat, tokenize_text
 from train.config import TrainConfig
-from train.formats import BadRowError, RawRow, detect_format, iter_rows, normalize
+from train.formats import BadRowError, RawRow, detect_format, iter_rows, parse_row
 
 logger = logging.getLogger(__name__)
 
@@ -255,9 +255,7 @@ def _tokenize_row(
 ) -> tuple[list[int], list[int]] | None:
     """(input_ids, labels) of one row, truncated; None when the row is skipped (and counted)."""
     try:
-        if raw.error:
-            raise BadRowError(raw.error)
-        example = normalize(raw.data, stats.format, cfg.data.text_field)
+        example = parse_row(raw, stats.format, cfg.data.text_field)
     except BadRowError as err:
         if not cfg.data.allow_bad_rows:
             raise ConfigError(f"{raw.location}: {err} (set data.allow_bad_rows = true to skip bad rows)") from None
