@@ -164,10 +164,10 @@ def format_status(status: dict[str, Any]) -> str:
         f"eta          {format_duration(status['eta_s'])}",
         f"updated      {status['updated'] or '-'}",
     ]
-    if status.get("error"):
-        lines.append(f"error        {status['error']}")
     if status["cancel_requested"]:
         lines.append(f"note         cancel requested ({rundir.CANCEL_FILE} present)")
+    if status.get("error"):  # last: why the run failed, in one line
+        lines.append(f"error        {status['error']}")
     return "\n".join(lines)
 
 
