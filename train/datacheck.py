@@ -58,13 +58,13 @@ def check_data(path: Path, fmt: str = "auto", text_field: str = "text", progress
         try:
             stored = json.loads(cache.read_text(encoding="utf-8"))
             if stored.get("key") == key:
-                return DataCheck(**stored["check"], cached=True)
+                return DataCheck(**stored["check"] | {"cached": True})
         except (OSError, ValueError, TypeError, KeyError):
             pass  # absent or unreadable: check again
     result = _scan(path, fmt, text_field, progress)
     result.sha256 = content_sha256(path)
     if cache is not None:
-        _store(cache, {"key": key, "check": asdict(result) | {"cached": False}})
+        _store(cache, {"key": key, "check": asdict(result)})
     return result
 
 

@@ -93,6 +93,7 @@ def _files(root: Path) -> None:
     (root / "good.jsonl").write_text("\n".join(SAMPLE[:20]) + "\n")
     (root / "afile").write_text("not a directory\n")
     (root / "text.jsonl").write_text(json.dumps({"text": "hello"}) + "\n" + json.dumps({"body": "x"}) + "\n")
+    _columnar(root, [json.loads(line) for line in SAMPLE[:6]] + [json.loads(_chat(("human", "hi"), ("bot", "x")))])
     (root / "noconfig").mkdir()
     _model_dir(root, "notokenizer", tokenizer=False)
     _model_dir(root, "basemodel", template=False)
@@ -101,6 +102,17 @@ def _files(root: Path) -> None:
     (root / "typo.toml").write_text(CLUSTER + "partiton = \"x\"\n")
     (root / "apptainer.toml").write_text(CLUSTER + '[profiles.cpu.container]\nkind = "apptainer"\n'
                                          'image = "/nonexistent/images/sft.sif"\n')
+
+
+def _columnar(root: Path, rows: list[dict]) -> None:
+    """The same rows as Parquet and as a saved `datasets` directory (row 6 has an unknown role)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"conversations": row["conversations"]} for row in rows]
+    pq.write_table(pa.Table.from_pylist(rows), root / "bad.parquet")
+    datasets.Dataset.from_list(rows).save_to_disk(str(root / "saved"))
 
 
 D = ["--model", "tiny", "--data"]  # most data cases
@@ -131,6 +143,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("mixed-formats", [*D, "mixed_formats.jsonl"], "mixed_formats.jsonl:2: field 'conversations'"),
     ("text-field-missing", [*D, "text.jsonl", "--set", "data.format=text"], "text.jsonl:2: missing field 'text'"),
     ("wrong-format-forced", [*D, "good.jsonl", "--set", "data.format=alpaca"], "good.jsonl:1: missing field"),
+    ("parquet-bad-row", [*D, "bad.parquet"], "bad.parquet[row 6]: conversations[1]: unknown role 'bot'"),
+    ("saved-dataset-bad-row", [*D, "saved"], "saved[row 6]: conversations[1]: unknown role 'bot'"),
     ("missing-data-file", [*D, "nope.jsonl"], "--data nope.jsonl: no such file"),
     ("hub-dataset-id", [*D, "someorg/some-dataset"], "--data someorg/some-dataset: no such file or directory"),
     ("missing-eval-file", [*D, "good.jsonl", "--set", "data.eval_path=missing.jsonl"],
