@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,9 +98,22 @@ def check_model(launch: Launch) -> None:
     if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"{key}: {tokenizer_dir} has no tokenizer ({', '.join(TOKENIZER_FILES)}); "
                           "set model.tokenizer to a directory that has one", key)
-    if is_chat_data(launch.data_checks) and not has_chat_template(tokenizer_dir):
+    if not is_chat_data(launch.data_checks):
+        return
+    if not has_chat_template(tokenizer_dir):
         raise ConfigError(f"{key}: the tokenizer in {tokenizer_dir} has no chat template, but the data is "
                           "chat (use an instruct model's tokenizer via model.tokenizer, or data.format = \"text\")", key)
+    check_masking(tokenizer_dir, key, launch.data_checks[0])
+
+
+def check_masking(tokenizer_dir: Path, key: str, data: DataCheck) -> None:
+    """The training code masks a sample conversation with this tokenizer. In a subprocess: transformers
+    imports torch (seconds), which this process never does; without transformers here, not checked."""
+    result = subprocess.run([sys.executable, "-m", "train.maskcheck", str(tokenizer_dir), data.path, data.format],
+                            capture_output=True, text=True, check=False)
+    if result.returncode == 2:
+        reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "mask check failed"
+        raise ConfigError(f"{key}: {tokenizer_dir}: {reason}", key)
 
 
 def _local_dir(value: str) -> Path | None:

@@ -97,6 +97,9 @@ def _files(root: Path) -> None:
     (root / "noconfig").mkdir()
     _model_dir(root, "notokenizer", tokenizer=False)
     _model_dir(root, "basemodel", template=False)
+    (_model_dir(root, "strict-template", template=False) / "chat_template.jinja").write_text(
+        "{{ raise_exception('Conversation roles must alternate user/assistant') }}")
+    (_model_dir(root, "corrupt-tokenizer") / "tokenizer.json").write_text("{ truncated")
     (root / "cluster.toml").write_text(CLUSTER)
     (root / "broken.toml").write_text('default_profile = "cpu"\n[profiles.cpu]\ngpus_per_node = \n')
     (root / "typo.toml").write_text(CLUSTER + "partiton = \"x\"\n")
@@ -157,6 +160,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("model-dir-no-config", ["--model", "noconfig"], "--model noconfig: directory has no config.json"),
     ("model-dir-no-tokenizer", ["--model", "notokenizer"], "has no tokenizer"),
     ("base-model-chat-data", ["--model", "basemodel"], "has no chat template"),
+    ("template-cannot-mask", ["--model", "strict-template"], "roles must alternate"),
+    ("tokenizer-corrupt", ["--model", "corrupt-tokenizer"], "cannot load the tokenizer"),
     ("tokenizer-dir-missing", ["--model", "tiny", "--set", "model.tokenizer=/nonexistent/tok"],
      "model.tokenizer: /nonexistent/tok: no such directory"),
     ("hf-id-not-cached", ["--model", "someorg/some-model"], "--model someorg/some-model: not a preset"),
