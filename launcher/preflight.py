@@ -31,6 +31,7 @@ def check_launch(launch: Launch) -> None:
     check_model(launch)
     check_container(launch)
     check_writable(launch.run_dir)
+    check_shared(launch)
 
 
 def _data_path(launch: Launch, value: str, key: str) -> Path:
@@ -91,6 +92,7 @@ def check_model(launch: Launch) -> None:
             raise ConfigError(f"{key}: {value}: no such directory", key)
         if key == "model.path" and not (directory / "config.json").is_file():
             raise ConfigError(f"{key}: {directory}/config.json missing (not a Hugging Face model directory)", key)
+    check_hub_model(launch)
     tokenizer_dir = _local_dir(model.tokenizer or model.path)
     if tokenizer_dir is None:
         return
@@ -114,6 +116,21 @@ def check_masking(tokenizer_dir: Path, key: str, data: DataCheck) -> None:
     if result.returncode == 2:
         reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "mask check failed"
         raise ConfigError(f"{key}: {tokenizer_dir}: {reason}", key)
+
+
+def check_hub_model(launch: Launch) -> None:
+    """A Hugging Face id must be in the profile's shared HF cache: train loads local files only.
+    Checked when profile.hf_home is visible from here (otherwise nothing to look at)."""
+    model_id, hf_home = launch.train.model.path, launch.profile.hf_home
+    if not model_id or _local_dir(model_id) is not None or not hf_home:
+        return
+    hub = Path(hf_home).expanduser() / "hub"
+    if not Path(hf_home).expanduser().is_dir():
+        return
+    snapshots = hub / f"models--{model_id.replace('/', '--')}" / "snapshots"
+    if not any(snapshots.glob("*/config.json")):
+        raise ConfigError(f"model.path {model_id}: not in profile.hf_home's cache ({hub}); the compute nodes load "
+                          f"local files only: HF_HOME={hf_home} huggingface-cli download {model_id}", "model.path")
 
 
 def _local_dir(value: str) -> Path | None:
@@ -151,3 +168,29 @@ def check_writable(run_dir: Path) -> None:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"run directory {run_dir}: {existing} is not writable {where}", "--output")
+
+
+def node_paths(launch: Launch) -> dict[str, Path]:
+    """What the compute nodes read or write, by the flag or key that named it."""
+    model, data = launch.train.model, launch.train.data
+    paths = {key: Path(check.path) for key, check in zip(("--data", "data.eval_path"), launch.data_checks)
+             if Path(check.path) != SHIPPED_DATA}
+    paths |= {key: directory for key, value in (("model.path", model.path), ("model.tokenizer", model.tokenizer))
+              if (directory := _local_dir(value)) is not None}
+    if data.cache_dir and Path(data.cache_dir).is_absolute():
+        paths["data.cache_dir"] = Path(data.cache_dir)
+    if launch.profile.container.kind != "none" and Path(launch.profile.container.image).expanduser().is_file():
+        paths["container.image"] = Path(launch.profile.container.image).expanduser()
+    return paths | {"--output": launch.run_dir}
+
+
+def check_shared(launch: Launch) -> None:
+    """With profile.shared_paths set, every path the nodes need must lie under one of them."""
+    roots = [Path(root).expanduser().resolve() for root in launch.profile.shared_paths]
+    if not roots or launch.executor == "local":
+        return
+    for key, path in node_paths(launch).items():
+        resolved = path.expanduser().resolve()
+        if not any(resolved == root or root in resolved.parents for root in roots):
+            raise ConfigError(f"{key} {resolved}: not on the nodes' shared storage (profile.shared_paths = "
+                              f"{launch.profile.shared_paths}); the compute nodes cannot read it", key)

@@ -103,6 +103,9 @@ def _files(root: Path) -> None:
     (root / "cluster.toml").write_text(CLUSTER)
     (root / "broken.toml").write_text('default_profile = "cpu"\n[profiles.cpu]\ngpus_per_node = \n')
     (root / "typo.toml").write_text(CLUSTER + "partiton = \"x\"\n")
+    (root / "hf_home").mkdir()
+    (root / "shared.toml").write_text(CLUSTER + f'shared_paths = ["{root / "hf_home"}"]\n')
+    (root / "hfhome.toml").write_text(CLUSTER + f'hf_home = "{root / "hf_home"}"\n')
     (root / "apptainer.toml").write_text(CLUSTER + '[profiles.cpu.container]\nkind = "apptainer"\n'
                                          'image = "/nonexistent/images/sft.sif"\n')
 
@@ -165,6 +168,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("tokenizer-dir-missing", ["--model", "tiny", "--set", "model.tokenizer=/nonexistent/tok"],
      "model.tokenizer: /nonexistent/tok: no such directory"),
     ("hf-id-not-cached", ["--model", "someorg/some-model"], "--model someorg/some-model: not a preset"),
+    ("hub-model-not-in-hf-home", ["--model", "llama3-8b", "--cluster", "hfhome.toml"],
+     "model.path meta-llama/Meta-Llama-3-8B: not in profile.hf_home's cache"),
     ("flash-attn-on-cpu", ["--model", "tiny", "--set", "model.attn_implementation=flash_attn"],
      "model.attn_implementation: flash_attn needs GPUs"),
     # --- command line ---
@@ -188,6 +193,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("profile-key-typo", ["--model", "tiny", "--cluster", "typo.toml"], "partiton"),
     ("profile-negative-gpus", ["--model", "tiny", "--set", "profile.gpus_per_node=-1"], "gpus_per_node: must be >= 0"),
     ("profile-secret-env", ["--model", "tiny", "--set", "profile.env.HF_TOKEN=abc"], "export it in your shell"),
+    ("data-not-on-shared-storage", [*D, "good.jsonl", "--cluster", "shared.toml"],
+     "good.jsonl: not on the nodes' shared storage (profile.shared_paths"),
     ("container-image-missing", ["--model", "tiny", "--cluster", "apptainer.toml"],
      "container.image: /nonexistent/images/sft.sif: no such file"),
 ]
