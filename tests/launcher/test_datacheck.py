@@ -68,3 +68,18 @@ def test_training_skips_exactly_what_the_check_found(tmp_path: Path) -> None:
     check = check_data(data)
     assert (stats["rows"], stats["skipped_bad_rows"]) == (check.rows, check.bad_rows) == (23, 3)
     assert [s.split(": ", 1)[1] for s in stats["skipped_examples"]] == [p.split(": ", 1)[1] for p in check.problems]
+
+
+def test_parallel_scan_finds_what_the_sequential_one_does(tmp_path: Path, monkeypatch) -> None:
+    import train.datacheck as datacheck
+
+    data = tmp_path / "chat.jsonl"
+    lines = [BAD if n in (3, 1500, 2999) else SAMPLE[n % len(SAMPLE)] for n in range(3000)]
+    data.write_text("\n".join(lines) + "\n\n{oops")  # a blank line and a last line without newline
+    sequential = datacheck._scan(data, "auto", "text", None)
+    monkeypatch.setattr(datacheck, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(datacheck, "CHUNK_BYTES", 64 << 10)  # many chunks
+    monkeypatch.setattr(datacheck, "_workers", lambda: 2)
+    parallel = datacheck._scan(data, "auto", "text", None)
+    assert parallel == sequential and (parallel.rows, parallel.bad_rows) == (3001, 4)
+    assert [p.split(": ")[0] for p in parallel.problems] == [f"{data}:{n}" for n in (4, 1501, 3000, 3002)]
