@@ -1,9 +1,10 @@
 """Everything checkable on the login node, checked before a run directory is written or a job queued.
 
 A job may wait hours for its nodes; a mistake found then costs those hours. So, after the options
-resolve: every data row (train.datacheck, the same parser train uses), the model directory
-(config, tokenizer, a chat template for chat data), the container image file and the run
-directory's writability. Each failure is a ConfigError (exit 2) naming the flag, key or file.
+resolve: every data row (train.datacheck, the same parser train uses), the model (a local directory's
+config, tokenizer and chat template, which must mask a sample; an HF id in profile.hf_home's cache),
+the container image file, the run directory's writability and, with profile.shared_paths, that the
+nodes can see it all. Each failure is a ConfigError (exit 2) naming the flag, key or file.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def check_launch_data(launch: Launch) -> list[DataCheck]:
         if key == "data.eval_path" and not value:
             continue
         path = _data_path(launch, value, key)
-        started = time.monotonic()
-        check = check_data(path, data.format, data.text_field, _progress_printer(path))
-        if time.monotonic() - started > 1.0:
+        progress = _progress_printer(path)
+        check = check_data(path, data.format, data.text_field, progress)
+        if progress is not None and not check.cached:
             print(file=sys.stderr)  # end the progress line
         require_usable(check, data.allow_bad_rows, key)
         checks.append(check)
