@@ -86,6 +86,9 @@ def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: s
                             strategy=strategy, lora=lora, time=time, job_name=job_name, executor=executor,
                             sets=list(sets or []), train_flags=dict(train_flags))
     launch = resolve(request)
+    from launcher.preflight import check_launch
+
+    check_launch(launch)
     run_dir = write_run_dir(launch, ["launcher.api.submit", model])
     if executor == "submitit":
         from launcher.submitit_exec import submit as submit_with_submitit

@@ -14,10 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from launcher.options import Launch
+from train import failure
 from train.config import EXIT_REQUEUE
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,7 @@ def run_local(launch: Launch) -> int:
     stop_file.unlink(missing_ok=True)  # a stale request must not stop this run
     command = train_command(launch, _free_port())
     log.info("running: %s", " ".join(command))
+    started = time.time()
     child = subprocess.Popen(command, cwd=run_dir, start_new_session=True, preexec_fn=_ignore_usr1)
 
     def on_stop(signum: int, _frame: object) -> None:
@@ -107,4 +110,6 @@ def run_local(launch: Launch) -> int:
             signal.signal(sig, handler)
     if code not in (0, EXIT_REQUEUE) and checkpointed_after_stop(run_dir, stop_file, checkpoint_dir):
         code = EXIT_REQUEUE
+    if code not in (0, EXIT_REQUEUE):
+        code = failure.report(run_dir, started, code)  # the first failing rank's first error line, last
     return code

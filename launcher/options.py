@@ -27,6 +27,7 @@ from train.config import TrainConfig, TrainSection
 
 if TYPE_CHECKING:
     from launcher.autofit import MicroBatchChoice
+    from train.datacheck import DataCheck
 
 TRAIN_NAMESPACES = ("model", "data", "train", "lora", "run")
 DEFAULT_CLUSTER_FILE = "cluster.toml"
@@ -68,6 +69,7 @@ class Launch:
     executor: str
     cluster_file: str | None
     micro_batch: MicroBatchChoice | None = None  # launcher/autofit.py's choice; None = the user fixed it
+    data_checks: list[DataCheck] = field(default_factory=list)  # launcher/preflight.py's verdicts on the data
 
     @property
     def world_size(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +98,7 @@ class LaunchPlan:
     plan: Plan
     data: DataEstimate | None
     micro_batch: MicroBatchChoice | None = None  # launcher/autofit.py's choice, shown under the header
+    checked: list[str] = field(default_factory=list)  # launcher/preflight.py's data verdicts, one line each
 
     @property
     def text(self) -> str:
@@ -105,15 +106,16 @@ class LaunchPlan:
         lines = format_plan(self.plan).splitlines()
         if self.micro_batch is not None:
             lines.insert(1, f"Micro   {self.micro_batch.describe()}")
+        at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
+        lines[at:at] = [f"Checked {line}" for line in self.checked]
         if data is None:
             return "\n".join(lines)
         rows = f"{'' if data.exact_rows else '~'}{data.rows:,} rows" if data.rows else "rows unknown"
-        at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
         lines.insert(at, f"Data    ~{data.tokens:,} tokens, {rows} (estimated: {data.method})")
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        extra = {"dataset": asdict(self.data) if self.data else None,
+        extra = {"dataset": asdict(self.data) if self.data else None, "data_checked": self.checked,
                  "micro_batch": self.micro_batch.record() if self.micro_batch else None}
         return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
 
@@ -131,6 +133,12 @@ def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
     return warnings
 
 
+def data_lines(launch: Launch) -> list[str]:
+    """One line per checked data file (empty when launcher/preflight.py has not run)."""
+    allow = launch.train.data.allow_bad_rows
+    return [f"{Path(check.path).name}: {check.describe(allow)}" for check in launch.data_checks]
+
+
 def plan_launch(launch: Launch) -> LaunchPlan:
     """Plan a resolved launch; launcher-level warnings (profile, dataset, signal lead) join the plan's."""
     data = data_estimate(launch)
@@ -138,7 +146,7 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     plan.warnings += _launch_warnings(launch, plan)
     if launch.micro_batch is not None and launch.micro_batch.source == "none":
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
-    return LaunchPlan(plan, data, launch.micro_batch)
+    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch))
 
 
 def suggestion_flags(suggestion: Suggestion) -> str:
@@ -179,6 +187,10 @@ def main(argv: list[str]) -> int:
     parser.description = "Plan a launch (memory per GPU, verdict, time, cost, signal lead); writes nothing."
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (for tools)")
     args = parser.parse_args(argv)
-    report = plan_launch(resolve(request_from_args(args)))
+    launch = resolve(request_from_args(args))
+    from launcher.preflight import check_launch
+
+    check_launch(launch)
+    report = plan_launch(launch)
     print(report.to_json() if args.json else report.text)
     return 0

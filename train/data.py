@@ -34,7 +34,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from launcher.schema import ConfigError
 from train.chat import IGNORE_INDEX, MaskError, has_generation_markers, tokenize_chat, tokenize_text
 from train.config import TrainConfig
-from train.formats import BadRowError, RawRow, detect_format, iter_rows, normalize
+from train.failure import PeerFailedError
+from train.formats import BadRowError, RawRow, detect_format, iter_rows, parse_row
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 
 def _load_cached(entry: Path) -> tuple[datasets.Dataset, SplitStats]:
     if not (entry / "stats.json").exists():
-        raise ConfigError(f"{entry}: tokenized cache missing; the local main process failed to build it (see its log)")
+        raise PeerFailedError(f"{entry}: tokenized cache missing; the local main process failed to build it")
     stats = SplitStats(**json.loads((entry / "stats.json").read_text()))
     stats.cache_hit = True
     return datasets.load_from_disk(str(entry / "dataset")), stats
@@ -255,9 +256,7 @@ def _tokenize_row(
 ) -> tuple[list[int], list[int]] | None:
     """(input_ids, labels) of one row, truncated; None when the row is skipped (and counted)."""
     try:
-        if raw.error:
-            raise BadRowError(raw.error)
-        example = normalize(raw.data, stats.format, cfg.data.text_field)
+        example = parse_row(raw, stats.format, cfg.data.text_field)
     except BadRowError as err:
         if not cfg.data.allow_bad_rows:
             raise ConfigError(f"{raw.location}: {err} (set data.allow_bad_rows = true to skip bad rows)") from None

@@ -2,7 +2,8 @@
 
 Exit codes (docs/ARCHITECTURE.md): 0 done and exported; 75 (EXIT_REQUEUE) checkpointed after a stop
 request; 1 runtime failure (including a failed checkpoint write — the previous one stays intact);
-2 bad configuration (one line naming the key).
+2 bad configuration (one line naming the key). A failure also leaves one record in
+RUN_DIR/logs/failures.jsonl (train/failure.py) so the launcher can say why in one line.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import logging
 import os
 import sys
 
+from pathlib import Path
+
 from launcher.schema import ConfigError
 from train.config import load_train_config
+from train.failure import EXIT_CONFIG, EXIT_FAILURE, PeerFailedError, first_line, record_failure
 
 logger = logging.getLogger("train")
 
@@ -34,11 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="path to RUN_DIR/train.toml")
     args = parser.parse_args(argv)
     _configure_logging()
+    run_dir = Path(args.config).resolve().parent  # train.toml sits in the run directory
     try:
         cfg = load_train_config(args.config)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
     # Heavy imports only after the config is known to be valid (fast exit 2 on a typo).
     import torch
     from accelerate import Accelerator
@@ -51,8 +55,18 @@ def main(argv: list[str] | None = None) -> int:
                                   mixed_precision=mixed_precision(cfg.model.precision))
         return train(cfg, accelerator)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except Exception:
+        return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
+    except PeerFailedError as err:
+        logger.error("%s", err)  # a consequence: the rank that failed first says why
+        record_failure(run_dir, EXIT_FAILURE, str(err), follow_on=True)
+        return EXIT_FAILURE
+    except Exception as err:
         logger.exception("training failed")
-        return 1
+        record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
+        return EXIT_FAILURE
+
+
+def _failed(run_dir: Path, code: int, shown: str, message: str) -> int:
+    print(shown, file=sys.stderr)
+    record_failure(run_dir, code, message)
+    return code

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.ops import evalresults, rundir, slurm
+from train import failure
 
 ETA_WINDOW = 20  # recent step records used for seconds per step
 ACTIVE_STATES = frozenset({"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
@@ -86,6 +87,16 @@ def _updated(run_dir: Path, logs: list[rundir.LogFile]) -> str | None:
     return datetime.datetime.fromtimestamp(max(times)).astimezone().isoformat(timespec="seconds")
 
 
+def failure_line(run_dir: Path, run: dict[str, Any], state: str) -> str | None:
+    """The first failing rank's first error line of the newest attempt (train/failure.py); None while active."""
+    if state in ACTIVE_STATES:
+        return None
+    starts = [e["time"] for e in run.get("events", []) if e.get("event") == "start" and e.get("time")]
+    since = datetime.datetime.fromisoformat(starts[-1]).timestamp() if starts else 0.0
+    record = failure.first_failure(run_dir, since)
+    return failure.describe(record) if record else None
+
+
 def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, Any]:
     """Everything `status` shows, as a JSON-ready dict (`query` is scontrol; tests pass a stand-in)."""
     run = rundir.read_run_json(run_dir)
@@ -117,6 +128,7 @@ def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, A
         "seconds_per_step": pace, "eta_s": eta, "done": any(r.get("event") == "done" for r in records),
         "cancel_requested": (run_dir / rundir.CANCEL_FILE).exists(), "updated": _updated(run_dir, logs),
         "eval": evalresults.summary(evalresults.latest(run_dir)),
+        "error": failure_line(run_dir, run, state),
     }
 
 
@@ -157,6 +169,8 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(evalresults.format_summary(status["eval"]))
     if status["cancel_requested"]:
         lines.append(f"note         cancel requested ({rundir.CANCEL_FILE} present)")
+    if status.get("error"):  # last: why the run failed, in one line
+        lines.append(f"error        {status['error']}")
     return "\n".join(lines)
 
 
