@@ -1,6 +1,8 @@
-"""One-GPU benchmark: the FastChat-style peer and our train package on the same documents.
+"""One-GPU benchmark: the peers (FastChat-style Trainer, TRL's SFTTrainer tuned for speed) and our
+train package on the same documents, in the same run.
 
-    python -m bench.gpu_single --shape llama3.2-1b --docs 1200 --out /tmp/bench
+    python -m bench.gpu_single --shape llama3.2-1b --docs 800 --peers fastchat,trl,trl-compile
+    python -m bench.gpu_single --shape llama3-8b --budget 8192 --variants ours-lora --peers trl-lora
     python -m bench.gpu_single --cpu-smoke          # tiny shape on CPU: proves the script runs
 
 Both sides train one epoch over the same synthetic documents (bench/synthetic.py), so they see the
@@ -29,6 +31,7 @@ from contract.config import TrainConfig
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 3  # steps excluded from throughput (CUDA context, torch.compile, allocator warm-up)
 LOGGING_STEPS = 4  # the loop reads GPU numbers only when it logs (one host sync per log line)
+RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "900"))  # one stuck run must not eat the others' time
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
 
@@ -39,6 +42,17 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "ours-ckpt": {"train": {"compile": True, "gradient_checkpointing": True}},
     "ours-48k": {"train": {"compile": True, "gradient_checkpointing": False},
                  "data": {"tokens_per_micro_batch": 49152}},
+    "ours-varlen": {"train": {"compile": True, "gradient_checkpointing": False},
+                    "model": {"attn_implementation": "varlen"}},
+    "ours-lora": {"train": {"compile": True, "gradient_checkpointing": False}, "lora": {"enabled": True}},
+}
+# Peers: name -> command-line arguments of their script.
+PEERS: dict[str, list[str]] = {
+    "fastchat": ["-m", "bench.peer_fastchat"],
+    "trl": ["-m", "bench.peer_trl"],
+    "trl-compile": ["-m", "bench.peer_trl", "--compile"],
+    "trl-lora": ["-m", "bench.peer_trl", "--lora"],
+    "trl-lora-compile": ["-m", "bench.peer_trl", "--lora", "--compile"],
 }
 
 
@@ -78,25 +92,35 @@ def steady_state(metrics: Path) -> dict[str, float]:
     }
 
 
-def run_ours(name: str, out: Path, data: Path, arch: dict, budget: int) -> dict[str, Any]:
+def run_ours(name: str, out: Path, data: Path, arch: dict, budget: int, profile: str = "") -> dict[str, Any]:
     run_dir = out / name
-    toml = write_train_toml(run_dir, data, arch, budget, VARIANTS[name])
+    overrides = {**VARIANTS[name], "train": {**VARIANTS[name].get("train", {}),
+                                             **({"profile_steps": profile} if profile else {})}}
+    toml = write_train_toml(run_dir, data, arch, budget, overrides)
     log = run_dir / "train.log"
     with log.open("w") as f:
-        proc = subprocess.run([sys.executable, "-m", "train", "--config", str(toml)], cwd=ROOT,
-                              stdout=f, stderr=subprocess.STDOUT)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "train", "--config", str(toml)], cwd=ROOT,
+                                  stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"path": name, "error": f"timeout {RUN_TIMEOUT_S} s"}
     if proc.returncode != 0:
         print(log.read_text()[-3000:])
         return {"path": name, "error": f"exit {proc.returncode}"}
     return {"path": name, **steady_state(run_dir / "metrics.jsonl")}
 
 
-def run_peer(out: Path, data: Path, shape: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "bench.peer_fastchat", "--data", str(data), "--shape", shape,
-                           "--out", str(out / "peer")], cwd=ROOT, capture_output=True, text=True)
+def run_peer(name: str, out: Path, data: Path, shape: str, budget: int) -> dict[str, Any]:
+    command = [sys.executable, *PEERS[name], "--data", str(data), "--shape", shape, "--out", str(out / name)]
+    if name.startswith("trl"):
+        command += ["--max-length", str(budget)]
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"path": f"peer-{name}", "error": f"timeout {RUN_TIMEOUT_S} s"}
     if proc.returncode != 0:
         print(proc.stdout[-2000:], proc.stderr[-3000:])
-        return {"path": "peer-fastchat", "error": f"exit {proc.returncode}"}
+        return {"path": f"peer-{name}", "error": f"exit {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -106,9 +130,11 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=1200)
     parser.add_argument("--budget", type=int, default=32768, help="packed tokens per micro-batch")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--peers", default="fastchat", help=f"comma list of {', '.join(PEERS)}")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-single"))
     parser.add_argument("--results", type=Path, default=None, help="folder for one JSON per run")
+    parser.add_argument("--profile", default="", help='kernel profile of our runs\' steps, e.g. "8:10" (in train.log)')
     parser.add_argument("--cpu-smoke", action="store_true")
     args = parser.parse_args()
     arch = TINY if args.cpu_smoke else SHAPES[args.shape]
@@ -119,8 +145,14 @@ def main() -> None:
     lengths = sample_lengths(args.docs, seed=0, hi=min(4096, args.budget))
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, arch["vocab_size"])
-    results = [] if args.no_peer else [run_peer(args.out, data, args.shape)]
-    results += [run_ours(name, args.out, data, arch, args.budget) for name in args.variants.split(",")]
+    peers = [] if args.no_peer else [p for p in args.peers.split(",") if p]
+    results = []
+    for name in peers:
+        results.append(run_peer(name, args.out, data, args.shape, args.budget))
+        print(json.dumps(results[-1]), flush=True)  # each result as it lands: a later timeout loses nothing
+    for name in args.variants.split(","):
+        results.append(run_ours(name, args.out, data, arch, args.budget, args.profile))
+        print(json.dumps(results[-1]), flush=True)
     report(results, arch, lengths, args)
 
 
@@ -129,7 +161,8 @@ def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.N
 
     gpu, peak = device_peak()
     mean_doc = sum(n * n for n in lengths) / sum(lengths)
-    peer = next((r for r in results if r["path"] == "peer-fastchat" and "error" not in r), None)
+    peers = [r for r in results if r["path"].startswith("peer-") and "error" not in r]
+    peer = max(peers, key=lambda r: r["real_tokens_per_s"], default=None)  # the best peer of this run
     rows = []
     for r in results:
         if "error" in r:
@@ -140,7 +173,7 @@ def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.N
                  tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak if peak else None, budget=args.budget,
                  total_real_tokens=sum(lengths), docs=len(lengths))
         if peer:
-            r.update(peer_real_tokens_per_s=peer["real_tokens_per_s"],
+            r.update(peer=peer["path"], peer_real_tokens_per_s=peer["real_tokens_per_s"],
                      ratio_vs_peer=r["real_tokens_per_s"] / peer["real_tokens_per_s"])
         mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "n/a"
         ratio = f"{r.get('ratio_vs_peer', 0):.2f}x" if peer else "-"
@@ -149,7 +182,8 @@ def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.N
             args.results.mkdir(parents=True, exist_ok=True)
             (args.results / f"single-{r['shape']}-{r['path']}.json").write_text(json.dumps(r, indent=1))
     print(f"\n{gpu}, {len(lengths)} docs, {sum(lengths):,} real tokens, mean attended length {mean_doc:.0f}")
-    print("| path | real tokens/s | MFU | peak GiB | vs peer |\n|---|---|---|---|---|")
+    best = f" (vs peer = vs {peer['path']}, the fastest peer of this run)" if peer else ""
+    print(f"| path | real tokens/s | MFU | peak GiB | vs peer{best} |\n|---|---|---|---|---|")
     print("\n".join(rows))
 
 

@@ -5,7 +5,8 @@
 agree on, written once: the configuration dataclasses and their validation (`schema`, `config`),
 GPU facts (`gpus`), model shape and FLOPs (`shape`), the strategies table (`strategies`), the
 run-directory layout, exit codes and stop/cancel protocol (`protocol`), the training command line
-(`command`) and the parsing of dataset rows (`formats`).
+(`command`), the failure record a failed rank leaves (`failure`), and the parsing and checking of
+dataset rows (`formats`, `datacheck`: the training side and the login-node check share them).
 """
 
 __version__ = "0.1.0"  # of sft-launch (pyproject.toml); rendered into every run directory

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from contract import protocol
 from contract.schema import ConfigError, build, documented, require
 
-AttnImpl = Literal["auto", "flash_attn", "varlen", "sdpa", "eager"]
+AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
 DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "text", "tokens"]  # tokens: pre-tokenized input_ids
 Scheduler = Literal["cosine", "linear", "constant"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]

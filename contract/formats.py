@@ -8,6 +8,10 @@ saved `datasets` directories) so a bad row is reported where the user can find i
   text      {<text_field>: ...}  — loss on every token
   tokens    {"input_ids": [...], "labels": [...] (optional, -100 = no loss; absent = loss everywhere)}
             — pre-tokenized (benchmarks, or data tokenized elsewhere); used as is
+
+One implementation for both sides: `train.data` tokenizes what `parse_row` returns, and the
+launcher's pre-submission check (`contract.datacheck`) runs every row through the same `parse_row`
+on the login node. Torch-free; JSONL is read line by line (a multi-GB file never sits in memory).
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from contract.schema import ConfigError
 
 FORMATS = ("sharegpt", "messages", "alpaca", "text", "tokens")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 MESSAGE_ROLES = ("system", "user", "assistant")
+BINARY_SNIFF_BYTES = 8192  # the head of a JSON file searched for NUL bytes
 
 
 class BadRowError(ValueError):
@@ -34,6 +39,7 @@ class RawRow:
     location: str  # "file:line" or "file[row N]"
     data: Any = None  # the decoded row (a dict when well-formed)
     error: str = ""  # why the row could not even be decoded (non-UTF-8, invalid JSON)
+    offset: int = 0  # JSON/JSONL: bytes of the file read up to the end of this row (for progress)
 
 
 @dataclass
@@ -52,27 +58,48 @@ def iter_rows(path: Path) -> Iterator[RawRow]:
     elif path.suffix == ".parquet":
         yield from _iter_parquet(path)
     elif path.suffix in (".jsonl", ".json"):
-        raw = path.read_bytes()
-        head = raw.lstrip()[:1]
-        yield from (_iter_json_array(path, raw) if head == b"[" else _iter_jsonl(path, raw))
+        with path.open("rb") as handle:
+            head = handle.read(BINARY_SNIFF_BYTES)
+            _refuse_binary(path, head)
+            handle.seek(0)
+            if head.lstrip()[:1] == b"[":
+                yield from _iter_json_array(path, handle.read())
+            else:
+                yield from _iter_jsonl(path, handle)
     else:
-        raise ConfigError(f"{path}: unsupported data file (use .jsonl, .json, .parquet or a saved datasets dir)")
+        raise ConfigError(f"{path}: unsupported data file (use .jsonl, .json, .parquet or a saved datasets dir)",
+                          "data.path")
 
 
-def _iter_jsonl(path: Path, raw: bytes) -> Iterator[RawRow]:
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        location = f"{path}:{number}"
-        if not line.strip():
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as err:
-            yield RawRow(location, error=f"not valid UTF-8 (byte {err.start})")
-            continue
-        try:
-            yield RawRow(location, json.loads(text))
-        except json.JSONDecodeError as err:
-            yield RawRow(location, error=f"invalid JSON: {err.msg} (column {err.colno})")
+def _refuse_binary(path: Path, head: bytes) -> None:
+    """Binary garbage (a NUL byte never appears in UTF-8 JSON text) is one error, not a row error per line."""
+    if b"\x00" in head:
+        line = head.count(b"\n", 0, head.index(b"\x00")) + 1
+        raise ConfigError(f"{path}:{line}: binary data (NUL byte), not JSON text; is this the right file?",
+                          "data.path")
+
+
+def parse_jsonl_line(location: str, line: bytes, offset: int = 0) -> RawRow | None:
+    """One JSONL line decoded (None for a blank line); undecodable lines carry their error."""
+    if not line.strip():
+        return None
+    try:
+        text = line.rstrip(b"\r\n").decode("utf-8")
+    except UnicodeDecodeError as err:
+        return RawRow(location, error=f"not valid UTF-8 (byte {err.start})", offset=offset)
+    try:
+        return RawRow(location, json.loads(text), offset=offset)
+    except json.JSONDecodeError as err:
+        return RawRow(location, error=f"invalid JSON: {err.msg} (column {err.colno})", offset=offset)
+
+
+def _iter_jsonl(path: Path, handle: BinaryIO) -> Iterator[RawRow]:
+    offset = 0
+    for number, line in enumerate(handle, start=1):
+        offset += len(line)
+        row = parse_jsonl_line(f"{path}:{number}", line, offset)
+        if row is not None:
+            yield row
 
 
 def _iter_json_array(path: Path, raw: bytes) -> Iterator[RawRow]:
@@ -81,7 +108,7 @@ def _iter_json_array(path: Path, raw: bytes) -> Iterator[RawRow]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
-        raise ConfigError(f"{path}:{line}: not valid UTF-8 (a JSON array cannot skip one row)") from None
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (a JSON array cannot skip one row)", "data.path") from None
     decoder = json.JSONDecoder()
     pos = text.index("[") + 1
     while True:
@@ -92,8 +119,8 @@ def _iter_json_array(path: Path, raw: bytes) -> Iterator[RawRow]:
         try:
             row, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}:{err.lineno}: invalid JSON: {err.msg}") from None
-        yield RawRow(f"{path}:{line}", row)
+            raise ConfigError(f"{path}:{err.lineno}: invalid JSON: {err.msg}", "data.path") from None
+        yield RawRow(f"{path}:{line}", row, offset=len(raw) * pos // max(1, len(text)))
 
 
 def _skip_separators(text: str, pos: int) -> int:
@@ -146,6 +173,15 @@ def detect_format(row: Any, text_field: str, location: str) -> str:
         f"'instruction'+'output' or the text field {text_field!r} (set data.format / data.text_field)",
         "data.format",
     )
+
+
+def parse_row(raw: RawRow, fmt: str, text_field: str) -> Example:
+    """A row as read (`iter_rows`) validated and normalised; raises BadRowError(reason).
+
+    The one check both sides run: train before tokenizing, the launcher before submitting."""
+    if raw.error:
+        raise BadRowError(raw.error)
+    return normalize(raw.data, fmt, text_field)
 
 
 def normalize(row: Any, fmt: str, text_field: str) -> Example:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 class GpuSpec:
     name: str  # short type name used in cluster profiles (gpu_type)
     peak_tflops_bf16: float  # dense; for GPUs without bf16 (V100) the fp16 rate
-    memory_gib: float
+    memory_gib: float  # nominal (A100 80GB: 81920 MiB = 80 GiB; CUDA reports ~79.2 after the driver's reserve)
     compute_capability: tuple[int, int]
     has_bf16: bool = True
 

@@ -35,6 +35,11 @@ CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 EXPORT_DIR = "export"
 
+# `sft-launch eval` results: EVAL_DIR/<name>.json; EVAL_DIR/pinned-step-N is a checkpoint hard-linked
+# by `eval --every-checkpoint` until its export (train/export_checkpoint.py) removes it.
+EVAL_DIR = "eval"
+EVAL_PINNED_PREFIX = "pinned-step-"
+
 # Checkpoints: CHECKPOINT_DIR/step-00000050/ is complete only once it holds CHECKPOINT_MARKER.
 CHECKPOINT_PREFIX = "step-"
 CHECKPOINT_TMP_PREFIX = ".tmp-step-"

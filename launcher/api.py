@@ -86,5 +86,8 @@ def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: s
                             strategy=strategy, lora=lora, time=time, job_name=job_name, executor=executor,
                             sets=list(sets or []), train_flags=dict(train_flags))
     launch = resolve(request)
+    from launcher.preflight import check_launch
+
+    check_launch(launch)  # data rows, model dir, container image, run dir: exit 2 before anything is written
     execute(launch, ["launcher.api.submit", model], dry_run=False)
     return RunHandle(launch.run_dir)

@@ -21,6 +21,8 @@ COMMANDS: dict[str, str] = {
     "cancel": "launcher.ops.cancel",
     "plot": "launcher.ops.plot",
     "plan": "launcher.plan_cmd",
+    "eval": "launcher.eval_cmd",
+    "chat": "launcher.chat_cmd",
 }
 LAUNCH_MODULE = "launcher.launch"
 

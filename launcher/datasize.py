@@ -1,7 +1,7 @@
 """How many training tokens a data file holds, estimated on the login node without a tokenizer.
 
 The planner needs the token count for steps, ETA and GPU-hours, and loading a tokenizer (transformers)
-would cost seconds. So, per row of the file (the formats train/formats.py reads):
+would cost seconds. So, per row of the file (the formats contract/formats.py reads):
   * pre-tokenized rows (`input_ids`): exact length;
   * otherwise: characters of every string value / CHARS_PER_TOKEN, plus MESSAGE_OVERHEAD_TOKENS per
     chat message (role header, end-of-turn) and BOS/EOS; capped at model_max_length like train does.

@@ -37,7 +37,9 @@ def main(argv: list[str]) -> int:
     launch = resolve(request_from_args(args))  # ConfigError -> exit 2 in cli.main; nothing written yet
     from launcher.executors import execute
     from launcher.plan_cmd import plan_launch, refuse_unless_fits
+    from launcher.preflight import check_launch
 
+    check_launch(launch)  # data rows, model dir, container image, run dir: exit 2 before anything is written
     report = plan_launch(launch)
     print(summary(launch, report.text), flush=True)
     refuse_unless_fits(report, force=args.force)  # does not fit: exit 2 before anything is written

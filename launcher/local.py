@@ -14,9 +14,10 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
-from contract import command, protocol
+from contract import command, failure, protocol
 from launcher.executors import Started
 from launcher.options import Launch
 
@@ -79,6 +80,7 @@ def run_local(launch: Launch) -> int:
     stop_file.unlink(missing_ok=True)  # a stale request must not stop this run
     argv = train_command(launch, _free_port())
     log.info("running: %s", " ".join(argv))
+    started = time.time()
     child = subprocess.Popen(argv, cwd=run_dir, start_new_session=True, preexec_fn=_ignore_usr1)
 
     def on_stop(signum: int, _frame: object) -> None:
@@ -96,4 +98,7 @@ def run_local(launch: Launch) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return protocol.training_exit_code(code, stop_file, checkpoint_dir)
+    code = protocol.training_exit_code(code, stop_file, checkpoint_dir)
+    if code not in (protocol.EXIT_OK, protocol.EXIT_REQUEUE):
+        code = failure.report(run_dir, started, code)  # the first failing rank's first error line, last
+    return code

@@ -38,7 +38,8 @@ GIB = 1024**3
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # CUDA context + cuBLAS workspaces; invisible to torch's allocator
 NCCL_BYTES = int(0.5 * GIB)  # NCCL communicator buffers (channels x peers), allocated outside torch
 NCCL_MULTI_NODE_EXTRA_BYTES = int(0.25 * GIB)  # extra IB/network proxies when ranks span nodes
-ALLOCATOR_SLACK = 0.08  # minimum reserved - allocated (caching-allocator rounding/splits), fraction
+ALLOCATOR_SLACK = 0.08  # minimum reserved - allocated (caching-allocator rounding/splits), as a fraction
+# of the memory allocated and freed every step (see _cached_not_reused)
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP bucket_cap_mb default
 
 
@@ -219,14 +220,16 @@ def _activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict
 def _logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
     """transformers' ForCausalLMLoss: logits (elem) -> `.float()` copy (4) -> log_softmax output (4,
     saved) = 10 B/token/vocab at the loss; its backward adds grad_output and grad_input (fp32 each) while
-    the saved output lives. A chunked cross-entropy only ever materializes one chunk's logits.
-    `held`: the logits the loop keeps in `outputs` through backward. FSDP2 returns them in bf16;
-    where Accelerate's `prepare_model` wraps forward in autocast (FSDP1, DDP) it also converts the
-    outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
-    chunked = 0 < opts.loss_chunk_tokens < opts.micro_batch_tokens
-    rows = opts.loss_chunk_tokens if chunked else opts.micro_batch_tokens
+    the saved output lives. The fused loss (train/loss.py, loss_chunk_tokens > 0) only ever
+    materializes one chunk's logits (the whole micro-batch when it is no longer than a chunk), under
+    checkpointing, and returns no logits at all.
+    `held`: the logits the loop keeps in `outputs` through backward (unfused loss only). FSDP2 returns
+    them in bf16; where Accelerate's `prepare_model` wraps forward in autocast (FSDP1, DDP) it also
+    converts the outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
+    fused = opts.loss_chunk_tokens > 0
+    rows = min(opts.loss_chunk_tokens, opts.micro_batch_tokens) if fused else opts.micro_batch_tokens
     held_elem = 4 if opts.spec.fp32_params else elem
-    held = held_elem * shape.vocab * rows if (opts.hold_outputs and not chunked) else 0
+    held = held_elem * shape.vocab * rows if (opts.hold_outputs and not fused) else 0
     return {
         "forward": rows * shape.vocab * (elem + 4 + 4),
         "head_backward": rows * shape.vocab * (4 + 4 + 4) + held,
@@ -308,7 +311,7 @@ def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str
     return {phase: dict(zip(terms, values)) for phase, values in rows.items()}
 
 
-def _cached_not_reused(phases: dict[str, dict[str, int]], state: dict[str, int], allocated: int,
+def _cached_not_reused(phases: dict[str, dict[str, int]], state: dict[str, int], peak: dict[str, int],
                        opts: MemoryOptions) -> int:
     """Bytes `max_memory_reserved` holds beyond the peak allocation.
 
@@ -319,8 +322,15 @@ def _cached_not_reused(phases: dict[str, dict[str, int]], state: dict[str, int],
     params + the largest forward/backward working set + the optimizer's working set (moments, gradients,
     temporaries) side by side. DeepSpeed allocates its optimizer state when the engine is built (before
     any activation exists), so only the generic `ALLOCATOR_SLACK` applies; it is also the floor.
+    The floor is a fraction of what is allocated and freed every step in many sizes (activations,
+    logits, gathered weights, temporaries): rounding and split blocks come from that churn. The
+    parameters, master weights and moments are allocated once and never freed, and the gradients are
+    one flat buffer per layer (FSDP's reduce-scatter output, DeepSpeed's partitions) of the same sizes
+    every step, so they leave nothing behind; a floor on them (64 GiB of 70B state on 16 GPUs) would
+    add GiBs of imaginary slack.
     """
-    floor = int(ALLOCATOR_SLACK * allocated)
+    churn = sum(value for term, value in peak.items() if term != "gradients")
+    floor = int(ALLOCATOR_SLACK * churn)
     if opts.spec.engine == "deepspeed":
         return floor
     working = max(t["activations"] + t["logits_loss"] + t["comm_buffers"]
@@ -328,6 +338,7 @@ def _cached_not_reused(phases: dict[str, dict[str, int]], state: dict[str, int],
     step = phases["optimizer/step"]
     optimizer = state["optimizer_states"] + step["gradients"] + step["optimizer_temporaries"]
     pool = state["parameters"] + state["master_weights"] + working + optimizer
+    allocated = sum(state.values()) - state["gradients"] + sum(peak.values())
     return max(floor, pool - allocated)
 
 
@@ -345,11 +356,11 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
         **(state | peak), allocator_slack=0, cuda_context_nccl=context, peak_phase=phase,
         notes={name: note for name, (_, note) in described.items()},
     )
-    breakdown.allocator_slack = _cached_not_reused(phases, state, breakdown.allocated, opts)
+    breakdown.allocator_slack = _cached_not_reused(phases, state, peak, opts)
     ckpt = "per-layer checkpointing" if opts.gradient_checkpointing else "no checkpointing"
     breakdown.notes |= {
         "activations": f"{opts.micro_batch_tokens} tok, {ckpt}",
-        "logits_loss": "chunked CE" if 0 < opts.loss_chunk_tokens < opts.micro_batch_tokens else "full logits",
+        "logits_loss": "chunked CE" if opts.loss_chunk_tokens > 0 else "full logits",
         "comm_buffers": f"{opts.strategy} gather/reduce buffers",
         "optimizer_temporaries": f"{opts.adamw_impl} AdamW" + (" sqrt(v)" if opts.adamw_impl == "foreach" else ""),
         "allocator_slack": "cached, not reused (reserved - allocated)",

@@ -14,7 +14,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract import gpus
 from contract.config import TrainConfig, TrainSection
@@ -22,9 +22,18 @@ from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.strategies import LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.presets import Preset, resolve_model
 from launcher.profile import (
-    ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
+    ClusterFile,
+    ClusterProfile,
+    build_profile,
+    format_time_limit,
+    parse_time_limit,
+    read_cluster_file,
     select_profile,
 )
+
+if TYPE_CHECKING:
+    from contract.datacheck import DataCheck
+    from launcher.autofit import MicroBatchChoice
 
 TRAIN_NAMESPACES = ("model", "data", "train", "lora", "run")
 DEFAULT_CLUSTER_FILE = "cluster.toml"
@@ -65,6 +74,8 @@ class Launch:
     job_name: str
     executor: str
     cluster_file: str | None
+    micro_batch: MicroBatchChoice | None = None  # launcher/autofit.py's choice; None = the user fixed it
+    data_checks: list[DataCheck] = field(default_factory=list)  # launcher/preflight.py's verdicts on the data
 
     @property
     def world_size(self) -> int:
@@ -187,18 +198,30 @@ def config_hash(profile_name: str, profile: ClusterProfile, train: TrainConfig, 
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
 
 
+# GPU-only attention backends: the compute capabilities their kernels are built for.
+GPU_ATTENTION = {"flash_attn": (8, 0), "fa4": (9, 0)}
+
+
+def check_attention(backend: str, gpus_per_node: int, spec: gpus.GpuSpec | None) -> None:
+    """A GPU-only attention backend on a CPU profile or a GPU its kernels do not support."""
+    if backend not in GPU_ATTENTION:
+        return
+    if gpus_per_node == 0:
+        raise ConfigError(f"model.attn_implementation: {backend} needs GPUs (profile has gpus_per_node = 0)")
+    low = GPU_ATTENTION[backend]
+    if spec is not None and spec.compute_capability < low:
+        major, minor = spec.compute_capability
+        raise ConfigError(f"model.attn_implementation: {backend} needs compute capability >= {low[0]}.{low[1]}; "
+                          f"{spec.name} has {major}.{minor}")
+
+
 def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
     spec = gpus.lookup(profile.gpu_type)
     if launch.strategy_spec.needs_gpu and profile.gpus_per_node == 0:
         raise ConfigError(f"--strategy {launch.strategy}: DeepSpeed needs GPUs; CPU profiles use fsdp (DDP over gloo)")
-    if model.attn_implementation == "flash_attn":
-        if profile.gpus_per_node == 0:
-            raise ConfigError("model.attn_implementation: flash_attn needs GPUs (profile has gpus_per_node = 0)")
-        if spec is not None and spec.compute_capability < (8, 0):
-            raise ConfigError(f"model.attn_implementation: flash_attn needs compute capability >= 8.0; "
-                              f"{spec.name} has {spec.compute_capability[0]}.{spec.compute_capability[1]}")
+    check_attention(model.attn_implementation, profile.gpus_per_node, spec)
     if model.precision == "bf16" and spec is not None and not spec.has_bf16:
         raise ConfigError(f"model.precision: {spec.name} has no bf16; use fp16 or auto")
     if launch.executor == "local" and launch.nodes != 1:
@@ -223,15 +246,20 @@ def resolve(request: LaunchRequest) -> Launch:
         time_limit_s = parse_time_limit(request.time) if request.time else profile.time_limit_s
     except ValueError as err:
         raise ConfigError(f"--time: {err}") from None
+    launch = Launch(profile_name, profile, preset, train, request.nodes, strategy, time_limit_s, Path(),
+                    "", request.executor, str(cluster.path) if cluster else None)
+    check_combinations(launch)
+    from launcher.autofit import fit_micro_batch  # lazy: it asks the planner, whose launch view imports this
+
+    # Before the run-directory hash: a different micro-batch is a different run, never resumed as this one.
+    launch.micro_batch = fit_micro_batch(launch, request)
     digest = config_hash(profile_name, profile, train, request.nodes, strategy)
     if request.output:
-        run_dir = Path(request.output).expanduser().resolve()
+        launch.run_dir = Path(request.output).expanduser().resolve()
     else:
         # Deterministic: the same command lands in the same directory, so re-running it resumes.
-        run_dir = (Path(profile.storage_root).expanduser() / _safe_name(f"{profile_name}-{preset.name}-{digest}")).resolve()
-    train.run.name = train.run.name or run_dir.name
-    job_name = _safe_name(request.job_name or f"sft-{run_dir.name}")
-    launch = Launch(profile_name, profile, preset, train, request.nodes, strategy, time_limit_s, run_dir,
-                    job_name, request.executor, str(cluster.path) if cluster else None)
-    check_combinations(launch)
+        launch.run_dir = (Path(profile.storage_root).expanduser()
+                          / _safe_name(f"{profile_name}-{preset.name}-{digest}")).resolve()
+    train.run.name = train.run.name or launch.run_dir.name
+    launch.job_name = _safe_name(request.job_name or f"sft-{launch.run_dir.name}")
     return launch

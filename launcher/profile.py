@@ -100,6 +100,7 @@ class ClusterProfile:
     container: ContainerSection = field(default_factory=ContainerSection)
     storage_root: str = "./runs"  # run directories go here (shared filesystem on a cluster)
     hf_home: str = ""  # exported as HF_HOME when set (shared HF cache)
+    shared_paths: list[str] = field(default_factory=list)  # prefixes every node sees; [] = not checked
     signal_lead_s: int = 300  # SLURM sends USR1 this long before the time limit
     # Write bandwidth of the shared storage available to one job (GB/s): the planner sizes the signal
     # lead a checkpoint save needs from it. 2 GB/s is a conservative parallel-filesystem figure.

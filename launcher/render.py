@@ -127,6 +127,8 @@ def render_files(launch: Launch) -> dict[str, str]:
     env = _environment()
     ctx = context(launch)
     ctx["body"] = tomli_w.dumps(to_dict(launch.train))
+    chosen = launch.micro_batch
+    ctx["micro_batch_note"] = chosen.describe() if chosen and chosen.source == "auto" else ""
     names = [n for n in TEMPLATE_NAMES if n in ALWAYS_RENDERED or n in launch.strategy_spec.config_files]
     return {name: env.get_template(TEMPLATE_NAMES[name]).render(ctx) for name in names}
 
@@ -182,6 +184,8 @@ def write_run_dir(launch: Launch, command: list[str]) -> Path:
             "world_size": launch.world_size,
             "time_limit": launch.time_limit,
             "python": sys.executable,
+            # launcher/autofit.py: the micro-batch chosen for the user and why (None: the user fixed it)
+            "micro_batch": launch.micro_batch.record() if launch.micro_batch else None,
         })
         data.setdefault("job_ids", [])
         data.setdefault("submissions", []).append(submission)

@@ -37,9 +37,9 @@ class TestOnlyResult:
     message: str
 
 
-def _sbatch(args: list[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
+def _sbatch(args: list[str], run_dir: Path, script: str) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(["sbatch", *args, protocol.LAUNCH_SCRIPT], cwd=run_dir, capture_output=True, text=True,
+        return subprocess.run(["sbatch", *args, script], cwd=run_dir, capture_output=True, text=True,
                               timeout=SBATCH_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         raise SubmitError(f"sbatch did not answer within {SBATCH_TIMEOUT_S} s") from None
@@ -52,11 +52,11 @@ def _message(result: subprocess.CompletedProcess[str]) -> str:
     return "; ".join(lines) or f"sbatch exited with {result.returncode}"
 
 
-def test_only(run_dir: Path) -> TestOnlyResult:
+def test_only(run_dir: Path, script: str = protocol.LAUNCH_SCRIPT) -> TestOnlyResult:
     """`sbatch --test-only`: SLURM's own check of the script (partition, limits, ...)."""
     if shutil.which("sbatch") is None:
         return TestOnlyResult(False, "sbatch not found; SLURM's own check skipped")
-    result = _sbatch(["--test-only"], run_dir)
+    result = _sbatch(["--test-only"], run_dir, script)
     message = _message(result)
     if result.returncode == 0:
         return TestOnlyResult(True, message)
@@ -65,11 +65,11 @@ def test_only(run_dir: Path) -> TestOnlyResult:
     raise SubmitError(f"sbatch --test-only: {message}")
 
 
-def submit(run_dir: Path) -> str:
-    """`sbatch --parsable`; returns the job id. SubmitError carries sbatch's own message."""
+def submit(run_dir: Path, script: str = protocol.LAUNCH_SCRIPT) -> str:
+    """`sbatch --parsable SCRIPT` (relative to run_dir); returns the job id. SubmitError carries sbatch's message."""
     if shutil.which("sbatch") is None:
         raise SubmitError("sbatch not found: run this on a SLURM login node, or use --executor local")
-    result = _sbatch(["--parsable"], run_dir)
+    result = _sbatch(["--parsable"], run_dir, script)
     if result.returncode != 0:
         raise SubmitError(f"sbatch: {_message(result)}")
     job_id = result.stdout.strip().split(";")[0]  # "<id>[;<cluster>]"

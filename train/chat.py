@@ -6,10 +6,12 @@ changes):
   1. templates with `{% generation %}` markers: `return_assistant_tokens_mask=True` marks exactly
      the generated span (the tiny tokenizer marks the reply plus its end-of-turn token);
   2. otherwise, turn by turn: render the conversation up to the assistant turn with the generation
-     prompt, then including that turn; the appended text is the assistant's. This is only trusted
-     if every rendered prefix is an exact prefix of the whole rendering (the pieces re-join) and no
-     token of the whole straddles a prompt/reply boundary; if not, MaskError and the caller skips
-     the example.
+     prompt, then including that turn; the appended text is the assistant's: its reply and its
+     end-of-turn token (</s>, <|eot_id|>, <|im_end|>: the model must learn to stop), without the
+     whitespace some templates put between turns after that token (Qwen's "<|im_end|>\n"), which
+     the model never generates. This is only trusted if every rendered prefix is an exact prefix of
+     the whole rendering (the pieces re-join) and no token of the whole straddles a prompt/reply
+     boundary; if not, MaskError and the caller skips the example (counted in the data stats).
 Plain text examples get BOS + text + EOS with loss on every token.
 """
 
@@ -119,10 +121,22 @@ def _mask_turn_by_turn(
         after = _render(tokenizer, messages[: index + 1], prompt=False)
         if not (after.startswith(before) and full_text.startswith(after)) or len(after) == len(before):
             raise MaskError(f"turn {index}: the template renders a prefix differently from the whole")
-        first, last = len(before), len(after)  # the reply's characters: [first, last)
-        for token, (start, end) in enumerate(offsets):
-            if start < first < end or start < last < end:
-                raise MaskError(f"turn {index}: a token straddles the prompt/reply boundary")
-            if first <= start and end <= last and end > start:
-                mask[token] = 1
+        _mark_reply(mask, offsets, len(before), len(after), len(after.rstrip()), index)
     return input_ids, mask
+
+
+def _mark_reply(
+    mask: list[int], offsets: list[tuple[int, int]], first: int, last: int, learned_end: int, index: int
+) -> None:
+    """Set mask=1 on the tokens of one reply: characters [first, last) of the whole rendering.
+
+    Tokens that start in [learned_end, last), the template's whitespace after the end-of-turn
+    token, stay unlearned; a token that starts inside the reply and runs into that whitespace is
+    learned (the reply needs it). A token crossing `first` or `last` belongs to two turns.
+    """
+    learned_end = max(learned_end, first)
+    for token, (start, end) in enumerate(offsets):
+        if start < first < end or start < last < end:
+            raise MaskError(f"turn {index}: a token straddles the prompt/reply boundary")
+        if first <= start < learned_end and end > start:
+            mask[token] = 1

@@ -32,14 +32,15 @@ import datasets
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from contract.config import SHIPPED_ASSETS, SHIPPED_DATA, TrainConfig
-from contract.formats import BadRowError, RawRow, detect_format, iter_rows, normalize
+from contract.failure import PeerFailedError
+from contract.formats import BadRowError, RawRow, detect_format, iter_rows, parse_row
 from contract.schema import ConfigError
 from train.chat import IGNORE_INDEX, MaskError, has_generation_markers, tokenize_chat, tokenize_text
 
 logger = logging.getLogger(__name__)
 
 SHIPPED_TOKENIZER = SHIPPED_ASSETS / "tiny-tokenizer"
-CACHE_VERSION = 1  # bump when tokenization/masking changes so old caches are not reused
+CACHE_VERSION = 2  # bump when tokenization/masking changes so old caches are not reused
 CHUNK_EXAMPLES = 8192  # examples per Arrow chunk while tokenizing (bounds Python-list memory)
 MAX_LISTED_SKIPS = 20  # skipped rows named individually in stats/logs; the rest only counted
 FEATURES = datasets.Features(
@@ -180,7 +181,7 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 
 def _load_cached(entry: Path) -> tuple[datasets.Dataset, SplitStats]:
     if not (entry / "stats.json").exists():
-        raise ConfigError(f"{entry}: tokenized cache missing; the local main process failed to build it (see its log)")
+        raise PeerFailedError(f"{entry}: tokenized cache missing; the local main process failed to build it")
     stats = SplitStats(**json.loads((entry / "stats.json").read_text()))
     stats.cache_hit = True
     return datasets.load_from_disk(str(entry / "dataset")), stats
@@ -233,7 +234,9 @@ def tokenize_file(
             columns = {name: [] for name in columns}
     chunks.append(datasets.Dataset.from_dict(columns, features=FEATURES))
     if stats.examples == 0:
-        raise ConfigError(f"{path}: no usable examples ({stats.rows} rows, {stats.skipped} skipped)", "data.path")
+        first = f"; first: {stats.skipped_examples[0]}" if stats.skipped_examples else ""
+        summary = f"{stats.rows} rows, {stats.skipped} skipped{first}"
+        raise ConfigError(f"{path}: no usable examples ({summary})", "data.path")
     logger.info(
         "%s: %d examples from %d rows (%d skipped, %d truncated), %d tokens, %d with loss",
         path, stats.examples, stats.rows, stats.skipped, stats.truncated, stats.tokens, stats.loss_tokens,
@@ -251,9 +254,7 @@ def _tokenize_row(
 ) -> tuple[list[int], list[int]] | None:
     """(input_ids, labels) of one row, truncated; None when the row is skipped (and counted)."""
     try:
-        if raw.error:
-            raise BadRowError(raw.error)
-        example = normalize(raw.data, stats.format, cfg.data.text_field)
+        example = parse_row(raw, stats.format, cfg.data.text_field)
     except BadRowError as err:
         if not cfg.data.allow_bad_rows:
             raise ConfigError(f"{raw.location}: {err} (set data.allow_bad_rows = true to skip bad rows)") from None

@@ -2,7 +2,8 @@
 
 Exit codes (docs/ARCHITECTURE.md): 0 done and exported; 75 (EXIT_REQUEUE) checkpointed after a stop
 request; 1 runtime failure (including a failed checkpoint write — the previous one stays intact);
-2 bad configuration (one line naming the key).
+2 bad configuration (one line naming the key). A failure also leaves one record in
+RUN_DIR/logs/failures.jsonl (contract/failure.py) so the launcher can say why in one line.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from contract.config import load_train_config
-from contract.protocol import EXIT_FAILURE, EXIT_USAGE
+from contract.failure import EXIT_CONFIG, EXIT_FAILURE, PeerFailedError, first_line, record_failure
 from contract.schema import ConfigError
 
 logger = logging.getLogger("train")
@@ -35,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="path to RUN_DIR/train.toml")
     args = parser.parse_args(argv)
     _configure_logging()
+    run_dir = Path(args.config).resolve().parent  # train.toml sits in the run directory
     try:
         cfg = load_train_config(args.config)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
     # Heavy imports only after the config is known to be valid (fast exit 2 on a typo).
     import torch
     from accelerate import Accelerator
@@ -52,8 +54,18 @@ def main(argv: list[str] | None = None) -> int:
                                   mixed_precision=mixed_precision(cfg.model.precision))
         return train(cfg, accelerator)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception:
-        logger.exception("training failed")
+        return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
+    except PeerFailedError as err:
+        logger.error("%s", err)  # a consequence: the rank that failed first says why
+        record_failure(run_dir, EXIT_FAILURE, str(err), follow_on=True)
         return EXIT_FAILURE
+    except Exception as err:
+        logger.exception("training failed")
+        record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
+        return EXIT_FAILURE
+
+
+def _failed(run_dir: Path, code: int, shown: str, message: str) -> int:
+    print(shown, file=sys.stderr)
+    record_failure(run_dir, code, message)
+    return code

@@ -45,6 +45,15 @@ def mixed_precision(precision: str) -> str:
     return gpus.mixed_precision(precision, on_gpu, torch.cuda.is_bf16_supported() if on_gpu else None)
 
 
+def weights_dtype(cfg: TrainConfig) -> torch.dtype:
+    """fp32 master weights for what trains; bf16/fp16 compute comes from Accelerate's mixed precision
+    (autocast / FSDP policy). A LoRA run's frozen base needs no master copy, so it is stored in the
+    compute dtype (as the planner assumes): half the memory, and autocast no longer casts every base
+    weight at every forward. The adapters stay fp32 (apply_lora)."""
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": torch.float32}[mixed_precision(cfg.model.precision)]
+    return compute if cfg.lora.enabled else torch.float32
+
+
 def build_config(cfg: TrainConfig) -> PretrainedConfig:
     """LlamaConfig from model.arch (random init) or the checkpoint's config, with RoPE scaling applied."""
     config = AutoConfig.from_pretrained(cfg.model.path) if cfg.model.path else LlamaConfig(**cfg.model.arch)
@@ -70,13 +79,22 @@ def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
     logger.info("RoPE linear scaling x%.0f (context %d -> %d)", factor, context, model_max_length)
 
 
+def random_init(config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]) -> PreTrainedModel:
+    """A model with random weights (no model.path: tests, benchmarks), the same seed on every rank.
+    One process initialises on its own device (an 8B init takes minutes on the CPU, seconds on a
+    GPU); several processes build on the CPU, as the sharding that follows expects."""
+    if accelerator.num_processes == 1:
+        with torch.device(accelerator.device):
+            return AutoModelForCausalLM.from_config(config, **kwargs)
+    return AutoModelForCausalLM.from_config(config, **kwargs)
+
+
 def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation: str) -> PreTrainedModel:
     config = build_config(cfg)
-    # fp32 master weights; bf16/fp16 compute comes from Accelerate's mixed precision (autocast / FSDP policy).
-    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, dtype=torch.float32)
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, dtype=weights_dtype(cfg))
     rss_before, started = peak_rss_mib(), time.perf_counter()
     if not cfg.model.path:
-        model = AutoModelForCausalLM.from_config(config, **kwargs)  # same seed on every rank
+        model = random_init(config, accelerator, kwargs)
     elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         model = _load_on_rank0_and_broadcast(cfg.model.path, config, accelerator, kwargs)
     elif accelerator.distributed_type == DistributedType.FSDP and accelerator.num_processes > 1:
@@ -180,6 +198,9 @@ def apply_lora(model: PreTrainedModel, cfg: TrainConfig) -> torch.nn.Module:
         target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, lora)
+    for parameter in peft_model.parameters():
+        if parameter.requires_grad:  # the adapters: fp32 master weights, like full fine-tuning
+            parameter.data = parameter.data.float()
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     logger.info("LoRA r=%d: %d trainable of %d parameters (%.2f%%)", cfg.lora.r, trainable, total,

@@ -84,6 +84,14 @@ def run_path(run_dir: Path, settings: dict[str, Any], key: str, default: str) ->
     return rel if rel.is_absolute() else run_dir / rel
 
 
+def export_dir(run_dir: Path) -> Path:
+    """The run's exported model (train.toml run.export_dir); ConfigError when training has not exported."""
+    path = run_path(run_dir, train_settings(run_dir), "export_dir", "export")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"RUN {run_dir}: no exported model at {path} (has training finished?)")
+    return path
+
+
 def read_metrics(run_dir: Path, settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every record of metrics.jsonl; a line still being written (incomplete JSON) is skipped."""
     path = run_path(run_dir, settings if settings is not None else train_settings(run_dir), "metrics_file",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher.ops import rundir, slurm, status
+from launcher.ops import evalresults, rundir, slurm, status
 from launcher.usage import Parser
 
 
@@ -28,15 +28,16 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
 
 
 def format_runs(runs: list[dict[str, Any]]) -> str:
-    rows = [("NAME", "STATE", "STEP", "LOSS", "UPDATED")]
+    rows = [("NAME", "STATE", "STEP", "LOSS", "EVAL", "UPDATED")]
     for run in runs:
         step = "-" if run["step"] is None else str(run["step"])
         if run["total_steps"]:
             step += f"/{run['total_steps']}"
         loss = "-" if run["loss"] is None else f"{run['loss']:.4f}"
-        rows.append((run["name"], run["state"], step, loss, run["updated"] or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4]
+        rows.append((run["name"], run["state"], step, loss, evalresults.short(run.get("eval")),
+                     run["updated"] or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5]
                      for row in rows)
 
 

@@ -2,7 +2,7 @@
 
 Sources: SLURM (`scontrol show job -o`) for the live state; run.json for job ids, restarts and
 what each stop was (preemption / time limit); metrics.jsonl for step, loss, throughput and ETA;
-checkpoints/ for the last complete checkpoint.
+checkpoints/ for the last complete checkpoint; eval/ for the newest `sft-launch eval` scores.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contract import protocol
-from launcher.ops import rundir, slurm
+from contract import failure, protocol
+from launcher.ops import evalresults, rundir, slurm
 from launcher.usage import Parser
 
 ETA_WINDOW = 20  # recent step records used for seconds per step
@@ -87,6 +87,16 @@ def _updated(run_dir: Path, logs: list[rundir.LogFile]) -> str | None:
     return datetime.datetime.fromtimestamp(max(times)).astimezone().isoformat(timespec="seconds")
 
 
+def failure_line(run_dir: Path, run: dict[str, Any], state: str) -> str | None:
+    """The first failing rank's first error line of the newest attempt (contract/failure.py); None while active."""
+    if state in ACTIVE_STATES:
+        return None
+    starts = [e["time"] for e in run.get("events", []) if e.get("event") == "start" and e.get("time")]
+    since = datetime.datetime.fromisoformat(starts[-1]).timestamp() if starts else 0.0
+    record = failure.first_failure(run_dir, since)
+    return failure.describe(record) if record else None
+
+
 def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, Any]:
     """Everything `status` shows, as a JSON-ready dict (`query` is scontrol; tests pass a stand-in)."""
     run = rundir.read_run_json(run_dir)
@@ -117,6 +127,8 @@ def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, A
         "tokens_per_s": last.get("tokens_per_s"), "mfu": last.get("mfu"),
         "seconds_per_step": pace, "eta_s": eta, "done": any(r.get("event") == "done" for r in records),
         "cancel_requested": (run_dir / protocol.CANCEL_FILE).exists(), "updated": _updated(run_dir, logs),
+        "eval": evalresults.summary(evalresults.latest(run_dir)),
+        "error": failure_line(run_dir, run, state),
     }
 
 
@@ -153,8 +165,12 @@ def format_status(status: dict[str, Any]) -> str:
         f"eta          {format_duration(status['eta_s'])}",
         f"updated      {status['updated'] or '-'}",
     ]
+    if status.get("eval"):
+        lines.append(evalresults.format_summary(status["eval"]))
     if status["cancel_requested"]:
         lines.append(f"note         cancel requested ({protocol.CANCEL_FILE} present)")
+    if status.get("error"):  # last: why the run failed, in one line
+        lines.append(f"error        {status['error']}")
     return "\n".join(lines)
 
 

@@ -49,6 +49,9 @@ CASES = [
     Case("a100-qwen-apptainer-fixed-port", "a100", "qwen2.5-7b",
          sets=("profile.container.kind=apptainer", "profile.container.image=/shared/img/sft.sif",
                'profile.container.mounts=["/shared:/shared"]', "profile.master_port=29400")),
+    # The headline commands (issue #11): the micro-batch is left to launcher/autofit.py.
+    Case("a100-llama-70b-2nodes-headline", "a100", "llama-70b", nodes=2),
+    Case("a100-llama3-8b-1node-headline", "a100", "llama3-8b"),
 ]
 
 

@@ -13,6 +13,7 @@ from contract.schema import ConfigError
 from train.chat import IGNORE_INDEX
 from contract.config import TrainConfig
 from train.data import build_datasets, load_tokenizer
+from contract.failure import PeerFailedError
 
 BOS, EOT = "<|begin_of_text|>", "<|eot_id|>"
 
@@ -211,7 +212,8 @@ def test_cache_hit_on_second_call_and_miss_after_change(tmp_path, tiny_tokenizer
 
 def test_non_main_process_without_cache_fails_clearly(tmp_path, tiny_tokenizer):
     calls = []
-    with pytest.raises(ConfigError, match="tokenized cache missing"):
+    # A follow-on of the main process's failure (contract/failure.py), not a configuration error of its own.
+    with pytest.raises(PeerFailedError, match="tokenized cache missing"):
         build_datasets(make_cfg(tmp_path), tiny_tokenizer, is_main=False, barrier=lambda: calls.append(1))
     assert calls == [1]
 

@@ -1,0 +1,222 @@
+"""Checking a whole data file before anything waits in a queue: torch-free, on the login node.
+
+Every row goes through `contract.formats.parse_row`, the very function the training side calls before
+tokenizing, so a file that passes here cannot fail there on a row (only on the tokenizer's mask).
+The scan streams (JSONL line by line) and reports progress in bytes. The result, rows, bad rows,
+the first few problems with `file:line` and a SHA-256 of the content, is cached next to the data
+(`.NAME.sft-check.json`, or under ~/.cache/sft-launch when that folder is read-only), keyed by the
+files' size and mtime, so relaunching with an unchanged file does not read it again. Small files
+are re-checked every time (faster than trusting a cache) and never leave a cache file behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from contract.formats import BadRowError, detect_format, iter_rows, parse_jsonl_line, parse_row
+from contract.schema import ConfigError
+
+CHECK_VERSION = 1  # bump when parse_row's rules change, so cached verdicts are not reused
+MAX_LISTED = 5  # problems kept individually; the rest are only counted
+CACHE_MIN_BYTES = 1 << 20  # files below this are simply checked again
+PROGRESS_EVERY_BYTES = 16 << 20
+PARALLEL_MIN_BYTES = 64 << 20  # JSONL files at least this large are checked by several processes
+CHUNK_BYTES = 16 << 20  # one worker task
+MAX_WORKERS = 8  # a login node is shared: use a few cores, not all
+
+Progress = Callable[[int, int], None]  # (bytes read, bytes in total)
+
+
+@dataclass
+class DataCheck:
+    """What the check found in one data file (or saved `datasets` directory)."""
+
+    path: str
+    format: str  # as detected from the first decodable row when "auto" was asked for
+    rows: int = 0
+    bad_rows: int = 0
+    sha256: str = ""  # of the file's bytes (of every file, in name order, for a directory)
+    problems: list[str] = field(default_factory=list)  # first MAX_LISTED "file:line: reason"
+    cached: bool = False
+
+    def describe(self, allow_bad_rows: bool) -> str:
+        """The plan's one-line account: rows, format, bad rows and what happens to them."""
+        text = f"{self.rows:,} rows checked ({self.format}), sha256 {self.sha256[:12]}"
+        if self.bad_rows:
+            action = "skipped (data.allow_bad_rows)" if allow_bad_rows else "refused"
+            text += f"; {self.bad_rows:,} bad, {action}; first: {self.problems[0]}"
+        return text + (" [cached]" if self.cached else "")
+
+
+def check_data(path: Path, fmt: str = "auto", text_field: str = "text", progress: Progress | None = None) -> DataCheck:
+    """Check every row of `path` (cached by size/mtime); format errors raise ConfigError."""
+    key = _cache_key(path, fmt, text_field)
+    cache = cache_file(path)
+    if cache is not None:
+        try:
+            stored = json.loads(cache.read_text(encoding="utf-8"))
+            if stored.get("key") == key:
+                return DataCheck(**stored["check"] | {"cached": True})
+        except (OSError, ValueError, TypeError, KeyError):
+            pass  # absent or unreadable: check again
+    result = _scan(path, fmt, text_field, progress)
+    result.sha256 = content_sha256(path)
+    if cache is not None:
+        _store(cache, {"key": key, "check": asdict(result)})
+    return result
+
+
+def require_usable(check: DataCheck, allow_bad_rows: bool, key: str = "data.path") -> None:
+    """Refuse (ConfigError naming the first bad row) unless every row is good or skipping was allowed."""
+    if check.rows == 0:
+        raise ConfigError(f"{check.path}: no rows (empty file)", key)
+    if not check.bad_rows:
+        return
+    counts = f"{check.bad_rows:,} of {check.rows:,} rows bad"
+    if check.bad_rows == check.rows:
+        raise ConfigError(f"{check.problems[0]} (all rows bad: is this the right file or data.format?)", key)
+    if not allow_bad_rows:
+        raise ConfigError(f"{check.problems[0]} ({counts}; set data.allow_bad_rows = true to skip them)", key)
+
+
+def _scan(path: Path, fmt: str, text_field: str, progress: Progress | None) -> DataCheck:
+    if path.suffix == ".jsonl" and path.is_file() and path.stat().st_size >= PARALLEL_MIN_BYTES and _workers() > 1:
+        return _scan_parallel(path, fmt, text_field, progress)
+    check = DataCheck(str(path), fmt)
+    total = _size(path)
+    reported = 0
+    for raw in iter_rows(path):
+        check.rows += 1
+        if check.format == "auto" and not raw.error:
+            check.format = detect_format(raw.data, text_field, raw.location)
+        try:
+            parse_row(raw, check.format, text_field)
+        except BadRowError as err:
+            check.bad_rows += 1
+            if len(check.problems) < MAX_LISTED:
+                check.problems.append(f"{raw.location}: {err}")
+        if progress is not None and raw.offset - reported >= PROGRESS_EVERY_BYTES:
+            reported = raw.offset
+            progress(reported, total)
+    if progress is not None and reported:
+        progress(total, total)
+    return check
+
+
+def _workers() -> int:
+    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+
+
+def _first_format(path: Path, fmt: str, text_field: str) -> str:
+    """The format of the first decodable row (what the sequential scan and train detect)."""
+    if fmt != "auto":
+        return fmt
+    for raw in iter_rows(path):
+        if not raw.error:
+            return detect_format(raw.data, text_field, raw.location)
+    return fmt
+
+
+def _line_chunks(path: Path) -> list[tuple[int, int]]:
+    """Byte ranges of about CHUNK_BYTES that start and end at line boundaries."""
+    size, bounds = path.stat().st_size, [0]
+    with path.open("rb") as handle:
+        while bounds[-1] < size:
+            handle.seek(min(bounds[-1] + CHUNK_BYTES, size))
+            handle.readline()
+            bounds.append(min(handle.tell(), size))
+    return list(zip(bounds, bounds[1:]))
+
+
+def _check_chunk(path: str, start: int, end: int, fmt: str, text_field: str) -> tuple[int, int, int, list]:
+    """(newlines, rows, bad rows, first problems as (line within the chunk, reason)) of one byte range."""
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        data = handle.read(end - start)
+    rows = bad = 0
+    problems: list[tuple[int, str]] = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        raw = parse_jsonl_line("", line)
+        if raw is None:
+            continue
+        rows += 1
+        try:
+            parse_row(raw, fmt, text_field)
+        except BadRowError as err:
+            bad += 1
+            if len(problems) < MAX_LISTED:
+                problems.append((number, str(err)))
+    return data.count(b"\n"), rows, bad, problems
+
+
+def _scan_parallel(path: Path, fmt: str, text_field: str, progress: Progress | None) -> DataCheck:
+    """The same per-row check over line-aligned byte ranges in worker processes (JSON parsing and
+    validation are CPU-bound: one core reads ~50 MB/s; a login node has many)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    check = DataCheck(str(path), _first_format(path, fmt, text_field))
+    chunks = _line_chunks(path)
+    with ProcessPoolExecutor(_workers()) as pool:
+        futures = [pool.submit(_check_chunk, str(path), start, end, check.format, text_field) for start, end in chunks]
+        base = 0
+        for (start, end), future in zip(chunks, futures):
+            lines, rows, bad, problems = future.result()
+            check.rows, check.bad_rows = check.rows + rows, check.bad_rows + bad
+            room = MAX_LISTED - len(check.problems)
+            check.problems += [f"{path}:{base + number}: {reason}" for number, reason in problems[:room]]
+            base += lines
+            if progress is not None:
+                progress(end, chunks[-1][1])
+    return check
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in _files(path))
+
+
+def content_sha256(path: Path) -> str:
+    """SHA-256 of the data's bytes (a directory: every file's relative name and bytes, in order)."""
+    digest = hashlib.sha256()
+    for file in _files(path):
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with file.open("rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()
+
+
+def _cache_key(path: Path, fmt: str, text_field: str) -> str:
+    files = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(path)]
+    parts = {"version": CHECK_VERSION, "files": files, "format": fmt, "text_field": text_field}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cache_file(path: Path) -> Path | None:
+    """Where the verdict on `path` is kept: next to it, else in the user's cache; None for small files."""
+    if _size(path) < CACHE_MIN_BYTES:
+        return None
+    path = path.resolve()
+    if os.access(path.parent, os.W_OK):
+        return path.parent / f".{path.name}.sft-check.json"
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sft-launch" / "data-checks"
+    return root / f"{hashlib.sha256(str(path).encode()).hexdigest()[:20]}.json"
+
+
+def _store(cache: Path, record: dict) -> None:
+    """Atomic write; a cache that cannot be written only costs a re-check next time."""
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError:
+        tmp.unlink(missing_ok=True)

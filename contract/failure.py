@@ -1,0 +1,110 @@
+"""A failed run says why in one line: the first error of the rank that failed first.
+
+Torch-free and stdlib-only: training processes write it, the local executor, the batch shell (on a
+compute node) and `sft-launch status` read it. When a training process fails it appends one JSON
+record to RUN_DIR/logs/failures.jsonl: time, rank, host, SLURM job and restart, exit code (2 bad
+configuration or data, 1 runtime failure), the error's first line, and `follow_on` for errors that
+only echo another rank's failure (a rank waiting for the tokenized cache that rank 0 failed to
+build). The readers pick the earliest record of the attempt that is not a follow-on, so the line
+the user sees is the cause, not torchrun's traceback or another rank's consequence.
+
+    python -m contract.failure RUN_DIR SINCE EXIT_CODE
+prints that line to stderr and the exit code to report (2 or 1) to stdout; the batch shell uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from contract import protocol
+
+FAILURES_FILE = Path(protocol.LOGS_DIR) / "failures.jsonl"  # relative to the run directory
+EXIT_CONFIG = protocol.EXIT_USAGE
+EXIT_FAILURE = protocol.EXIT_FAILURE
+CLOCK_SLACK_S = 2.0  # records up to this much older than the attempt's start still count (node clocks)
+
+
+class PeerFailedError(RuntimeError):
+    """This rank cannot go on because another rank failed first (its record says why)."""
+
+
+def first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else "unknown error"
+
+
+def record_failure(run_dir: Path, exit_code: int, message: str, follow_on: bool = False) -> None:
+    """Append this process's failure record; never raises (a full disk must not hide the real error)."""
+    env = os.environ
+    record = {
+        "time": time.time(), "rank": int(env.get("RANK", "0")), "host": socket.gethostname(),
+        "job": env.get("SLURM_JOB_ID", ""), "restart": int(env.get("SLURM_RESTART_COUNT", "0")),
+        "exit_code": exit_code, "follow_on": follow_on, "message": first_line(message),
+    }
+    try:
+        path = run_dir / FAILURES_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as handle:  # one short line per write: appends do not interleave
+            handle.write(json.dumps(record) + "\n")
+    except OSError:
+        pass
+
+
+def read_failures(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (run_dir / FAILURES_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash
+        if isinstance(record, dict) and isinstance(record.get("time"), (int, float)):
+            records.append(record)
+    return records
+
+
+def first_failure(run_dir: Path, since: float = 0.0) -> dict[str, Any] | None:
+    """The cause: the earliest record since `since` that is not a follow-on (else the earliest one)."""
+    records = [r for r in read_failures(run_dir) if r["time"] >= since - CLOCK_SLACK_S]
+    causes = [r for r in records if not r.get("follow_on")] or records
+    return min(causes, key=lambda r: r["time"]) if causes else None
+
+
+def describe(record: dict[str, Any]) -> str:
+    return f"rank {record.get('rank')} ({record.get('host')}): {record.get('message')}"
+
+
+def exit_code_of(record: dict[str, Any] | None, code: int) -> int:
+    """2 when the first failure was a configuration/data error, else the launcher's code (1)."""
+    if record is None:
+        return code
+    return EXIT_CONFIG if record.get("exit_code") == EXIT_CONFIG else EXIT_FAILURE
+
+
+def report(run_dir: Path, since: float, code: int) -> int:
+    """Print the one line (stderr) for a failed attempt and return the exit code to report."""
+    record = first_failure(run_dir, since)
+    if record is not None:
+        print(f"sft-launch: error: {describe(record)}", file=sys.stderr, flush=True)
+    return exit_code_of(record, code)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m contract.failure RUN_DIR SINCE EXIT_CODE", file=sys.stderr)
+        return EXIT_CONFIG
+    print(report(Path(argv[0]), float(argv[1]), int(argv[2])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,173 @@
+"""A default that fits (issue #11): launcher/autofit.py's micro-batch search, and the headline
+commands through the real CLI (plan printed, run directory rendered, choice recorded, refusals)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
+from launcher.autofit import MIN_MICRO_BATCH_TOKENS, Rules, _trial, candidates, search
+from launcher.planner import PlanInput, make_plan
+from launcher.presets import PRESETS
+
+EXAMPLE = ["--cluster", str(EXAMPLE_CLUSTER)]  # default_profile = "a100": 8 x A100 80GB per node
+HEADLINE_70B = [*EXAMPLE, "--nodes", "2", "--model", "llama-70b", "--dry-run"]
+HEADLINE_8B = [*EXAMPLE, "--nodes", "1", "--model", "llama3-8b", "--dry-run"]
+
+
+def _a100(model: str, nodes: int, tokens: int, checkpointing: bool = True) -> PlanInput:
+    """The planner's view of the a100 example profile (fused loss on, as train.toml's default)."""
+    return PlanInput(arch=dict(PRESETS[model].arch), nodes=nodes, gpus_per_node=8, gpu_type="a100",
+                     micro_batch_tokens=tokens, gradient_checkpointing=checkpointing, loss_chunk_tokens=4096)
+
+
+def _cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return run_cli([*args, "--output", str(tmp_path / "run")], tmp_path, env=cli_env(PATH=path_without("sbatch")))
+
+
+def _written(tmp_path: Path) -> tuple[dict, dict]:
+    run = tmp_path / "run"
+    return (tomllib.loads((run / "train.toml").read_text()), json.loads((run / "run.json").read_text()))
+
+
+# --------------------------------------------------------------------------- the search
+
+
+@pytest.mark.parametrize(("default", "expected"), [
+    (16384, [16384, 8192, 4096, 2048, 1024, 512, 256]),
+    (12000, [12000, 8192, 4096, 2048, 1024, 512, 256]),  # not a power of two: the powers below it
+    (512, [512, 256]), (300, [300, 256]), (256, [256]), (100, [100]),  # never below the floor but the default
+])
+def test_candidates_are_the_default_then_powers_of_two_down_to_the_floor(default: int, expected: list[int]) -> None:
+    assert candidates(default) == expected and MIN_MICRO_BATCH_TOKENS == 256
+
+
+def test_memory_falls_monotonically_with_the_micro_batch_and_with_checkpointing() -> None:
+    inp = _a100("llama-70b", 2, 16384)
+    for checkpointing in (True, False):
+        totals = [_trial(inp, tokens, checkpointing).total_gib for tokens in candidates(16384)]
+        assert totals == sorted(totals, reverse=True) and len(set(totals)) == len(totals), totals
+    assert all(_trial(inp, t, True).total_gib < _trial(inp, t, False).total_gib for t in candidates(16384))
+
+
+def test_search_stops_at_the_largest_candidate_that_fits() -> None:
+    inp = _a100("llama-70b", 2, 16384)
+    trials = search(inp, Rules(checkpointing_fixed=False, model_max_length=4096))
+    assert [t.tokens for t in trials] == [16384, 8192, 4096, 2048]
+    assert [t.fits for t in trials] == [False, False, False, True]
+    # the boundary, straight from the planner: 2048 fits the 76.0 usable GiB of an A100 80GB, 4096 does not
+    assert make_plan(dataclasses.replace(inp, micro_batch_tokens=2048)).fits is True
+    assert make_plan(dataclasses.replace(inp, micro_batch_tokens=4096)).fits is False
+
+
+def test_a_default_that_fits_is_kept() -> None:
+    (trial,) = search(_a100("llama3-8b", 1, 32768), Rules(False, 8192))
+    assert trial.fits and trial.tokens == 32768
+
+
+def test_checkpointing_is_turned_on_before_documents_are_cut() -> None:
+    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), Rules(False, 8192))
+    assert [(t.tokens, t.checkpointing) for t in trials] == [(32768, False), (16384, False), (8192, False),
+                                                             (32768, True)]
+    assert trials[-1].fits and not any(t.fits for t in trials[:-1])
+
+
+def test_checkpointing_the_user_turned_off_stays_off() -> None:
+    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), Rules(True, 8192))
+    assert not any(t.checkpointing for t in trials)
+    assert trials[-1].fits and trials[-1].tokens == 4096  # below model_max_length: documents are cut
+
+
+def test_nothing_fits_down_to_the_floor() -> None:
+    trials = search(_a100("llama-70b", 1, 16384), Rules(False, 4096))
+    assert trials[-1].tokens == MIN_MICRO_BATCH_TOKENS and not any(t.fits for t in trials)
+
+
+# --------------------------------------------------------------------------- the headline commands
+
+
+def test_headline_70b_on_two_a100_nodes_fits_and_states_its_micro_batch(tmp_path: Path) -> None:
+    result = _cli(HEADLINE_70B, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Verdict fits" in result.stdout and "dry run: nothing submitted" in result.stdout
+    assert "Micro   2048 tokens (auto: largest that fits in 76.0 GiB" in result.stdout
+    assert "4096 needs 77.9" in result.stdout and "micro-batch 2048 tok x GA 1" in result.stdout
+    train, run = _written(tmp_path)
+    assert train["data"]["tokens_per_micro_batch"] == 2048 and train["train"]["gradient_checkpointing"] is True
+    assert train["train"]["gradient_accumulation_steps"] == 1  # the blog's run: 1 x 2048 tokens, GA 1, 16 GPUs
+    assert "# Micro-batch chosen by sft-launch" in (tmp_path / "run" / "train.toml").read_text()
+    choice = run["micro_batch"]
+    assert (choice["tokens"], choice["source"], choice["usable_gib"]) == (2048, "auto", 76.0)
+    assert [t["tokens"] for t in choice["trials"]] == [16384, 8192, 4096, 2048]
+
+
+def test_headline_8b_on_one_a100_node_keeps_its_default(tmp_path: Path) -> None:
+    result = _cli(HEADLINE_8B, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Verdict fits" in result.stdout and "Micro   32768 tokens (auto: the default" in result.stdout
+    train, run = _written(tmp_path)
+    assert train["data"]["tokens_per_micro_batch"] == 0  # = 4 per device x 8192, as before
+    assert run["micro_batch"]["source"] == "default" and run["micro_batch"]["tokens"] == 32768
+
+
+def test_plan_json_carries_the_choice(tmp_path: Path) -> None:
+    result = run_cli(["plan", *HEADLINE_70B[:-1], "--json"], tmp_path, env=cli_env(PATH=path_without("sbatch")))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["fits"] is True and data["input"]["micro_batch_tokens"] == 2048
+    assert data["micro_batch"]["source"] == "auto" and data["micro_batch"]["tokens"] == 2048
+
+
+def test_a_user_fixed_micro_batch_is_never_changed_and_its_refusal_names_what_fits(tmp_path: Path) -> None:
+    for fixed in (["--set", "data.tokens_per_micro_batch=4096"], ["--per_device_train_batch_size", "1"]):
+        result = _cli([*HEADLINE_70B, *fixed], tmp_path)
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert "does not fit: GPU memory (77.9 GiB per GPU of 76.0 usable)" in line, line
+        assert "(--nodes 3)" in line and "--set data.tokens_per_micro_batch=2048" in line, line
+        assert "Micro " not in result.stdout and "micro-batch 4096 tok" in result.stdout
+        assert not (tmp_path / "run").exists()
+    result = _cli([*HEADLINE_70B, "--set", "data.tokens_per_micro_batch=2048"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    train, run = _written(tmp_path)
+    assert train["data"]["tokens_per_micro_batch"] == 2048 and run["micro_batch"] is None
+
+
+def test_checkpointing_turned_off_by_the_user_is_left_off(tmp_path: Path) -> None:
+    result = _cli([*HEADLINE_8B, "--gradient_checkpointing", "false"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Micro   4096 tokens (auto: largest" in result.stdout and "cut to it (model_max_length 8192)" in result.stdout
+    train, _ = _written(tmp_path)
+    assert train["train"]["gradient_checkpointing"] is False and train["data"]["tokens_per_micro_batch"] == 4096
+
+
+def test_refusal_when_no_micro_batch_fits_names_the_settings_that_would(tmp_path: Path) -> None:
+    result = _cli([*EXAMPLE, "--nodes", "1", "--model", "llama-70b", "--dry-run"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "does not fit: GPU memory" in line and "try: use 2 nodes (--nodes 2)" in line, line
+    assert "(--lora)" in line and "--force" in line
+    assert "Micro   none fits: even 256 tokens with checkpointing needs" in result.stdout
+    assert "would choose 2048 with --nodes 2" in result.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_max_length_the_user_set_keeps_documents_whole() -> None:
+    trials = search(_a100("llama-70b", 2, 16384), Rules(False, 4096, cut_documents=False))
+    assert [t.tokens for t in trials] == [16384, 8192, 4096] and not trials[-1].fits
+
+
+def test_refusal_for_a_user_set_model_max_length_names_cutting_and_more_nodes(tmp_path: Path) -> None:
+    result = _cli([*HEADLINE_70B, "--model_max_length", "4096"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "try: micro_batch_tokens=2048 (documents cut to it) (--set data.tokens_per_micro_batch=2048)" in line
+    assert "use 3 nodes (--nodes 3)" in line, line
+    assert "model_max_length is yours: documents are kept whole" in result.stdout
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,230 @@
+"""A corpus of realistic mistakes, each caught on the login node before anything waits in a queue.
+
+Every case runs the real CLI (no --dry-run, so a mistake that slipped through would reach the stub
+`sbatch`, which records every call) and must: exit 2, say so in at most 3 lines that name the
+offending flag, key or file(:line), write no run directory and never call sbatch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.launcher.conftest import REPO, cli_env, path_without, run_cli, write_stub
+
+SAMPLE = (REPO / "train" / "assets" / "sample_chat.jsonl").read_text().splitlines()
+TOKENIZER = REPO / "train" / "assets" / "tiny-tokenizer"
+CLUSTER = """default_profile = "cpu"
+[profiles.cpu]
+partition = "cpu"
+exclusive = false
+gpus_per_node = 0
+processes_per_node = 1
+backend = "gloo"
+time = "1:00:00"
+signal_lead_s = 60
+storage_root = "runs"
+"""
+CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+          "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512,
+          "max_position_embeddings": 512, "tie_word_embeddings": False}
+
+
+def _chat(*turns: tuple[str, str], key: str = "conversations", role: str = "from", text: str = "value") -> str:
+    return json.dumps({key: [{role: r, text: t} for r, t in turns]})
+
+
+def _rows(bad: str, at: int = 7) -> str:
+    """Six good rows, the bad one on line `at`, two more good rows."""
+    lines = SAMPLE[: at - 1] + [bad] + SAMPLE[at - 1: at + 1]
+    return "\n".join(lines) + "\n"
+
+
+def _model_dir(root: Path, name: str, tokenizer: bool = True, template: bool = True) -> Path:
+    directory = root / name
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(CONFIG))
+    if tokenizer:
+        (directory / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
+        (directory / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}))
+    if template:
+        (directory / "chat_template.jinja").write_bytes((TOKENIZER / "chat_template.jinja").read_bytes())
+    return directory
+
+
+def _files(root: Path) -> None:
+    """Every file the cases point at (bad data, broken model directories, a cluster file)."""
+    data = {
+        "invalid_json.jsonl": _rows('{"conversations": [{"from": "human", "value": "hi"}'),
+        "wizard.jsonl": _rows(_chat(("human", "hi"), ("wizard", "abracadabra"))),
+        "no_assistant.jsonl": _rows(_chat(("human", "hi"), ("human", "anyone?"))),
+        "empty_reply.jsonl": _rows(_chat(("human", "hi"), ("gpt", "  "))),
+        "late_system.jsonl": _rows(_chat(("human", "hi"), ("system", "be nice"), ("gpt", "ok"))),
+        "no_value.jsonl": _rows(json.dumps({"conversations": [{"from": "human"}, {"from": "gpt", "value": "x"}]})),
+        "empty_turns.jsonl": _rows(json.dumps({"conversations": []})),
+        "not_object.jsonl": _rows('["human", "hi"]'),
+        "number_value.jsonl": _rows(json.dumps({"conversations": [{"from": "human", "value": 42},
+                                                                    {"from": "gpt", "value": "x"}]})),
+        "surrogate.jsonl": _rows('{"conversations": [{"from": "human", "value": "\\ud800"}, '
+                                 '{"from": "gpt", "value": "x"}]}'),
+        "messages_role.jsonl": "\n".join([_chat(("user", "hi"), ("assistant", "yo"), key="messages", role="role",
+                                                text="content")] * 3
+                                         + [_chat(("user", "hi"), ("bot", "yo"), key="messages", role="role",
+                                                  text="content")]) + "\n",
+        "alpaca_no_output.jsonl": json.dumps({"instruction": "a", "output": "b"}) + "\n"
+                                  + json.dumps({"instruction": "c", "answer": "d"}) + "\n",
+        "tokens_negative.jsonl": json.dumps({"input_ids": [1, 2, 3]}) + "\n" + json.dumps({"input_ids": [1, -5]}) + "\n",
+        "tokens_labels.jsonl": json.dumps({"input_ids": [1, 2, 3], "labels": [1, 2]}) + "\n",
+        "unknown_format.jsonl": json.dumps({"prompt": "a", "completion": "b"}) + "\n",
+        "all_bad.jsonl": "{oops\n{nope\n",
+        "empty.jsonl": "",
+        "array_bad.json": "[\n" + SAMPLE[0] + ",\n{broken\n]\n",
+        "data.csv": "prompt,completion\na,b\n",
+        "mixed_formats.jsonl": SAMPLE[0] + "\n" + _chat(("user", "hi"), ("assistant", "yo"), key="messages",
+                                                         role="role", text="content") + "\n",
+    }
+    for name, text in data.items():
+        (root / name).write_text(text, encoding="utf-8")
+    (root / "bad_utf8.jsonl").write_bytes(("\n".join(SAMPLE[:3]) + "\n").encode() + b'{"x": "\xff\xfe"}\n')
+    (root / "binary.jsonl").write_bytes(bytes(range(256)) * 8)
+    (root / "good.jsonl").write_text("\n".join(SAMPLE[:20]) + "\n")
+    (root / "afile").write_text("not a directory\n")
+    (root / "text.jsonl").write_text(json.dumps({"text": "hello"}) + "\n" + json.dumps({"body": "x"}) + "\n")
+    _columnar(root, [json.loads(line) for line in SAMPLE[:6]] + [json.loads(_chat(("human", "hi"), ("bot", "x")))])
+    (root / "noconfig").mkdir()
+    _model_dir(root, "notokenizer", tokenizer=False)
+    _model_dir(root, "basemodel", template=False)
+    (_model_dir(root, "strict-template", template=False) / "chat_template.jinja").write_text(
+        "{{ raise_exception('Conversation roles must alternate user/assistant') }}")
+    (_model_dir(root, "corrupt-tokenizer") / "tokenizer.json").write_text("{ truncated")
+    (root / "cluster.toml").write_text(CLUSTER)
+    (root / "broken.toml").write_text('default_profile = "cpu"\n[profiles.cpu]\ngpus_per_node = \n')
+    (root / "typo.toml").write_text(CLUSTER + "partiton = \"x\"\n")
+    (root / "hf_home").mkdir()
+    (root / "shared.toml").write_text(CLUSTER + f'shared_paths = ["{root / "hf_home"}"]\n')
+    (root / "hfhome.toml").write_text(CLUSTER + f'hf_home = "{root / "hf_home"}"\n')
+    (root / "apptainer.toml").write_text(CLUSTER + '[profiles.cpu.container]\nkind = "apptainer"\n'
+                                         'image = "/nonexistent/images/sft.sif"\n')
+
+
+def _columnar(root: Path, rows: list[dict]) -> None:
+    """The same rows as Parquet and as a saved `datasets` directory (row 6 has an unknown role)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"conversations": row["conversations"]} for row in rows]
+    pq.write_table(pa.Table.from_pylist(rows), root / "bad.parquet")
+    datasets.Dataset.from_list(rows).save_to_disk(str(root / "saved"))
+
+
+D = ["--model", "tiny", "--data"]  # most data cases
+# (case id, arguments, text the message must contain)
+MISTAKES: list[tuple[str, list[str], str]] = [
+    # --- datasets: every row checked with the training side's own parser ---
+    ("invalid-json", [*D, "invalid_json.jsonl"], "invalid_json.jsonl:7: invalid JSON"),
+    ("unknown-role", [*D, "wizard.jsonl"], "wizard.jsonl:7: conversations[1]: unknown role 'wizard'"),
+    ("binary-garbage", [*D, "binary.jsonl"], "binary.jsonl:1: binary data"),
+    ("no-assistant-turn", [*D, "no_assistant.jsonl"], "no_assistant.jsonl:7: no assistant turn"),
+    ("empty-reply", [*D, "empty_reply.jsonl"], "empty_reply.jsonl:7: field 'value' is empty"),
+    ("system-not-first", [*D, "late_system.jsonl"], "late_system.jsonl:7: a system turn may only come first"),
+    ("turn-without-value", [*D, "no_value.jsonl"], "no_value.jsonl:7: conversations[0] needs 'from' and 'value'"),
+    ("empty-conversation", [*D, "empty_turns.jsonl"], "empty_turns.jsonl:7: field 'conversations' must be"),
+    ("row-not-object", [*D, "not_object.jsonl"], "not_object.jsonl:7: expected a JSON object"),
+    ("value-not-string", [*D, "number_value.jsonl"], "number_value.jsonl:7: field 'value' must be a string"),
+    ("lone-surrogate", [*D, "surrogate.jsonl"], "surrogate.jsonl:7: field 'value' is not valid UTF-8"),
+    ("bad-utf8", [*D, "bad_utf8.jsonl"], "bad_utf8.jsonl:4: not valid UTF-8"),
+    ("messages-unknown-role", [*D, "messages_role.jsonl"], "messages_role.jsonl:4: messages[1]: unknown role 'bot'"),
+    ("alpaca-missing-output", [*D, "alpaca_no_output.jsonl"], "alpaca_no_output.jsonl:2: missing field 'output'"),
+    ("tokens-negative-id", [*D, "tokens_negative.jsonl"], "tokens_negative.jsonl:2: field 'input_ids'"),
+    ("tokens-label-count", [*D, "tokens_labels.jsonl"], "tokens_labels.jsonl:1: field 'labels'"),
+    ("unknown-format", [*D, "unknown_format.jsonl"], "unknown_format.jsonl:1: cannot detect data.format"),
+    ("every-row-bad", [*D, "all_bad.jsonl", "--set", "data.allow_bad_rows=true"], "all_bad.jsonl:1: invalid JSON"),
+    ("empty-file", [*D, "empty.jsonl"], "empty.jsonl: no rows"),
+    ("json-array-syntax", [*D, "array_bad.json"], "array_bad.json:3: invalid JSON"),
+    ("csv-file", [*D, "data.csv"], "data.csv: unsupported data file"),
+    ("mixed-formats", [*D, "mixed_formats.jsonl"], "mixed_formats.jsonl:2: field 'conversations'"),
+    ("text-field-missing", [*D, "text.jsonl", "--set", "data.format=text"], "text.jsonl:2: missing field 'text'"),
+    ("wrong-format-forced", [*D, "good.jsonl", "--set", "data.format=alpaca"], "good.jsonl:1: missing field"),
+    ("parquet-bad-row", [*D, "bad.parquet"], "bad.parquet[row 6]: conversations[1]: unknown role 'bot'"),
+    ("saved-dataset-bad-row", [*D, "saved"], "saved[row 6]: conversations[1]: unknown role 'bot'"),
+    ("missing-data-file", [*D, "nope.jsonl"], "--data nope.jsonl: no such file"),
+    ("hub-dataset-id", [*D, "someorg/some-dataset"], "--data someorg/some-dataset: no such file or directory"),
+    ("missing-eval-file", [*D, "good.jsonl", "--set", "data.eval_path=missing.jsonl"],
+     "data.eval_path missing.jsonl: no such file"),
+    ("bad-eval-row", [*D, "good.jsonl", "--set", "data.eval_path=wizard.jsonl"], "wizard.jsonl:7: conversations[1]"),
+    ("bad-data-format-value", [*D, "good.jsonl", "--set", "data.format=chatml"], "data.format"),
+    ("eval-fraction-range", [*D, "good.jsonl", "--set", "data.eval_fraction=1.5"], "data.eval_fraction"),
+    # --- models ---
+    ("model-typo", ["--model", "llama3-8bb"], "did you mean: llama3-8b"),
+    ("model-dir-no-config", ["--model", "noconfig"], "--model noconfig: directory has no config.json"),
+    ("model-dir-no-tokenizer", ["--model", "notokenizer"], "has no tokenizer"),
+    ("base-model-chat-data", ["--model", "basemodel"], "has no chat template"),
+    ("template-cannot-mask", ["--model", "strict-template"], "roles must alternate"),
+    ("tokenizer-corrupt", ["--model", "corrupt-tokenizer"], "cannot load the tokenizer"),
+    ("tokenizer-dir-missing", ["--model", "tiny", "--set", "model.tokenizer=/nonexistent/tok"],
+     "model.tokenizer: /nonexistent/tok: no such directory"),
+    ("hf-id-not-cached", ["--model", "someorg/some-model"], "--model someorg/some-model: not a preset"),
+    ("hub-model-not-in-hf-home", ["--model", "llama3-8b", "--cluster", "hfhome.toml"],
+     "model.path meta-llama/Meta-Llama-3-8B: not in profile.hf_home's cache"),
+    ("flash-attn-on-cpu", ["--model", "tiny", "--set", "model.attn_implementation=flash_attn"],
+     "model.attn_implementation: flash_attn needs GPUs"),
+    # --- command line ---
+    ("nodes-zero", ["--model", "tiny", "--nodes", "0"], "--nodes 0: must be >= 1"),
+    ("time-malformed", ["--model", "tiny", "--time", "1:2:3:4"], "--time: bad time limit"),
+    ("time-below-signal-lead", ["--model", "tiny", "--time", "1"], "--time 0-00:01:00: shorter than"),
+    ("deepspeed-on-cpu", ["--model", "tiny", "--strategy", "zero3"], "--strategy zero3: DeepSpeed needs GPUs"),
+    ("learning-rate-not-number", ["--model", "tiny", "--learning_rate", "abc"], "train.learning_rate: expected float"),
+    ("max-steps-zero", ["--model", "tiny", "--max_steps", "0"], "train.max_steps: must be -1 or > 0"),
+    ("unknown-reporter", ["--model", "tiny", "--set", 'train.report_to=["tensorboard"]'], "train.report_to"),
+    ("set-without-value", ["--model", "tiny", "--set", "train.learning_rate"], "--set train.learning_rate: expected"),
+    ("set-unknown-namespace", ["--model", "tiny", "--set", "bogus.x=1"], "--set bogus.x: unknown key"),
+    ("set-train-typo", ["--model", "tiny", "--set", "train.lerning_rate=1"], "did you mean: learning_rate"),
+    ("local-executor-two-nodes", ["--model", "tiny", "--executor", "local", "--nodes", "2"], "--nodes: the local"),
+    ("output-under-a-file", ["--model", "tiny", "--output", "afile/run"], "afile is not writable"),
+    ("output-is-a-file", ["--model", "tiny", "--output", "afile"], "exists and is not a directory"),
+    # --- cluster profiles ---
+    ("profile-unknown", ["--model", "tiny", "--profile", "gpu"], "gpu"),
+    ("cluster-file-missing", ["--model", "tiny", "--cluster", "missing.toml"], "missing.toml"),
+    ("cluster-toml-syntax", ["--model", "tiny", "--cluster", "broken.toml"], "broken.toml"),
+    ("profile-key-typo", ["--model", "tiny", "--cluster", "typo.toml"], "partiton"),
+    ("profile-negative-gpus", ["--model", "tiny", "--set", "profile.gpus_per_node=-1"], "gpus_per_node: must be >= 0"),
+    ("profile-secret-env", ["--model", "tiny", "--set", "profile.env.HF_TOKEN=abc"], "export it in your shell"),
+    ("data-not-on-shared-storage", [*D, "good.jsonl", "--cluster", "shared.toml"],
+     "good.jsonl: not on the nodes' shared storage (profile.shared_paths"),
+    ("container-image-missing", ["--model", "tiny", "--cluster", "apptainer.toml"],
+     "container.image: /nonexistent/images/sft.sif: no such file"),
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mistakes")
+    _files(root)
+    return root
+
+
+def test_the_corpus_is_large() -> None:
+    assert len(MISTAKES) >= 45 and len({name for name, _, _ in MISTAKES}) == len(MISTAKES)
+
+
+@pytest.mark.parametrize(("args", "expected"), [m[1:] for m in MISTAKES], ids=[m[0] for m in MISTAKES])
+def test_mistake_stops_before_the_queue(workdir: Path, tmp_path: Path, args: list[str], expected: str) -> None:
+    calls = tmp_path / "sbatch-calls"
+    bin_dir = tmp_path / "bin"
+    write_stub(bin_dir, "sbatch", f'echo "$*" >> {str(calls)!r}\necho 4242\n')
+    env = cli_env(PATH=f"{bin_dir}{os.pathsep}{path_without('sbatch')}")
+    cluster = [] if "--cluster" in args else ["--cluster", "cluster.toml"]
+    output = [] if "--output" in args else ["--output", str(tmp_path / "run")]
+    before = sorted(p.name for p in workdir.iterdir())
+    result = run_cli([*cluster, *args, *output], workdir, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert 1 <= len(lines) <= 3 and lines[-1].startswith("sft-launch: error: "), result.stderr
+    assert expected in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists() and not (workdir / "runs").exists(), "a run directory was written"
+    assert sorted(p.name for p in workdir.iterdir()) == before, "files appeared next to the data"
+    assert not calls.exists(), f"sbatch was called: {calls.read_text()}"

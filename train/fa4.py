@@ -1,0 +1,108 @@
+"""FlashAttention-4 (the `flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell) as an
+opaque torch op.
+
+Why a custom op: torch.compile traces into a Python-level kernel launcher and did not finish
+compiling a decoder layer that called `flash_attn.cute.flash_attn_varlen_func` in 4 minutes, and
+torch 2.11's own FA4 hook (`activate_flash_attention_impl("FA4")`) failed with 4.0.0b36. Wrapped as
+`torch.library.custom_op`s (forward and backward, each with a fake implementation that only gives
+shapes), the compiled graph keeps attention as one call and never looks inside.
+
+The forward/backward entry points are the package's `_flash_attn_fwd` / `_flash_attn_bwd`, the
+functions its own autograd.Function calls (the public function hides the log-sum-exp the backward
+needs). They are private, so `unavailable()` checks that they exist with the arguments used here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import torch
+
+FWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "return_lse"}
+BWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"}
+MIN_CAPABILITY, MAX_CAPABILITY = (9, 0), (12, 99)  # Hopper (sm90) to Blackwell (sm100/sm120)
+
+
+def _interface():
+    return importlib.import_module("flash_attn.cute.interface")
+
+
+def unavailable(device: torch.device) -> str | None:
+    """None when FA4 can run on `device`, else why not (one line)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"FlashAttention-4 runs only on CUDA GPUs (device is {device})"
+    capability = torch.cuda.get_device_capability(device)
+    if not MIN_CAPABILITY <= capability <= MAX_CAPABILITY:
+        return f"FlashAttention-4 needs Hopper or Blackwell (compute capability 9.x-12.x; device has {capability[0]}.{capability[1]})"
+    try:
+        interface = _interface()
+    except ImportError as error:
+        return f"flash-attn-4 is not installed or does not import ({error}; pip install 'sft-launch[flash4]')"
+    for name, needed in (("_flash_attn_fwd", FWD_ARGS), ("_flash_attn_bwd", BWD_ARGS)):
+        function = getattr(interface, name, None)
+        if function is None or not needed <= set(inspect.signature(function).parameters):
+            return f"this flash-attn-4 version has no compatible flash_attn.cute.interface.{name}"
+    return None
+
+
+@torch.library.custom_op("sft::fa4_varlen_fwd", mutates_args=(), device_types="cuda")
+def fa4_varlen_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+    max_q: int, max_k: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, D], k/v [T, H_kv, D] (GQA native) → out [T, H, D], lse [H, T] (fp32)."""
+    out, lse, *_ = _interface()._flash_attn_fwd(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+        softmax_scale=scale, causal=True, return_lse=True,
+    )
+    return out, lse
+
+
+@fa4_varlen_fwd.register_fake
+def _fa4_varlen_fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("sft::fa4_varlen_bwd", mutates_args=(), device_types="cuda")
+def fa4_varlen_bwd(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, *_ = _interface()._flash_attn_bwd(
+        q, k, v, out, dout.contiguous(), lse, scale, True,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+    )
+    return dq, dk, dv
+
+
+@fa4_varlen_bwd.register_fake
+def _fa4_varlen_bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.max_q, ctx.max_k, ctx.scale = max_q, max_k, scale
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = fa4_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None
+
+
+fa4_varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fa4_varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+    max_q: int, max_k: int, scale: float | None,
+) -> torch.Tensor:
+    """Causal varlen attention over packed documents; [T, H, D] in and out."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    out, _ = fa4_varlen_fwd(q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale)
+    return out
