@@ -279,7 +279,7 @@ def _expected_mfu(inp: PlanInput) -> float | None:
 
 
 def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
-    """launcher/shape.py's formula at the planned mean document length (a document longer than a
+    """contract/shape.py's formula at the planned mean document length (a document longer than a
     micro-batch is cut to it). LoRA skips the frozen weights' gradients: 4N instead of 6N."""
     return shape.flops_per_token(min(inp.mean_doc_tokens, inp.micro_batch_tokens), lora=inp.lora)
 

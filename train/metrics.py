@@ -1,6 +1,6 @@
 """Throughput, FLOPs/MFU and the per-step records (metrics.jsonl, console, wandb, progress bar).
 
-FLOPs per trained token are launcher/shape.py's (the planner's own count, so a plan's predicted MFU
+FLOPs per trained token are contract/shape.py's (the planner's own count, so a plan's predicted MFU
 and a run's measured one share N): 6·N + 6·L·a·s̄, with s̄ the token-weighted mean *document*
 length of the step (packed documents do not attend to each other).
 
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 def flops_per_token(arch: dict[str, Any], mean_doc_len: float) -> float:
-    """6·N + 6·L·a·s̄ (launcher/shape.py)."""
+    """6·N + 6·L·a·s̄ (contract/shape.py)."""
     return ModelShape.from_arch(arch).flops_per_token(mean_doc_len)
 
 
