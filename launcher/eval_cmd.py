@@ -23,16 +23,8 @@ from pathlib import Path
 from contract import __version__
 from contract.schema import ConfigError, build, to_dict
 from launcher.ops import evalresults, rundir
-from launcher.profile import (
-    EMBEDDED_LOCAL_NAME,
-    EMBEDDED_LOCAL_PROFILE,
-    ClusterProfile,
-    build_profile,
-    format_time_limit,
-    parse_time_limit,
-    read_cluster_file,
-    select_profile,
-)
+from launcher.profile import EMBEDDED_LOCAL_NAME, EMBEDDED_LOCAL_PROFILE, ClusterProfile, build_profile, \
+    format_time_limit, parse_time_limit, read_cluster_file, select_profile
 from launcher.usage import Parser
 
 TEMPLATE = "eval.slurm.j2"

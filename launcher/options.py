@@ -22,12 +22,7 @@ from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.strategies import LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.presets import Preset, resolve_model
 from launcher.profile import (
-    ClusterFile,
-    ClusterProfile,
-    build_profile,
-    format_time_limit,
-    parse_time_limit,
-    read_cluster_file,
+    ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
     select_profile,
 )
 
