@@ -40,16 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     # Heavy imports only after the config is known to be valid (fast exit 2 on a typo).
-    import torch
-    from accelerate import Accelerator
-
     from train.loop import train
-    from train.model import mixed_precision
+    from train.sharding import build_accelerator
 
     try:
-        accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                                  mixed_precision=mixed_precision(cfg.model.precision))
-        return train(cfg, accelerator)
+        return train(cfg, build_accelerator(cfg.model.precision))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
