@@ -175,12 +175,21 @@ def config_hash(profile_name: str, profile: ClusterProfile, train: TrainConfig, 
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
 
 
+# Strategies a CPU profile cannot run, and why (train/sharding.py runs fsdp = FSDP2 over gloo on CPU).
+_NEEDS_GPU = {
+    "zero2": "DeepSpeed needs GPUs",
+    "zero3": "DeepSpeed needs GPUs",
+    "fsdp1": "FSDP1 needs GPUs (Accelerate's FSDP1 plugin asks for a GPU to sync module states)",
+}
+
+
 def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
     spec = gpus.lookup(profile.gpu_type)
-    if launch.strategy in ("zero2", "zero3") and profile.gpus_per_node == 0:
-        raise ConfigError(f"--strategy {launch.strategy}: DeepSpeed needs GPUs; CPU profiles use fsdp (DDP over gloo)")
+    if profile.gpus_per_node == 0 and launch.strategy in _NEEDS_GPU:
+        raise ConfigError(f"--strategy {launch.strategy}: {_NEEDS_GPU[launch.strategy]}; "
+                          "CPU profiles (gpus_per_node = 0) support only fsdp (FSDP2 over gloo)")
     if model.attn_implementation == "flash_attn":
         if profile.gpus_per_node == 0:
             raise ConfigError("model.attn_implementation: flash_attn needs GPUs (profile has gpus_per_node = 0)")
