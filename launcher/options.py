@@ -179,7 +179,7 @@ def config_hash(profile_name: str, profile: ClusterProfile, train: TrainConfig, 
 _NEEDS_GPU = {
     "zero2": "DeepSpeed needs GPUs",
     "zero3": "DeepSpeed needs GPUs",
-    "fsdp1": "FSDP1 needs GPUs (Accelerate's FSDP1 plugin asks for a GPU to sync module states)",
+    "fsdp1": "FSDP1 needs GPUs (its rank-0 weight broadcast, sync_module_states, is GPU-only)",
 }
 
 

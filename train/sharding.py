@@ -10,9 +10,10 @@ with the same plugin: from there ``prepare`` (``fully_shard`` per decoder layer,
 broadcast by ``cpu_ram_efficient_loading``), ``save_state``/``load_state`` (sharded DCP) and
 ``get_state_dict`` (full state dict for the export) are Accelerate's FSDP2 code, as on GPU.
 
-FSDP1 cannot take this path: its plugin asks for a GPU when it is built (``sync_module_states``,
-forced by ``cpu_ram_efficient_loading``), inside ``Accelerator()``; the launcher refuses it on
-CPU profiles (``launcher.options.check_combinations``).
+FSDP1 cannot take this path: its rank-0 weight broadcast (``sync_module_states``, forced by
+``cpu_ram_efficient_loading``) is GPU-only in torch, and Accelerate's FSDP1 plugin asks for a GPU
+when ``Accelerator()`` builds it; the launcher refuses it on CPU profiles
+(``launcher.options.check_combinations``).
 """
 
 from __future__ import annotations

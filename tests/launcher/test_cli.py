@@ -45,7 +45,7 @@ def test_help_and_models(tmp_path: Path) -> None:
     (["--model", "tiny", "--executor", "local", "--set", "profile.env.HF_TOKEN=abc"], "export it in your shell"),
     (["--model", "tiny", "--executor", "local", "--strategy", "zero3"], "DeepSpeed needs GPUs"),
     (["--model", "tiny", "--executor", "local", "--strategy", "fsdp1"],
-     "--strategy fsdp1: FSDP1 needs GPUs (Accelerate's FSDP1 plugin asks for a GPU to sync module states); "
+     "--strategy fsdp1: FSDP1 needs GPUs (its rank-0 weight broadcast, sync_module_states, is GPU-only); "
      "CPU profiles (gpus_per_node = 0) support only fsdp (FSDP2 over gloo)"),
     (["--model", "tiny"], "cluster.example.toml"),
 ])
