@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     # Heavy imports only after the config is known to be valid (fast exit 2 on a typo).
+    from torch.distributed.checkpoint import CheckpointException
+
     from train.loop import train
     from train.sharding import build_accelerator
 
@@ -48,6 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Exception:
+    except (Exception, CheckpointException):  # a failed sharded (DCP) save raises a BaseException
         logger.exception("training failed")
         return 1
