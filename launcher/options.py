@@ -181,6 +181,14 @@ def config_hash(profile_name: str, profile: ClusterProfile, train: TrainConfig, 
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
 
 
+# Strategies a CPU profile cannot run, and why (train/sharding.py runs fsdp = FSDP2 over gloo on CPU).
+_NEEDS_GPU = {
+    "zero2": "DeepSpeed needs GPUs",
+    "zero3": "DeepSpeed needs GPUs",
+    "fsdp1": "FSDP1 needs GPUs (its rank-0 weight broadcast, sync_module_states, is GPU-only)",
+}
+
+
 # GPU-only attention backends: the compute capabilities their kernels are built for.
 GPU_ATTENTION = {"flash_attn": (8, 0), "fa4": (9, 0)}
 
@@ -202,8 +210,9 @@ def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
     spec = gpus.lookup(profile.gpu_type)
-    if launch.strategy in ("zero2", "zero3") and profile.gpus_per_node == 0:
-        raise ConfigError(f"--strategy {launch.strategy}: DeepSpeed needs GPUs; CPU profiles use fsdp (DDP over gloo)")
+    if profile.gpus_per_node == 0 and launch.strategy in _NEEDS_GPU:
+        raise ConfigError(f"--strategy {launch.strategy}: {_NEEDS_GPU[launch.strategy]}; "
+                          "CPU profiles (gpus_per_node = 0) support only fsdp (FSDP2 over gloo)")
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
     if model.precision == "bf16" and spec is not None and not spec.has_bf16:
         raise ConfigError(f"model.precision: {spec.name} has no bf16; use fp16 or auto")

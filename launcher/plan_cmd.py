@@ -59,8 +59,9 @@ def _precision(launch: Launch) -> str:
 
 
 def _device_fields(launch: Launch) -> dict[str, Any]:
-    """GPU profiles: the GPU table decides memory. CPU profiles (gpus_per_node = 0): the processes run
-    DDP over gloo, so each holds a full replica in its share of the node's RAM (unknown without `mem`)."""
+    """GPU profiles: the GPU table decides memory. CPU profiles (gpus_per_node = 0): the processes shard
+    with FSDP2 over gloo; planned as "ddp", a full replica each in its share of the node's RAM (an upper
+    bound; unknown without `mem`)."""
     profile = launch.profile
     node_gib = mem_gib(profile.mem)
     if profile.gpus_per_node:

@@ -3,16 +3,17 @@ RoPE scaling, LoRA, non-reentrant gradient checkpointing, ``use_cache=False``.
 
 Rank-0-only loading, per distribution type:
 
-* FSDP (GPU): transformers 5.x skips reading weights only on ranks that are not *local* rank 0
-  (``modeling_utils``: ``is_fsdp_enabled() and not is_local_dist_rank_0()``) — one reader per
-  *node*. We go further: only global rank 0 reads; the others build the model on the meta device
-  and take uninitialised CPU storage (``to_empty``: pages never touched, so no RSS), which
-  Accelerate's ``cpu_ram_efficient_loading`` fills by broadcast from rank 0 while sharding. The
-  non-persistent buffers (RoPE ``inv_freq``) are not in that broadcast, so we send them first.
+* FSDP (GPU, and CPU over gloo through ``train.sharding``): transformers 5.x skips reading weights
+  only on ranks that are not *local* rank 0 (``modeling_utils``: ``is_fsdp_enabled() and not
+  is_local_dist_rank_0()``) — one reader per *node*. We go further: only global rank 0 reads; the
+  others build the model on the meta device and take uninitialised CPU storage (``to_empty``: pages
+  never touched, so no RSS), which Accelerate's ``cpu_ram_efficient_loading`` fills by broadcast
+  from rank 0 while sharding. The non-persistent buffers (RoPE ``inv_freq``) are not in that
+  broadcast, so we send them first.
 * DeepSpeed: from_pretrained's own ZeRO-3 handling.
-* DDP (CPU/gloo, or plain multi-GPU): done here. Rank 0 reads the safetensors; the other ranks build
-  the model on the meta device (no memory), materialise empty storage, and receive every parameter
-  and buffer (RoPE ``inv_freq`` included) by broadcast from rank 0.
+* DDP (a launch without FSDP: plain multi-GPU, or CPU): done here. Rank 0 reads the safetensors;
+  the other ranks build the model on the meta device (no memory), materialise empty storage, and
+  receive every parameter and buffer (RoPE ``inv_freq`` included) by broadcast from rank 0.
 Each rank logs its peak RSS before and after, so the saving can be checked in the logs.
 """
 

@@ -30,7 +30,7 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
     hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
     if labels is None:
         return CausalLMOutputWithPast(logits=self.lm_head(hidden))
-    weight = self.lm_head.weight
+    weight = _head_weight(self.lm_head, hidden)
     if torch.is_autocast_enabled(hidden.device.type):
         # Autocast would run the lm_head matmul in bf16/fp16; the fused kernels do not see autocast.
         dtype = torch.get_autocast_dtype(hidden.device.type)
@@ -39,6 +39,15 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
     if num_items_in_batch is None:
         num_items_in_batch = (labels[..., 1:] != IGNORE_INDEX).sum().clamp(min=1)
     return CausalLMOutputWithPast(loss=loss_sum / num_items_in_batch)
+
+
+def _head_weight(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """lm_head's full weight. Under FSDP2 Accelerate shards lm_head in a unit with the final norm,
+    which the norm's forward unshards; when it finds no norm (a peft-wrapped model) lm_head is a unit
+    alone, which only its own forward unshards: run that forward on zero tokens."""
+    if hasattr(lm_head.weight, "full_tensor"):  # still a sharded DTensor
+        lm_head(hidden[..., :0, :])
+    return lm_head.weight
 
 
 def use_fused_loss(model: torch.nn.Module) -> None:
