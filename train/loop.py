@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 
 from launcher.schema import ConfigError
 from train.attention import setup_attention
@@ -275,7 +275,7 @@ class Loop:
             last = i == len(micro) - 1
             with contextlib.nullcontext() if last else self.acc.no_sync(self.model):
                 loss = self.model(**batch, num_items_in_batch=items_per_rank).loss
-                self.acc.backward(loss)
+                backward(self.acc, loss, last)
             loss_sum += loss.detach().float()
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = _norm_tensor(self.acc.clip_grad_norm_(self.model.parameters(), max_norm), self.acc.device)
@@ -316,8 +316,26 @@ class Loop:
         return float(sums[0] / torch.clamp(sums[1], min=1.0))
 
 
+def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: bool) -> None:
+    """Backward of one micro-batch. DeepSpeed steps its optimizer inside backward whenever Accelerate
+    says the gradients sync (always, outside `accumulate()`), and divides the loss by its
+    gradient_accumulation_steps: here only the last micro-batch of a step is a boundary, and the loss
+    is already normalised over the whole step (module docstring), so DeepSpeed must not scale it."""
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        accelerator.backward(loss)
+        return
+    accelerator.gradient_state._set_sync_gradients(last_micro_batch)
+    try:
+        accelerator.backward(loss, scale_wrt_gas=False)
+    finally:
+        accelerator.gradient_state._set_sync_gradients(True)
+
+
 def _norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:
-    """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2) or a float (DeepSpeed)."""
+    """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2), a float or None (DeepSpeed: its engine
+    clipped inside backward; None when it has no norm to report)."""
+    if norm is None:
+        return torch.tensor(float("nan"), device=device)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return norm.detach().reshape(()) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)

@@ -45,13 +45,20 @@ def mixed_precision(precision: str) -> str:
     return {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]
 
 
-def weights_dtype(cfg: TrainConfig) -> torch.dtype:
+def weights_dtype(cfg: TrainConfig, uniform: bool = False) -> torch.dtype:
     """fp32 master weights for what trains; bf16/fp16 compute comes from Accelerate's mixed precision
     (autocast / FSDP policy). A LoRA run's frozen base needs no master copy, so it is stored in the
     compute dtype (as the planner assumes): half the memory, and autocast no longer casts every base
-    weight at every forward. The adapters stay fp32 (apply_lora)."""
+    weight at every forward. The adapters stay fp32 (apply_lora). `uniform`: the wrapper needs one
+    dtype per wrapped unit (FSDP1 flattens a decoder layer into one FlatParameter), so a LoRA base
+    stays fp32 beside its fp32 adapters."""
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": torch.float32}[mixed_precision(cfg.model.precision)]
-    return compute if cfg.lora.enabled else torch.float32
+    return compute if cfg.lora.enabled and not uniform else torch.float32
+
+
+def is_fsdp1(accelerator: Accelerator) -> bool:
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    return accelerator.distributed_type == DistributedType.FSDP and getattr(plugin, "fsdp_version", 2) == 1
 
 
 def build_config(cfg: TrainConfig) -> PretrainedConfig:
@@ -81,7 +88,8 @@ def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
 
 def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation: str) -> PreTrainedModel:
     config = build_config(cfg)
-    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, dtype=weights_dtype(cfg))
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation,
+                                  dtype=weights_dtype(cfg, uniform=is_fsdp1(accelerator)))
     rss_before, started = peak_rss_mib(), time.perf_counter()
     if not cfg.model.path:
         model = AutoModelForCausalLM.from_config(config, **kwargs)  # same seed on every rank

@@ -1,0 +1,418 @@
+"""Every strategy the CLI offers, run the way users run it: trains, checkpoints, resumes, exports.
+
+For each case (strategy x LoRA x CPU offload) the runner renders a run directory with the real CLI
+(`sft-launch --executor local --dry-run` on a one-GPU profile written next to the results), then
+starts training with the local executor's own command (launcher.local.train_command):
+
+  reference  steps 1..N, a checkpoint at step N/2 (train.save_steps), export at N
+  resumed    a fresh run directory holding only that step-N/2 checkpoint: a new process resumes
+             from it and trains to N, then exports
+
+and checks: the loss falls; the resumed export equals the reference export (bitwise, else the largest
+difference is reported); the export loads with `AutoModelForCausalLM.from_pretrained`. It reports
+s/step (median over logged steps, from metrics.jsonl), the peak GPU memory the run logged
+(torch.cuda.max_memory_allocated) and the planner's prediction for the same launch
+(launcher.plan_cmd.plan_input_from_launch -> launcher.planner.make_plan).
+
+GPU machine (deepspeed and its dependencies from wheels, see BENCHMARKS.md):
+    python3 bench/gpu_strategies.py --out OUT_DIR          # all cases, table + OUT_DIR/gpu_strategies.json
+    python3 bench/gpu_strategies.py --cases zero3-lora-offload --jobs 1
+CPU (the plumbing only: FSDP over gloo, tiny shape, no memory numbers):
+    python3 bench/gpu_strategies.py --cpu --cases fsdp --out /tmp/gs
+Every case runs under its own timeout; a failing case is recorded with the tail of its log and the
+runner goes on. Exit status: 0 when every case that ran passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+STRATEGIES = ("fsdp", "fsdp1", "zero2", "zero3")
+# ~135M parameters (vocabulary of the shipped tokenizer): big enough that memory is not all overhead.
+GPU_ARCH = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4,
+            "intermediate_size": 2816}
+CPU_ARCH: dict[str, int] = {}  # the tiny preset as it is
+GPU_PROFILE = """[profiles.gpu1]
+gpus_per_node = 1
+gpu_type = "{gpu_type}"
+storage_root = "{root}"
+time = "1:00:00"
+signal_lead_s = 60
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    strategy: str
+    lora: bool
+    offload: bool
+
+    @property
+    def name(self) -> str:
+        return "-".join([self.strategy] + (["lora"] if self.lora else []) + (["offload"] if self.offload else []))
+
+
+def all_cases() -> list[Case]:
+    """FSDP2 first (the reference for timings), then the strategies that never ran, then offload."""
+    return [Case(s, lora, offload) for offload in (False, True) for lora in (False, True) for s in STRATEGIES]
+
+
+@dataclass
+class Result:
+    case: str
+    strategy: str
+    lora: bool
+    offload: bool
+    trains: bool | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    resume_bitwise: bool | None = None
+    resume_max_abs_diff: float | None = None
+    export_loads: bool | None = None
+    s_per_step: float | None = None
+    peak_gib: float | None = None
+    predicted_allocated_gib: float | None = None
+    predicted_reserved_gib: float | None = None
+    plan_input: dict[str, Any] | None = None
+    seconds: float = 0.0
+    error: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and bool(self.trains) and bool(self.resume_bitwise) and bool(self.export_loads)
+
+
+# --------------------------------------------------------------------------- rendering and launching
+
+def cli_args(case: Case, args: argparse.Namespace, output: Path) -> list[str]:
+    """The user's command line for this case (without --dry-run)."""
+    arch = CPU_ARCH if args.cpu else GPU_ARCH
+    sets = [f"model.arch.{k}={v}" for k, v in arch.items()] + [
+        f"train.max_steps={args.steps}", f"train.save_steps={args.steps // 2}", "train.save_total_limit=3",
+        "train.logging_steps=1", "train.gradient_accumulation_steps=2", "train.learning_rate=1e-3",
+        "train.warmup_ratio=0.0", "train.lr_scheduler_type=constant", "train.compile=false",
+        "train.gradient_checkpointing=true", "train.model_max_length=512",
+        f"data.tokens_per_micro_batch={args.tokens}", f"model.precision={'fp32' if args.cpu else 'bf16'}",
+        f"profile.cpu_offload={'true' if case.offload else 'false'}", "lora.merge_on_export=true"]
+    cmd = ["--executor", "local", "--model", "tiny", "--strategy", case.strategy, "--output", str(output)]
+    if not args.cpu:
+        cmd += ["--cluster", str(args.cluster), "--profile", "gpu1"]
+    if case.lora:
+        cmd.append("--lora")
+    for item in sets:
+        cmd += ["--set", item]
+    return cmd
+
+
+def child_env() -> dict[str, str]:
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return {**os.environ, "PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+            "WANDB_MODE": "disabled", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float) -> int:
+    """Run cmd in its own process group (killed whole on timeout); output to log. Returns the exit code."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            out.write(f"\n[gpu_strategies] killed after {timeout:.0f} s\n")
+            return 124
+
+
+def render(case: Case, args: argparse.Namespace, run_dir: Path, log: Path) -> None:
+    cmd = [sys.executable, "-m", "launcher.cli", *cli_args(case, args, run_dir), "--dry-run"]
+    if run_logged(cmd, log, 120) != 0:
+        raise CaseError(f"render failed: {last_error_line(log)}")
+
+
+def resolve_case(case: Case, args: argparse.Namespace, run_dir: Path) -> Any:
+    """The launcher's Launch for this case, parsed from the same command line as `render`."""
+    from launcher.launch import build_parser, request_from_args
+    from launcher.options import resolve
+
+    return resolve(request_from_args(build_parser().parse_args(cli_args(case, args, run_dir) + ["--dry-run"])))
+
+
+def train(launch: Any, log: Path, timeout: float) -> int:
+    """Start training exactly as `sft-launch --executor local` does."""
+    from launcher.local import train_command
+    from tests.train.run_helpers import free_port
+
+    return run_logged(train_command(launch, free_port()), log, timeout)
+
+
+class CaseError(Exception):
+    pass
+
+
+def last_error_line(log: Path) -> str:
+    """The most telling line of a failed run's log: the last exception line, else the last line."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+    for line in reversed(lines):
+        if any(k in line for k in ("Error", "Exception", "error:", "killed after", "Traceback")):
+            return line[:300]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+# --------------------------------------------------------------------------- checks
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def step_stats(records: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None, float | None]:
+    """(first loss, last loss, median s/step after the first logged step, peak GiB) from metrics.jsonl."""
+    steps = [r for r in records if "loss" in r]
+    if not steps:
+        return None, None, None, None
+    gaps = sorted(b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:]) if b["step"] == a["step"] + 1)
+    peaks = [r["peak_mem_gib"] for r in steps if r.get("peak_mem_gib") is not None]
+    return (steps[0]["loss"], steps[-1]["loss"], gaps[len(gaps) // 2] if gaps else None,
+            max(peaks) if peaks else None)
+
+
+def export_tensors(export_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Any] = {}
+    for path in sorted(export_dir.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    if not tensors:
+        raise CaseError(f"no *.safetensors in {export_dir}")
+    return tensors
+
+
+def compare_exports(reference: Path, resumed: Path) -> tuple[bool, float]:
+    """(bitwise equal, max |difference|) over every exported tensor."""
+    a, b = export_tensors(reference), export_tensors(resumed)
+    if a.keys() != b.keys():
+        raise CaseError(f"exports differ in tensor names: {sorted(a.keys() ^ b.keys())[:4]}")
+    bitwise, worst = True, 0.0
+    for name, tensor in a.items():
+        other = b[name]
+        if tensor.shape != other.shape or tensor.dtype != other.dtype:
+            raise CaseError(f"{name}: {tensor.shape}/{tensor.dtype} vs {other.shape}/{other.dtype}")
+        if not tensor.equal(other):
+            bitwise = False
+            worst = max(worst, float((tensor.float() - other.float()).abs().max()))
+    return bitwise, worst
+
+
+def export_loads(export_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(export_dir)
+    if sum(p.numel() for p in model.parameters()) == 0:
+        raise CaseError("exported model has no parameters")
+
+
+def predicted_peak(launch: Any) -> tuple[float, float, dict[str, Any]]:
+    """The planner's allocated / reserved GiB for this launch, and the PlanInput it used."""
+    from dataclasses import asdict as as_dict
+
+    from launcher.memory import GIB
+    from launcher.plan_cmd import plan_input_from_launch
+    from launcher.planner import make_plan
+
+    plan_input = plan_input_from_launch(launch)
+    gpu = make_plan(plan_input).gpu
+    return gpu.allocated / GIB, gpu.reserved / GIB, as_dict(plan_input)
+
+
+# --------------------------------------------------------------------------- one case
+
+def run_case(case: Case, args: argparse.Namespace, work: Path) -> Result:
+    """Render, train (reference), resume (fresh dir + the mid checkpoint), compare, load the export."""
+    result = Result(case.name, case.strategy, case.lora, case.offload)
+    started = time.monotonic()
+    logs = args.out / "logs" / case.name
+    logs.mkdir(parents=True, exist_ok=True)
+    reference, resumed = work / case.name / "reference", work / case.name / "resumed"
+    try:
+        _run_and_check(case, args, reference, resumed, logs, result)
+    except CaseError as err:
+        result.error = str(err)
+    except Exception as err:  # a bug in a check must not stop the other cases
+        result.error = f"{type(err).__name__}: {err}"[:300]
+    finally:
+        result.seconds = round(time.monotonic() - started, 1)
+        for run_dir in (reference, resumed):  # logs and metrics are kept; weights are not
+            for name in ("metrics.jsonl", "train.toml", "accelerate.yaml", "deepspeed.json"):
+                if (run_dir / name).exists():
+                    shutil.copy(run_dir / name, logs / f"{run_dir.name}.{name}")
+        if not args.keep:
+            shutil.rmtree(work / case.name, ignore_errors=True)
+    return result
+
+
+def _run_and_check(case: Case, args: argparse.Namespace, reference: Path, resumed: Path, logs: Path,
+                   result: Result) -> None:
+    render(case, args, reference, logs / "render.log")
+    launch = resolve_case(case, args, reference)
+    if not args.cpu:
+        result.predicted_allocated_gib, result.predicted_reserved_gib, result.plan_input = predicted_peak(launch)
+    code = train(launch, logs / "reference.log", args.run_timeout)
+    if code != 0:
+        raise CaseError(f"reference run exit {code}: {last_error_line(logs / 'reference.log')}")
+    result.loss_first, result.loss_last, result.s_per_step, result.peak_gib = step_stats(read_metrics(reference))
+    result.trains = result.loss_first is not None and result.loss_last < result.loss_first
+    mid = reference / "checkpoints" / f"step-{args.steps // 2:08d}"
+    if not (mid / "COMPLETE").exists():
+        raise CaseError(f"no complete checkpoint {mid.name} in the reference run")
+    render(case, args, resumed, logs / "render-resumed.log")
+    shutil.copytree(mid, resumed / "checkpoints" / mid.name)
+    code = train(resolve_case(case, args, resumed), logs / "resumed.log", args.run_timeout)
+    if code != 0:
+        raise CaseError(f"resumed run exit {code}: {last_error_line(logs / 'resumed.log')}")
+    if "resumed from" not in (logs / "resumed.log").read_text(errors="replace"):
+        raise CaseError("the resumed run did not log 'resumed from': it started over")
+    result.resume_bitwise, result.resume_max_abs_diff = compare_exports(reference / "export", resumed / "export")
+    export_loads(reference / "export")
+    result.export_loads = True
+    if case.lora and not (reference / "export" / "adapter" / "adapter_config.json").exists():
+        result.notes.append("no adapter/ beside the merged export")
+
+
+# --------------------------------------------------------------------------- report
+
+def fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return format(value, spec)
+
+
+def print_table(results: list[Result], header: str) -> None:
+    print(header)
+    print(f"{'case':<22}{'trains':>7}{'resume':>8}{'max|d|':>9}{'export':>7}{'s/step':>8}{'peak':>7}"
+          f"{'pred':>7}{'err%':>7}  error")
+    for r in results:
+        err = (f"{100 * (r.predicted_allocated_gib - r.peak_gib) / r.peak_gib:+.0f}"
+               if r.peak_gib and r.predicted_allocated_gib else "-")
+        resume = "bitwise" if r.resume_bitwise else fmt(r.resume_bitwise)
+        print(f"{r.case:<22}{fmt(r.trains):>7}{resume:>8}{fmt(r.resume_max_abs_diff, '.1e'):>9}"
+              f"{fmt(r.export_loads):>7}{fmt(r.s_per_step, '.3f'):>8}{fmt(r.peak_gib, '.2f'):>7}"
+              f"{fmt(r.predicted_allocated_gib, '.2f'):>7}{err:>7}  {r.error}")
+
+
+def environment() -> dict[str, Any]:
+    """Versions and device, so a failure can be read without access to the machine."""
+    info: dict[str, Any] = {"python": sys.version.split()[0]}
+    for module in ("torch", "transformers", "accelerate", "peft", "deepspeed"):
+        try:
+            info[module] = __import__(module).__version__
+        except Exception as err:  # deepspeed may be missing or fail to import: say why
+            info[module] = f"unavailable ({type(err).__name__}: {str(err)[:120]})"
+    import torch
+
+    info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    info["torch_cuda"] = torch.version.cuda
+    nvcc = shutil.which("nvcc") or (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=20).stdout
+        info["nvcc"] = out.strip().splitlines()[-1] if out.strip() else "no output"
+    except OSError as err:
+        info["nvcc"] = f"not found ({err})"
+    return info
+
+
+def select(args: argparse.Namespace) -> list[Case]:
+    cases = all_cases()
+    if args.cpu:  # CPU: only what CPU runs (item 2 of issue #17 decides the rest)
+        cases = [c for c in cases if c.strategy == "fsdp" and not c.offload]
+    if args.cases:
+        cases = [c for c in cases if c.name in args.cases]
+        unknown = set(args.cases) - {c.name for c in cases}
+        if unknown:
+            raise SystemExit(f"--cases: unknown or not runnable here: {', '.join(sorted(unknown))}")
+    return cases
+
+
+def run_all(cases: list[Case], args: argparse.Namespace, work: Path) -> list[Result]:
+    """Up to --jobs cases at once (one GPU, small models); cases not started within --budget-s are skipped."""
+    deadline = time.monotonic() + args.budget_s
+
+    def guarded(case: Case) -> Result:
+        if time.monotonic() > deadline:
+            return Result(case.name, case.strategy, case.lora, case.offload, error="skipped: over --budget-s")
+        result = run_case(case, args, work)
+        print(f"[gpu_strategies] {case.name}: {'ok' if result.passed else 'FAILED'} in {result.seconds:.0f} s"
+              f"{' - ' + result.error if result.error else ''}", flush=True)
+        return result
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return list(pool.map(guarded, cases))
+
+
+def write_profile(args: argparse.Namespace, work: Path) -> None:
+    """The one-GPU cluster profile the cases render with (args.cluster)."""
+    work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.cluster = work / "cluster.toml"
+    args.cluster.write_text(GPU_PROFILE.format(gpu_type=args.gpu_type, root=work / "runs"))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for gpu_strategies.json and the logs")
+    parser.add_argument("--cases", nargs="*", help="case names, e.g. fsdp zero3-lora-offload (default: all)")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps; the checkpoint is at steps/2")
+    parser.add_argument("--tokens", type=int, default=2048, help="packed tokens per micro-batch")
+    parser.add_argument("--jobs", type=int, default=3, help="cases at once (timings are then shared-GPU timings)")
+    parser.add_argument("--run-timeout", type=float, default=240, help="seconds per training run")
+    parser.add_argument("--budget-s", type=float, default=480, help="start no case after this many seconds")
+    parser.add_argument("--gpu-type", default="h100", help="profile gpu_type (the planner's device)")
+    parser.add_argument("--cpu", action="store_true", help="CPU plumbing check: FSDP over gloo, tiny shape")
+    parser.add_argument("--keep", action="store_true", help="keep run directories (weights) under OUT/work")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cases = select(args)
+    env = environment()
+    print("[gpu_strategies] " + json.dumps(env), flush=True)
+    work = args.out / "work" if args.keep else Path(tempfile.mkdtemp(prefix="gpu-strategies-"))
+    write_profile(args, work)
+    results = run_all(cases, args, work)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    header = (f"{env['device']}, {args.steps} steps x 2 micro-batches x {args.tokens} tokens, "
+              f"{args.jobs} case(s) at once; peak/pred = GiB allocated (measured / planner)")
+    print_table(results, header)
+    (args.out / "gpu_strategies.json").write_text(json.dumps(
+        {"environment": env, "args": {k: str(v) for k, v in vars(args).items()},
+         "results": [asdict(r) | {"passed": r.passed} for r in results]}, indent=1) + "\n")
+    return 0 if all(r.passed for r in results if not r.error.startswith("skipped")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
