@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -124,7 +125,8 @@ def cli_args(case: Case, args: argparse.Namespace, output: Path) -> list[str]:
 def child_env() -> dict[str, str]:
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
     return {**os.environ, "PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-            "WANDB_MODE": "disabled", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+            "WANDB_MODE": "disabled",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 4)))}
 
 
 def run_logged(cmd: list[str], log: Path, timeout: float) -> int:
@@ -276,7 +278,7 @@ def _run_and_check(case: Case, args: argparse.Namespace, reference: Path, resume
     launch = resolve_case(case, args, reference)
     if not args.cpu:
         result.predicted_allocated_gib, result.predicted_reserved_gib, result.plan_input = predicted_peak(launch)
-    code = train(launch, logs / "reference.log", args.run_timeout)
+    code = train(launch, logs / "reference.log", run_timeout(args))
     if code != 0:
         raise CaseError(f"reference run exit {code}: {last_error_line(logs / 'reference.log')}")
     result.loss_first, result.loss_last, result.s_per_step, result.peak_gib = step_stats(read_metrics(reference))
@@ -286,7 +288,7 @@ def _run_and_check(case: Case, args: argparse.Namespace, reference: Path, resume
         raise CaseError(f"no complete checkpoint {mid.name} in the reference run")
     render(case, args, resumed, logs / "render-resumed.log")
     shutil.copytree(mid, resumed / "checkpoints" / mid.name)
-    code = train(resolve_case(case, args, resumed), logs / "resumed.log", args.run_timeout)
+    code = train(resolve_case(case, args, resumed), logs / "resumed.log", run_timeout(args))
     if code != 0:
         raise CaseError(f"resumed run exit {code}: {last_error_line(logs / 'resumed.log')}")
     if "resumed from" not in (logs / "resumed.log").read_text(errors="replace"):
@@ -354,20 +356,39 @@ def select(args: argparse.Namespace) -> list[Case]:
     return cases
 
 
-def run_all(cases: list[Case], args: argparse.Namespace, work: Path) -> list[Result]:
-    """Up to --jobs cases at once (one GPU, small models); cases not started within --budget-s are skipped."""
-    deadline = time.monotonic() + args.budget_s
+def run_timeout(args: argparse.Namespace) -> float:
+    """--run-timeout, cut so that no run outlives --deadline-s (the table must still be printed)."""
+    return max(1.0, min(args.run_timeout, args.hard_deadline - time.monotonic()))
+
+
+def run_all(cases: list[Case], args: argparse.Namespace, work: Path, env: dict[str, Any]) -> list[Result]:
+    """Up to --jobs cases at once (one GPU, small models); cases not started within --budget-s are
+    skipped, runs still going at --deadline-s are killed; the JSON is rewritten after every case."""
+    started = time.monotonic()
+    args.hard_deadline = started + args.deadline_s
+    done: list[Result] = []
+    lock = threading.Lock()
 
     def guarded(case: Case) -> Result:
-        if time.monotonic() > deadline:
-            return Result(case.name, case.strategy, case.lora, case.offload, error="skipped: over --budget-s")
-        result = run_case(case, args, work)
+        if time.monotonic() - started > args.budget_s:
+            result = Result(case.name, case.strategy, case.lora, case.offload, error="skipped: over --budget-s")
+        else:
+            result = run_case(case, args, work)
         print(f"[gpu_strategies] {case.name}: {'ok' if result.passed else 'FAILED'} in {result.seconds:.0f} s"
               f"{' - ' + result.error if result.error else ''}", flush=True)
+        with lock:
+            done.append(result)
+            write_json(args, env, done)
         return result
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         return list(pool.map(guarded, cases))
+
+
+def write_json(args: argparse.Namespace, env: dict[str, Any], results: list[Result]) -> None:
+    (args.out / "gpu_strategies.json").write_text(json.dumps(
+        {"environment": env, "args": {k: str(v) for k, v in vars(args).items()},
+         "results": [asdict(r) | {"passed": r.passed} for r in results]}, indent=1) + "\n")
 
 
 def write_profile(args: argparse.Namespace, work: Path) -> None:
@@ -386,11 +407,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=2048, help="packed tokens per micro-batch")
     parser.add_argument("--jobs", type=int, default=3, help="cases at once (timings are then shared-GPU timings)")
     parser.add_argument("--run-timeout", type=float, default=240, help="seconds per training run")
-    parser.add_argument("--budget-s", type=float, default=480, help="start no case after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=330, help="start no case after this many seconds")
+    parser.add_argument("--deadline-s", type=float, default=480, help="kill runs still going after this many seconds")
     parser.add_argument("--gpu-type", default="h100", help="profile gpu_type (the planner's device)")
     parser.add_argument("--cpu", action="store_true", help="CPU plumbing check: FSDP over gloo, tiny shape")
     parser.add_argument("--keep", action="store_true", help="keep run directories (weights) under OUT/work")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.hard_deadline = time.monotonic() + args.deadline_s  # run_all restarts the clock
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,15 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     print("[gpu_strategies] " + json.dumps(env), flush=True)
     work = args.out / "work" if args.keep else Path(tempfile.mkdtemp(prefix="gpu-strategies-"))
     write_profile(args, work)
-    results = run_all(cases, args, work)
+    results = run_all(cases, args, work, env)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     header = (f"{env['device']}, {args.steps} steps x 2 micro-batches x {args.tokens} tokens, "
               f"{args.jobs} case(s) at once; peak/pred = GiB allocated (measured / planner)")
     print_table(results, header)
-    (args.out / "gpu_strategies.json").write_text(json.dumps(
-        {"environment": env, "args": {k: str(v) for k, v in vars(args).items()},
-         "results": [asdict(r) | {"passed": r.passed} for r in results]}, indent=1) + "\n")
+    write_json(args, env, results)
     return 0 if all(r.passed for r in results if not r.error.startswith("skipped")) else 1
 
 
