@@ -133,9 +133,11 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     total_steps = cfg.train.max_steps if cfg.train.max_steps > 0 else math.ceil(
         cfg.train.num_train_epochs * steps_per_epoch)
     optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg, total_steps)
-    # The scheduler is not prepare()d: AcceleratedScheduler would step it once per process.
     model, optimizer = accelerator.prepare(model, optimizer)
+    # On the prepared optimizer: DeepSpeed regroups the parameters (and with optimizer offload
+    # Accelerate swaps in DeepSpeedCPUAdam), so the schedule must drive the groups that really step.
+    # Not prepare()d itself: AcceleratedScheduler would step it once per process.
+    scheduler = build_scheduler(optimizer, cfg, total_steps)
     log_model_ready(accelerator, started)
     accelerator.register_for_checkpointing(scheduler)
 

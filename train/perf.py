@@ -52,7 +52,7 @@ def gather_lm_head_with_root(model: torch.nn.Module) -> None:
     """ZeRO-3: the fused loss reads lm_head.weight outside lm_head's own forward, where DeepSpeed would
     leave it partitioned (an empty tensor). Registering it as an external parameter of the root
     module makes DeepSpeed gather it for the root's forward and backward, which enclose the loss."""
-    from deepspeed.zero import register_external_parameter
+    from deepspeed.runtime.zero import register_external_parameter
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     register_external_parameter(model, base.lm_head.weight)
