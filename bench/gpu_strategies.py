@@ -88,9 +88,11 @@ class Result:
     export_loads: bool | None = None
     s_per_step: float | None = None
     peak_gib: float | None = None
+    peak_reserved_gib: float | None = None
     predicted_allocated_gib: float | None = None
     predicted_reserved_gib: float | None = None
     plan_input: dict[str, Any] | None = None
+    steps: int = 0
     seconds: float = 0.0
     error: str = ""
     notes: list[str] = field(default_factory=list)
@@ -250,7 +252,7 @@ def predicted_peak(launch: Any) -> tuple[float, float, dict[str, Any]]:
 
 def run_case(case: Case, args: argparse.Namespace, work: Path) -> Result:
     """Render, train (reference), resume (fresh dir + the mid checkpoint), compare, load the export."""
-    result = Result(case.name, case.strategy, case.lora, case.offload)
+    result = Result(case.name, case.strategy, case.lora, case.offload, steps=args.steps)
     started = time.monotonic()
     logs = args.out / "logs" / case.name
     logs.mkdir(parents=True, exist_ok=True)
@@ -281,7 +283,10 @@ def _run_and_check(case: Case, args: argparse.Namespace, reference: Path, resume
     code = train(launch, logs / "reference.log", run_timeout(args))
     if code != 0:
         raise CaseError(f"reference run exit {code}: {last_error_line(logs / 'reference.log')}")
-    result.loss_first, result.loss_last, result.s_per_step, result.peak_gib = step_stats(read_metrics(reference))
+    records = read_metrics(reference)
+    result.loss_first, result.loss_last, result.s_per_step, result.peak_gib = step_stats(records)
+    reserved = [r["peak_reserved_gib"] for r in records if r.get("peak_reserved_gib") is not None]
+    result.peak_reserved_gib = max(reserved) if reserved else None
     result.trains = result.loss_first is not None and result.loss_last < result.loss_first
     mid = reference / "checkpoints" / f"step-{args.steps // 2:08d}"
     if not (mid / "COMPLETE").exists():
@@ -391,6 +396,24 @@ def write_json(args: argparse.Namespace, env: dict[str, Any], results: list[Resu
          "results": [asdict(r) | {"passed": r.passed} for r in results]}, indent=1) + "\n")
 
 
+def calibration_points(results: list[Result], env: dict[str, Any]) -> list[dict[str, Any]]:
+    """Measured runs as tests/fixtures/memory_calibration.json points (issue #17 item 3). The peak is
+    the training process's since start (model build included), as train/metrics.py logs it."""
+    points = []
+    for r in results:
+        if r.error or not (r.peak_gib and r.peak_reserved_gib and r.plan_input):
+            continue
+        points.append({
+            "name": f"strategies-{r.case}-1gpu", "plan_input": r.plan_input,
+            "measured_allocated_gib": round(r.peak_gib, 3), "measured_reserved_gib": round(r.peak_reserved_gib, 3),
+            "predicted_allocated_gib": round(r.predicted_allocated_gib or 0, 3),
+            "predicted_reserved_gib": round(r.predicted_reserved_gib or 0, 3),
+            "device_name": env["device"], "steps": r.steps, "median_step_s": r.s_per_step,
+            "versions": {k: env[k] for k in ("torch", "transformers", "accelerate", "deepspeed")},
+            "source": "bench/gpu_strategies.py"})
+    return points
+
+
 def write_profile(args: argparse.Namespace, work: Path) -> None:
     """The one-GPU cluster profile the cases render with (args.cluster)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -411,6 +434,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deadline-s", type=float, default=480, help="kill runs still going after this many seconds")
     parser.add_argument("--gpu-type", default="h100", help="profile gpu_type (the planner's device)")
     parser.add_argument("--cpu", action="store_true", help="CPU plumbing check: FSDP over gloo, tiny shape")
+    parser.add_argument("--calibration", type=Path,
+                        help="merge the measured peaks into this fixture (tests/fixtures/memory_calibration.json)")
     parser.add_argument("--keep", action="store_true", help="keep run directories (weights) under OUT/work")
     args = parser.parse_args(argv)
     args.hard_deadline = time.monotonic() + args.deadline_s  # run_all restarts the clock
@@ -433,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.jobs} case(s) at once; peak/pred = GiB allocated (measured / planner)")
     print_table(results, header)
     write_json(args, env, results)
+    if args.calibration:
+        from bench.memory_calibration import write_out
+
+        points = calibration_points(results, env)
+        write_out(args.calibration, points, smoke=False)
+        print(f"[gpu_strategies] {len(points)} calibration point(s) merged into {args.calibration}")
     return 0 if all(r.passed for r in results if not r.error.startswith("skipped")) else 1
 
 
