@@ -111,7 +111,7 @@ def cli_args(case: Case, args: argparse.Namespace, output: Path) -> list[str]:
         f"train.max_steps={args.steps}", f"train.save_steps={args.steps // 2}", "train.save_total_limit=3",
         "train.logging_steps=1", "train.gradient_accumulation_steps=2", "train.learning_rate=1e-3",
         "train.warmup_ratio=0.0", "train.lr_scheduler_type=constant", "train.compile=false",
-        "train.gradient_checkpointing=true", "train.model_max_length=512",
+        "train.gradient_checkpointing=true", "train.model_max_length=512", "train.deterministic=true",
         f"data.tokens_per_micro_batch={args.tokens}", f"model.precision={'fp32' if args.cpu else 'bf16'}",
         f"profile.cpu_offload={'true' if case.offload else 'false'}", "lora.merge_on_export=true"]
     cmd = ["--executor", "local", "--model", "tiny", "--strategy", case.strategy, "--output", str(output)]

@@ -109,7 +109,7 @@ class Window:
 
 def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     """Run (or resume) training; returns the process exit code (0 done, 75 stopped and saved)."""
-    make_deterministic()
+    make_deterministic(cfg.train.deterministic)
     set_seed(cfg.train.seed)  # same init on every rank
     log_placement(accelerator)
     stop = StopRequest(cfg.run.resolve(cfg.run.stop_file), accelerator.device)
@@ -163,10 +163,16 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     return 0
 
 
-def make_deterministic() -> None:
-    """Bitwise-reproducible CPU runs (resume == uninterrupted); on GPU only cheap settings."""
-    if not torch.cuda.is_available():
-        torch.use_deterministic_algorithms(True, warn_only=True)
+def make_deterministic(on_gpu_too: bool) -> None:
+    """Bitwise-reproducible CPU runs (resume == uninterrupted); on GPU only with train.deterministic,
+    whose kernels are slower. cuBLAS reads its workspace setting when its first handle is made (the
+    first matmul, after this), and without it refuses deterministic mode."""
+    if torch.cuda.is_available() and not on_gpu_too:
+        return
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def _steps_per_epoch(batches: Batches, world: int, accumulation: int) -> int:
