@@ -44,6 +44,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.strategy_checks import (  # after the sys.path line: runnable as a script
+    CaseError,
+    compare_exports,
+    export_loads,
+    last_error_line,
+    predicted_peak,
+    read_metrics,
+    step_stats,
+)
+
 STRATEGIES = ("fsdp", "fsdp1", "zero2", "zero3")
 # ~135M parameters (vocabulary of the shipped tokenizer): big enough that memory is not all overhead.
 GPU_ARCH = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4,
@@ -167,87 +177,6 @@ def train(launch: Any, log: Path, timeout: float) -> int:
     return run_logged(train_command(launch, free_port()), log, timeout)
 
 
-class CaseError(Exception):
-    pass
-
-
-def last_error_line(log: Path) -> str:
-    """The most telling line of a failed run's log: the last exception line, else the last line."""
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
-    for line in reversed(lines):
-        if any(k in line for k in ("Error", "Exception", "error:", "killed after", "Traceback")):
-            return line[:300]
-    return lines[-1][:300] if lines else "(empty log)"
-
-
-# --------------------------------------------------------------------------- checks
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def step_stats(records: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None, float | None]:
-    """(first loss, last loss, median s/step after the first logged step, peak GiB) from metrics.jsonl."""
-    steps = [r for r in records if "loss" in r]
-    if not steps:
-        return None, None, None, None
-    gaps = sorted(b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:]) if b["step"] == a["step"] + 1)
-    peaks = [r["peak_mem_gib"] for r in steps if r.get("peak_mem_gib") is not None]
-    return (steps[0]["loss"], steps[-1]["loss"], gaps[len(gaps) // 2] if gaps else None,
-            max(peaks) if peaks else None)
-
-
-def export_tensors(export_dir: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    tensors: dict[str, Any] = {}
-    for path in sorted(export_dir.glob("*.safetensors")):
-        tensors.update(load_file(path))
-    if not tensors:
-        raise CaseError(f"no *.safetensors in {export_dir}")
-    return tensors
-
-
-def compare_exports(reference: Path, resumed: Path) -> tuple[bool, float]:
-    """(bitwise equal, max |difference|) over every exported tensor."""
-    a, b = export_tensors(reference), export_tensors(resumed)
-    if a.keys() != b.keys():
-        raise CaseError(f"exports differ in tensor names: {sorted(a.keys() ^ b.keys())[:4]}")
-    bitwise, worst = True, 0.0
-    for name, tensor in a.items():
-        other = b[name]
-        if tensor.shape != other.shape or tensor.dtype != other.dtype:
-            raise CaseError(f"{name}: {tensor.shape}/{tensor.dtype} vs {other.shape}/{other.dtype}")
-        if not tensor.equal(other):
-            bitwise = False
-            worst = max(worst, float((tensor.float() - other.float()).abs().max()))
-    return bitwise, worst
-
-
-def export_loads(export_dir: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(export_dir)
-    if sum(p.numel() for p in model.parameters()) == 0:
-        raise CaseError("exported model has no parameters")
-
-
-def predicted_peak(launch: Any) -> tuple[float, float, dict[str, Any]]:
-    """The planner's allocated / reserved GiB for this launch, and the PlanInput it used."""
-    from dataclasses import asdict as as_dict
-
-    from launcher.memory import GIB
-    from launcher.plan_cmd import plan_input_from_launch
-    from launcher.planner import make_plan
-
-    plan_input = plan_input_from_launch(launch)
-    gpu = make_plan(plan_input).gpu
-    return gpu.allocated / GIB, gpu.reserved / GIB, as_dict(plan_input)
-
-
 # --------------------------------------------------------------------------- one case
 
 def run_case(case: Case, args: argparse.Namespace, work: Path) -> Result:
@@ -261,7 +190,7 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> Result:
         _run_and_check(case, args, reference, resumed, logs, result)
     except CaseError as err:
         result.error = str(err)
-    except Exception as err:  # a bug in a check must not stop the other cases
+    except Exception as err:  # noqa: BLE001 (a bug in a check must not stop the other cases)
         result.error = f"{type(err).__name__}: {err}"[:300]
     finally:
         result.seconds = round(time.monotonic() - started, 1)
@@ -334,7 +263,7 @@ def environment() -> dict[str, Any]:
     for module in ("torch", "transformers", "accelerate", "peft", "deepspeed"):
         try:
             info[module] = __import__(module).__version__
-        except Exception as err:  # deepspeed may be missing or fail to import: say why
+        except Exception as err:  # noqa: BLE001 (deepspeed may be missing or fail to import: say why)
             info[module] = f"unavailable ({type(err).__name__}: {str(err)[:120]})"
     import torch
 
@@ -342,7 +271,7 @@ def environment() -> dict[str, Any]:
     info["torch_cuda"] = torch.version.cuda
     nvcc = shutil.which("nvcc") or (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
     try:
-        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=20, check=False).stdout
         info["nvcc"] = out.strip().splitlines()[-1] if out.strip() else "no output"
     except OSError as err:
         info["nvcc"] = f"not found ({err})"
