@@ -120,7 +120,7 @@ def cli_args(case: Case, args: argparse.Namespace, output: Path) -> list[str]:
     sets = [f"model.arch.{k}={v}" for k, v in arch.items()] + [
         f"train.max_steps={args.steps}", f"train.save_steps={args.steps // 2}", "train.save_total_limit=3",
         "train.logging_steps=1", "train.gradient_accumulation_steps=2", "train.learning_rate=1e-3",
-        "train.warmup_ratio=0.0", "train.lr_scheduler_type=constant", "train.compile=false",
+        "train.warmup_ratio=0.0", f"train.compile={str(args.compile).lower()}",  # cosine: the schedule resumes too
         "train.gradient_checkpointing=true", "train.model_max_length=512", "train.deterministic=true",
         f"data.tokens_per_micro_batch={args.tokens}", f"model.precision={'fp32' if args.cpu else 'bf16'}",
         f"profile.cpu_offload={'true' if case.offload else 'false'}", "lora.merge_on_export=true"]
@@ -362,6 +362,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=330, help="start no case after this many seconds")
     parser.add_argument("--deadline-s", type=float, default=480, help="kill runs still going after this many seconds")
     parser.add_argument("--gpu-type", default="h100", help="profile gpu_type (the planner's device)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the decoder layers (the GPU default; off here for the device time)")
     parser.add_argument("--cpu", action="store_true", help="CPU plumbing check: FSDP over gloo, tiny shape")
     parser.add_argument("--calibration", type=Path,
                         help="merge the measured peaks into this fixture (tests/fixtures/memory_calibration.json)")
