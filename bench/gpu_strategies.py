@@ -1,8 +1,8 @@
 """Every strategy the CLI offers, run the way users run it: trains, checkpoints, resumes, exports.
 
 For each case (strategy x LoRA x CPU offload) the runner renders a run directory with the real CLI
-(`sft-launch --executor local --dry-run` on a one-GPU profile written next to the results), then
-starts training with the local executor's own command (launcher.local.train_command):
+(`sft-launch --executor local --dry-run` on a profile of --gpus GPUs, default 1, written next to the
+results), then starts training with the local executor's own command (launcher.local.train_command):
 
   reference  steps 1..N, a checkpoint at step N/2 (train.save_steps), export at N
   resumed    a fresh run directory holding only that step-N/2 checkpoint: a new process resumes
@@ -17,6 +17,7 @@ s/step (median over logged steps, from metrics.jsonl), the peak GPU memory the r
 GPU machine (deepspeed and its dependencies from wheels, see BENCHMARKS.md):
     python3 bench/gpu_strategies.py --out OUT_DIR          # all cases, table + OUT_DIR/gpu_strategies.json
     python3 bench/gpu_strategies.py --cases zero3-lora-offload --jobs 1
+    python3 bench/gpu_strategies.py --gpus 2 --jobs 1 --out OUT_DIR   # sharded over 2 GPUs
 CPU (the plumbing only: FSDP over gloo, tiny shape, no memory numbers):
     python3 bench/gpu_strategies.py --cpu --cases fsdp --out /tmp/gs
 Every case runs under its own timeout; a failing case is recorded with the tail of its log and the
@@ -59,8 +60,8 @@ STRATEGIES = ("fsdp", "fsdp1", "zero2", "zero3")
 GPU_ARCH = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4,
             "intermediate_size": 2816}
 CPU_ARCH: dict[str, int] = {}  # the tiny preset as it is
-GPU_PROFILE = """[profiles.gpu1]
-gpus_per_node = 1
+GPU_PROFILE = """[profiles.gpus]
+gpus_per_node = {gpus}
 gpu_type = "{gpu_type}"
 storage_root = "{root}"
 time = "1:00:00"
@@ -126,7 +127,7 @@ def cli_args(case: Case, args: argparse.Namespace, output: Path) -> list[str]:
         f"profile.cpu_offload={'true' if case.offload else 'false'}", "lora.merge_on_export=true"]
     cmd = ["--executor", "local", "--model", "tiny", "--strategy", case.strategy, "--output", str(output)]
     if not args.cpu:
-        cmd += ["--cluster", str(args.cluster), "--profile", "gpu1"]
+        cmd += ["--cluster", str(args.cluster), "--profile", "gpus"]
     if case.lora:
         cmd.append("--lora")
     for item in sets:
@@ -333,7 +334,7 @@ def calibration_points(results: list[Result], env: dict[str, Any]) -> list[dict[
         if r.error or not (r.peak_gib and r.peak_reserved_gib and r.plan_input):
             continue
         points.append({
-            "name": f"strategies-{r.case}-1gpu", "plan_input": r.plan_input,
+            "name": f"strategies-{r.case}-{r.plan_input['gpus_per_node']}gpu", "plan_input": r.plan_input,
             "measured_allocated_gib": round(r.peak_gib, 3), "measured_reserved_gib": round(r.peak_reserved_gib, 3),
             "predicted_allocated_gib": round(r.predicted_allocated_gib or 0, 3),
             "predicted_reserved_gib": round(r.predicted_reserved_gib or 0, 3),
@@ -344,11 +345,11 @@ def calibration_points(results: list[Result], env: dict[str, Any]) -> list[dict[
 
 
 def write_profile(args: argparse.Namespace, work: Path) -> None:
-    """The one-GPU cluster profile the cases render with (args.cluster)."""
+    """The cluster profile (--gpus GPUs) the cases render with (args.cluster)."""
     work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     args.cluster = work / "cluster.toml"
-    args.cluster.write_text(GPU_PROFILE.format(gpu_type=args.gpu_type, root=work / "runs"))
+    args.cluster.write_text(GPU_PROFILE.format(gpus=args.gpus, gpu_type=args.gpu_type, root=work / "runs"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -361,6 +362,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-timeout", type=float, default=240, help="seconds per training run")
     parser.add_argument("--budget-s", type=float, default=330, help="start no case after this many seconds")
     parser.add_argument("--deadline-s", type=float, default=480, help="kill runs still going after this many seconds")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per run (the profile's gpus_per_node)")
     parser.add_argument("--gpu-type", default="h100", help="profile gpu_type (the planner's device)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the decoder layers (the GPU default; off here for the device time)")
