@@ -108,7 +108,8 @@ def context(launch: Launch) -> dict[str, Any]:
         "exit_requeue": EXIT_REQUEUE,
         "train_module": TRAIN_MODULE,
         "layer_class": launch.train.model.layer_class,
-        "hidden": int(launch.preset.arch["hidden_size"]),
+        # The trained arch (a --set model.arch.hidden_size=... override included), not the preset's.
+        "hidden": int(launch.train.model.arch.get("hidden_size") or launch.preset.arch["hidden_size"]),
         "mixed_precision": mixed_precision(launch),
         "train": launch.train.train,
     }

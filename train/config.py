@@ -80,6 +80,7 @@ class TrainSection:
     seed: int = 42
     compile: bool | Literal["auto"] = "auto"  # torch.compile each decoder layer; auto = on CUDA GPUs
     fused_loss: bool = True  # lm_head + cross-entropy fused (Liger on CUDA if installed, else chunked)
+    deterministic: bool = False  # GPU: deterministic kernels (resume == uninterrupted, bitwise; slower)
 
     def validate(self) -> None:
         require(self.learning_rate > 0, "train.learning_rate", "must be > 0")

@@ -57,6 +57,16 @@ def use_fused_loss(model: torch.nn.Module) -> None:
     model.forward = types.MethodType(_fused_forward, model)
 
 
+def gather_lm_head_with_root(model: torch.nn.Module) -> None:
+    """ZeRO-3: the fused loss reads lm_head.weight outside lm_head's own forward, where DeepSpeed would
+    leave it partitioned (an empty tensor). Registering it as an external parameter of the root
+    module makes DeepSpeed gather it for the root's forward and backward, which enclose the loss."""
+    from deepspeed.runtime.zero import register_external_parameter
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    register_external_parameter(model, base.lm_head.weight)
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return list(base.model.layers)
