@@ -86,6 +86,8 @@ class TrainSection:
     seed: int = documented(42, "seed of weights init, data order and dropout")
     compile: bool | Literal["auto"] = documented("auto", "torch.compile each decoder layer; auto = on CUDA GPUs")
     fused_loss: bool = documented(True, "fuse lm_head and cross-entropy (Liger on CUDA if installed, else chunked)")
+    deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
+                                            "bitwise; slower)")
     profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on "
                                            "rank 0 and log the top CUDA kernels; unset = off")
 

@@ -21,15 +21,12 @@ class StrategySpec:
     zero_stage: int = 0  # 2 or 3 for engine deepspeed
     fp32_params: bool = False  # the wrapped model keeps fp32 weights (low precision only as a cast cache)
     launchable: bool = True  # the profile and --strategy may choose it
+    gpu_only: str = ""  # why a CPU profile cannot run it; "" = it runs on CPU too (train/sharding.py)
 
     @property
     def config_files(self) -> tuple[str, ...]:
         """Run-directory files the strategy needs besides launch.slurm and train.toml."""
         return ("accelerate.yaml", "deepspeed.json") if self.engine == "deepspeed" else ("accelerate.yaml",)
-
-    @property
-    def needs_gpu(self) -> bool:
-        return self.engine == "deepspeed"  # CPU runs are DDP over gloo whatever fsdp* says (ARCHITECTURE.md)
 
     @property
     def sharded(self) -> bool:
@@ -40,14 +37,16 @@ STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in [
         StrategySpec("fsdp", "FSDP2 full shard", "fsdp", "world", fsdp_version=2),
-        StrategySpec("fsdp1", "FSDP1 full shard", "fsdp", "world", fsdp_version=1, fp32_params=True),
+        StrategySpec("fsdp1", "FSDP1 full shard", "fsdp", "world", fsdp_version=1, fp32_params=True,
+                     gpu_only="FSDP1 needs GPUs (its rank-0 weight broadcast, sync_module_states, is GPU-only)"),
         StrategySpec("hsdp", "FSDP2 hybrid shard", "fsdp", "node", fsdp_version=2, launchable=False),
-        StrategySpec("zero2", "DeepSpeed ZeRO-2", "deepspeed", "world", zero_stage=2),
-        StrategySpec("zero3", "DeepSpeed ZeRO-3", "deepspeed", "world", zero_stage=3),
+        StrategySpec("zero2", "DeepSpeed ZeRO-2", "deepspeed", "world", zero_stage=2, gpu_only="DeepSpeed needs GPUs"),
+        StrategySpec("zero3", "DeepSpeed ZeRO-3", "deepspeed", "world", zero_stage=3, gpu_only="DeepSpeed needs GPUs"),
         StrategySpec("ddp", "DDP / single GPU", "ddp", "none", fp32_params=True, launchable=False),
     ]
 }
 LAUNCHABLE: tuple[str, ...] = tuple(name for name, spec in STRATEGIES.items() if spec.launchable)
+CPU_STRATEGIES: tuple[str, ...] = tuple(name for name in LAUNCHABLE if not STRATEGIES[name].gpu_only)
 # For config dataclasses: the schema checks values against these Literals and names them in errors.
 # Built from the table (Literal accepts a tuple at run time), so the names stay written once.
 Strategy = Literal[LAUNCHABLE]  # type: ignore[valid-type]

@@ -13,8 +13,9 @@ it by the shard degree P), adapted to what the stacks we render really allocate:
   with `reshard_after_forward=False`, so lm_head stays unsharded from the loss to the start of backward.
 * DeepSpeed ZeRO-2/3 with bf16: bf16 params (2 B; full copy in ZeRO-2), bf16 gradient partitions
   (`grad_accum_dtype` defaults to the model dtype), fp32 master (4 B) + moments (8 B) partitions.
-* LoRA: the frozen base stays in its loaded dtype (bf16, 2 B, sharded like the params) with no grads
-  or optimizer state; only the adapters pay 16 B/param.
+* LoRA: the frozen base stays in its loaded dtype (bf16, 2 B, sharded like the params; fp32 under
+  FSDP1, whose FlatParameter has one dtype) with no grads or optimizer state; only the adapters pay
+  16 B/param.
 
 Activations are counted from the tensors autograd saves in `LlamaDecoderLayer` (transformers 5,
 flash/SDPA attention, so no T x T matrix); see `layer_activation_bytes_per_token`.
@@ -172,8 +173,11 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
     low = low_bytes(opts)
     zero3, off = opts.spec.zero_stage == 3, opts.cpu_offload
     if opts.spec.engine != "deepspeed":  # FSDP/DDP: the trainable params are themselves fp32 (Accelerate upcast / autocast)
-        gpu_params = 0 if off else ceil_div(4 * trainable + low * frozen, p)
-        what = f"fp32 adapters + {low}B frozen base" if frozen else "fp32 (= master)"
+        # FSDP1 flattens a layer into one FlatParameter of one dtype: the frozen base stays fp32 too
+        # (train/model.py weights_dtype).
+        frozen_bytes = 4 if opts.spec.fsdp_version == 1 else low
+        gpu_params = 0 if off else ceil_div(4 * trainable + frozen_bytes * frozen, p)
+        what = f"fp32 adapters + {frozen_bytes}B frozen base" if frozen else "fp32 (= master)"
         return {
             "parameters": (gpu_params, f"{what}, /{p}" + (" (on CPU)" if off else "")),
             "gradients": (0 if off else ceil_div(4 * trainable, p), f"fp32, /{p}"),

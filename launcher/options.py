@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from contract import gpus
 from contract.config import TrainConfig, TrainSection
 from contract.schema import ConfigError, build, set_dotted, to_dict
-from contract.strategies import LAUNCHABLE, STRATEGIES, StrategySpec
+from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.presets import Preset, resolve_model
 from launcher.profile import (
     ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
@@ -214,8 +214,9 @@ def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
     spec = gpus.lookup(profile.gpu_type)
-    if launch.strategy_spec.needs_gpu and profile.gpus_per_node == 0:
-        raise ConfigError(f"--strategy {launch.strategy}: DeepSpeed needs GPUs; CPU profiles use fsdp (DDP over gloo)")
+    if profile.gpus_per_node == 0 and launch.strategy_spec.gpu_only:
+        raise ConfigError(f"--strategy {launch.strategy}: {launch.strategy_spec.gpu_only}; "
+                          f"CPU profiles (gpus_per_node = 0) support only {', '.join(CPU_STRATEGIES)} (FSDP2 over gloo)")
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
     if model.precision == "bf16" and spec is not None and not spec.has_bf16:
         raise ConfigError(f"model.precision: {spec.name} has no bf16; use fp16 or auto")

@@ -49,8 +49,9 @@ def _precision(launch: Launch) -> str:
 
 
 def _device_fields(launch: Launch) -> dict[str, Any]:
-    """GPU profiles: the GPU table decides memory. CPU profiles (gpus_per_node = 0): the processes run
-    DDP over gloo, so each holds a full replica in its share of the node's RAM (unknown without `mem`)."""
+    """GPU profiles: the GPU table decides memory. CPU profiles (gpus_per_node = 0): the processes shard
+    with FSDP2 over gloo; planned as "ddp", a full replica each in its share of the node's RAM (an upper
+    bound; unknown without `mem`)."""
     profile = launch.profile
     node_gib = mem_gib(profile.mem)
     if profile.gpus_per_node:
@@ -69,7 +70,8 @@ def plan_input_from_launch(launch: Launch, data: DataEstimate | None = None) -> 
     if not cfg.data.packing and mean_doc:  # padded batches: most of each row is padding
         packing_efficiency = min(1.0, max(0.01, mean_doc / t.model_max_length))
     return PlanInput(
-        arch=dict(launch.preset.arch), nodes=launch.nodes, **_device_fields(launch),
+        # The trained arch (--set model.arch.* overrides included), not only the preset's.
+        arch=dict(cfg.model.arch or launch.preset.arch), nodes=launch.nodes, **_device_fields(launch),
         lora=cfg.lora.enabled, lora_r=cfg.lora.r, lora_target_modules=list(cfg.lora.target_modules),
         lora_dropout=cfg.lora.dropout, gradient_checkpointing=t.gradient_checkpointing,
         micro_batch_tokens=cfg.micro_batch_tokens, gradient_accumulation_steps=t.gradient_accumulation_steps,

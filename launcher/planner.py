@@ -54,8 +54,9 @@ class PlanInput:
     nodes: int = 1
     gpus_per_node: int = 8
     gpu_type: str = "h100"
-    # "cpu": CPU processes (DDP over gloo); each process's share of the node's RAM (gpu_memory_gib)
-    # plays the part of GPU memory, and there is no MFU/time estimate.
+    # "cpu": CPU processes (FSDP2 over gloo, planned as "ddp": a full replica each, an upper bound);
+    # each process's share of the node's RAM (gpu_memory_gib) plays the part of GPU memory, and there
+    # is no MFU/time estimate.
     device: Literal["gpu", "cpu"] = "gpu"
     gpu_memory_gib: float | None = None  # overrides the GPU table (unknown GPU types)
     usable_gpu_fraction: float = 0.95  # headroom for allocator spikes the model does not see

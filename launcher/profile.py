@@ -30,7 +30,7 @@ _TIME_FORMATS = (
     re.compile(r"^(?P<m>\d+)(:(?P<s>\d{1,2}))?$"),
 )
 
-# `--executor local` without a cluster file: one CPU host, DDP over gloo (see ARCHITECTURE.md).
+# `--executor local` without a cluster file: one CPU host, FSDP2 over gloo (see ARCHITECTURE.md).
 EMBEDDED_LOCAL_PROFILE: dict[str, Any] = {
     "gpus_per_node": 0,
     "processes_per_node": 2,

@@ -114,7 +114,8 @@ def context(launch: Launch) -> dict[str, Any]:
         "node_command": node_command(),
         "s": launch.strategy_spec,
         "layer_class": launch.train.model.layer_class,
-        "hidden": int(launch.preset.arch["hidden_size"]),
+        # The trained arch (a --set model.arch.hidden_size=... override included), not the preset's.
+        "hidden": int(launch.train.model.arch.get("hidden_size") or launch.preset.arch["hidden_size"]),
         "mixed_precision": launch.mixed_precision,
         "train": launch.train.train,
     }

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from contract.config import TrainConfig
 
@@ -66,7 +66,9 @@ def _merged_copy(peft_model: torch.nn.Module, state_dict: dict[str, torch.Tensor
     from peft import get_peft_model
 
     base = _base_model(peft_model)
-    fresh = AutoModelForCausalLM.from_config(base.config, dtype=torch.float32)
+    # The class's constructor, not from_config: under ZeRO-3 from_config builds inside zero.Init and
+    # would hand back a partitioned (empty) model. fp32 on the CPU, as from_config would.
+    fresh = type(base)(base.config).float()
     fresh.generation_config = base.generation_config
     merged = get_peft_model(fresh, peft_model.peft_config["default"])
     merged.load_state_dict(state_dict)

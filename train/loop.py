@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 
 from contract.config import TrainConfig
 from contract.protocol import EXIT_REQUEUE
@@ -110,7 +111,7 @@ class Window:
 
 def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     """Run (or resume) training; returns the process exit code (0 done, 75 stopped and saved)."""
-    make_deterministic()
+    make_deterministic(cfg.train.deterministic)
     set_seed(cfg.train.seed)  # same init on every rank
     log_placement(accelerator)
     stop = StopRequest(cfg.run.resolve(cfg.run.stop_file), accelerator.device)
@@ -134,9 +135,11 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     total_steps = cfg.train.max_steps if cfg.train.max_steps > 0 else math.ceil(
         cfg.train.num_train_epochs * steps_per_epoch)
     optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg, total_steps)
-    # The scheduler is not prepare()d: AcceleratedScheduler would step it once per process.
     model, optimizer = accelerator.prepare(model, optimizer)
+    # On the prepared optimizer: DeepSpeed regroups the parameters (and with optimizer offload
+    # Accelerate swaps in DeepSpeedCPUAdam), so the schedule must drive the groups that really step.
+    # Not prepare()d itself: AcceleratedScheduler would step it once per process.
+    scheduler = build_scheduler(optimizer, cfg, total_steps)
     log_model_ready(accelerator, started)
     accelerator.register_for_checkpointing(scheduler)
 
@@ -162,10 +165,16 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     return 0
 
 
-def make_deterministic() -> None:
-    """Bitwise-reproducible CPU runs (resume == uninterrupted); on GPU only cheap settings."""
-    if not torch.cuda.is_available():
-        torch.use_deterministic_algorithms(True, warn_only=True)
+def make_deterministic(on_gpu_too: bool) -> None:
+    """Bitwise-reproducible CPU runs (resume == uninterrupted); on GPU only with train.deterministic,
+    whose kernels are slower. cuBLAS reads its workspace setting when its first handle is made (the
+    first matmul, after this), and without it refuses deterministic mode."""
+    if torch.cuda.is_available() and not on_gpu_too:
+        return
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def _steps_per_epoch(batches: Batches, world: int, accumulation: int) -> int:
@@ -278,7 +287,7 @@ class Loop:
             last = i == len(micro) - 1
             with contextlib.nullcontext() if last else self.acc.no_sync(self.model):
                 loss = self.model(**batch, num_items_in_batch=items_per_rank).loss
-                self.acc.backward(loss)
+                backward(self.acc, loss, last)
             loss_sum += loss.detach().float()
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = _norm_tensor(self.acc.clip_grad_norm_(self.model.parameters(), max_norm), self.acc.device)
@@ -319,8 +328,26 @@ class Loop:
         return float(sums[0] / torch.clamp(sums[1], min=1.0))
 
 
+def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: bool) -> None:
+    """Backward of one micro-batch. DeepSpeed steps its optimizer inside backward whenever Accelerate
+    says the gradients sync (always, outside `accumulate()`), and divides the loss by its
+    gradient_accumulation_steps: here only the last micro-batch of a step is a boundary, and the loss
+    is already normalised over the whole step (module docstring), so DeepSpeed must not scale it."""
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        accelerator.backward(loss)
+        return
+    accelerator.gradient_state._set_sync_gradients(last_micro_batch)
+    try:
+        accelerator.backward(loss, scale_wrt_gas=False)
+    finally:
+        accelerator.gradient_state._set_sync_gradients(True)
+
+
 def _norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:
-    """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2) or a float (DeepSpeed)."""
+    """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2), a float or None (DeepSpeed: its engine
+    clipped inside backward; None when it has no norm to report)."""
+    if norm is None:
+        return torch.tensor(float("nan"), device=device)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return norm.detach().reshape(()) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)

@@ -43,23 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
     # Heavy imports only after the config is known to be valid (fast exit 2 on a typo).
-    import torch
-    from accelerate import Accelerator
+    from torch.distributed.checkpoint import CheckpointException
 
     from train.loop import train
-    from train.model import mixed_precision
+    from train.sharding import build_accelerator
 
     try:
-        accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                                  mixed_precision=mixed_precision(cfg.model.precision))
-        return train(cfg, accelerator)
+        return train(cfg, build_accelerator(cfg.model.precision))
     except ConfigError as err:
         return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
     except PeerFailedError as err:
         logger.error("%s", err)  # a consequence: the rank that failed first says why
         record_failure(run_dir, EXIT_FAILURE, str(err), follow_on=True)
         return EXIT_FAILURE
-    except Exception as err:
+    except (Exception, CheckpointException) as err:  # a failed sharded (DCP) save raises a BaseException
         logger.exception("training failed")
         record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
         return EXIT_FAILURE

@@ -3,16 +3,17 @@ RoPE scaling, LoRA, non-reentrant gradient checkpointing, ``use_cache=False``.
 
 Rank-0-only loading, per distribution type:
 
-* FSDP (GPU): transformers 5.x skips reading weights only on ranks that are not *local* rank 0
-  (``modeling_utils``: ``is_fsdp_enabled() and not is_local_dist_rank_0()``) — one reader per
-  *node*. We go further: only global rank 0 reads; the others build the model on the meta device
-  and take uninitialised CPU storage (``to_empty``: pages never touched, so no RSS), which
-  Accelerate's ``cpu_ram_efficient_loading`` fills by broadcast from rank 0 while sharding. The
-  non-persistent buffers (RoPE ``inv_freq``) are not in that broadcast, so we send them first.
+* FSDP (GPU, and CPU over gloo through ``train.sharding``): transformers 5.x skips reading weights
+  only on ranks that are not *local* rank 0 (``modeling_utils``: ``is_fsdp_enabled() and not
+  is_local_dist_rank_0()``) — one reader per *node*. We go further: only global rank 0 reads; the
+  others build the model on the meta device and take uninitialised CPU storage (``to_empty``: pages
+  never touched, so no RSS), which Accelerate's ``cpu_ram_efficient_loading`` fills by broadcast
+  from rank 0 while sharding. The non-persistent buffers (RoPE ``inv_freq``) are not in that
+  broadcast, so we send them first.
 * DeepSpeed: from_pretrained's own ZeRO-3 handling.
-* DDP (CPU/gloo, or plain multi-GPU): done here. Rank 0 reads the safetensors; the other ranks build
-  the model on the meta device (no memory), materialise empty storage, and receive every parameter
-  and buffer (RoPE ``inv_freq`` included) by broadcast from rank 0.
+* DDP (a launch without FSDP: plain multi-GPU, or CPU): done here. Rank 0 reads the safetensors;
+  the other ranks build the model on the meta device (no memory), materialise empty storage, and
+  receive every parameter and buffer (RoPE ``inv_freq`` included) by broadcast from rank 0.
 Each rank logs its peak RSS before and after, so the saving can be checked in the logs.
 """
 
@@ -34,7 +35,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Pretrain
 from contract import gpus
 from contract.config import TrainConfig
 from train.metrics import peak_rss_mib
-from train.perf import compile_decoder_layers, use_fused_loss
+from train.perf import compile_decoder_layers, gather_lm_head_with_root, use_fused_loss
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +46,20 @@ def mixed_precision(precision: str) -> str:
     return gpus.mixed_precision(precision, on_gpu, torch.cuda.is_bf16_supported() if on_gpu else None)
 
 
-def weights_dtype(cfg: TrainConfig) -> torch.dtype:
+def weights_dtype(cfg: TrainConfig, uniform: bool = False) -> torch.dtype:
     """fp32 master weights for what trains; bf16/fp16 compute comes from Accelerate's mixed precision
     (autocast / FSDP policy). A LoRA run's frozen base needs no master copy, so it is stored in the
     compute dtype (as the planner assumes): half the memory, and autocast no longer casts every base
-    weight at every forward. The adapters stay fp32 (apply_lora)."""
+    weight at every forward. The adapters stay fp32 (apply_lora). `uniform`: the wrapper needs one
+    dtype per wrapped unit (FSDP1 flattens a decoder layer into one FlatParameter), so a LoRA base
+    stays fp32 beside its fp32 adapters."""
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": torch.float32}[mixed_precision(cfg.model.precision)]
-    return compute if cfg.lora.enabled else torch.float32
+    return compute if cfg.lora.enabled and not uniform else torch.float32
+
+
+def is_fsdp1(accelerator: Accelerator) -> bool:
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    return accelerator.distributed_type == DistributedType.FSDP and getattr(plugin, "fsdp_version", 2) == 1
 
 
 def build_config(cfg: TrainConfig) -> PretrainedConfig:
@@ -91,7 +99,8 @@ def random_init(config: PretrainedConfig, accelerator: Accelerator, kwargs: dict
 
 def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation: str) -> PreTrainedModel:
     config = build_config(cfg)
-    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, dtype=weights_dtype(cfg))
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation,
+                                  dtype=weights_dtype(cfg, uniform=is_fsdp1(accelerator)))
     rss_before, started = peak_rss_mib(), time.perf_counter()
     if not cfg.model.path:
         model = random_init(config, accelerator, kwargs)
@@ -113,7 +122,16 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
+    if cfg.train.fused_loss and zero_stage(accelerator) == 3:
+        gather_lm_head_with_root(model)
     return model
+
+
+def zero_stage(accelerator: Accelerator) -> int | None:
+    """DeepSpeed's ZeRO stage, None when not under DeepSpeed."""
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return None
+    return int(accelerator.state.deepspeed_plugin.zero_stage)
 
 
 def log_placement(accelerator: Accelerator) -> None:

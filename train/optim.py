@@ -22,10 +22,12 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": cfg.train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+            # ZeRO-3 partitions parameters at construction (an empty 1-D tensor here): its ds_shape is the real one.
+            ndim = len(getattr(param, "ds_shape", param.shape))
+            (decay if ndim >= 2 else no_decay).append(param)
+    groups = [  # no empty group (LoRA has no 1-D trainable tensors): DeepSpeed drops those
+        {"params": params, "weight_decay": wd}
+        for params, wd in ((decay, cfg.train.weight_decay), (no_decay, 0.0)) if params
     ]
     kwargs = dict(lr=cfg.train.learning_rate, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2))
     try:

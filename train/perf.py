@@ -30,7 +30,7 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
     hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
     if labels is None:
         return CausalLMOutputWithPast(logits=self.lm_head(hidden))
-    weight = self.lm_head.weight
+    weight = _head_weight(self.lm_head, hidden)
     if torch.is_autocast_enabled(hidden.device.type):
         # Autocast would run the lm_head matmul in bf16/fp16; the fused kernels do not see autocast.
         dtype = torch.get_autocast_dtype(hidden.device.type)
@@ -41,11 +41,30 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
     return CausalLMOutputWithPast(loss=loss_sum / num_items_in_batch)
 
 
+def _head_weight(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """lm_head's full weight. Under FSDP2 Accelerate shards lm_head in a unit with the final norm,
+    which the norm's forward unshards; when it finds no norm (a peft-wrapped model) lm_head is a unit
+    alone, which only its own forward unshards: run that forward on zero tokens."""
+    if hasattr(lm_head.weight, "full_tensor"):  # still a sharded DTensor
+        lm_head(hidden[..., :0, :])
+    return lm_head.weight
+
+
 def use_fused_loss(model: torch.nn.Module) -> None:
     """Make `model(**batch, labels=...)` compute the loss from hidden states (train/loss.py)."""
     if not (hasattr(model, "model") and hasattr(model, "lm_head")):
         raise TypeError(f"fused loss needs a *ForCausalLM model with .model and .lm_head, got {type(model)}")
     model.forward = types.MethodType(_fused_forward, model)
+
+
+def gather_lm_head_with_root(model: torch.nn.Module) -> None:
+    """ZeRO-3: the fused loss reads lm_head.weight outside lm_head's own forward, where DeepSpeed would
+    leave it partitioned (an empty tensor). Registering it as an external parameter of the root
+    module makes DeepSpeed gather it for the root's forward and backward, which enclose the loss."""
+    from deepspeed.runtime.zero import register_external_parameter
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    register_external_parameter(model, base.lm_head.weight)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

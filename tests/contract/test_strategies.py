@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 
 from contract.gpus import mixed_precision
-from contract.strategies import LAUNCHABLE, STRATEGIES, PlannerStrategy, Strategy
+from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, PlannerStrategy, Strategy
 from launcher.launch_args import build_parser
 from launcher.profile import ClusterProfile
 
@@ -19,10 +19,11 @@ def test_literals_and_cli_choices_come_from_the_table() -> None:
 
 
 def test_what_each_strategy_implies() -> None:
-    assert STRATEGIES["zero3"].config_files == ("accelerate.yaml", "deepspeed.json") and STRATEGIES["zero3"].needs_gpu
+    assert STRATEGIES["zero3"].config_files == ("accelerate.yaml", "deepspeed.json") and STRATEGIES["zero3"].gpu_only
     assert STRATEGIES["fsdp"].config_files == ("accelerate.yaml",) and STRATEGIES["fsdp"].fsdp_version == 2
     assert STRATEGIES["fsdp1"].fp32_params and STRATEGIES["ddp"].fp32_params and not STRATEGIES["fsdp"].fp32_params
     assert [name for name, spec in STRATEGIES.items() if not spec.sharded] == ["ddp"]
+    assert CPU_STRATEGIES == ("fsdp",)
 
 
 def test_one_mixed_precision_rule() -> None:

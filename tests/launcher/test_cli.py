@@ -44,6 +44,9 @@ def test_help_and_models(tmp_path: Path) -> None:
     (["--model", "tiny", "--executor", "local", "--set", "bogus.x=1"], "--set bogus.x: unknown key"),
     (["--model", "tiny", "--executor", "local", "--set", "profile.env.HF_TOKEN=abc"], "export it in your shell"),
     (["--model", "tiny", "--executor", "local", "--strategy", "zero3"], "DeepSpeed needs GPUs"),
+    (["--model", "tiny", "--executor", "local", "--strategy", "fsdp1"],
+     "--strategy fsdp1: FSDP1 needs GPUs (its rank-0 weight broadcast, sync_module_states, is GPU-only); "
+     "CPU profiles (gpus_per_node = 0) support only fsdp (FSDP2 over gloo)"),
     (["--model", "tiny"], "cluster.example.toml"),
 ])
 def test_config_errors_exit_2_with_one_line_and_no_run_dir(tmp_path: Path, args: list[str], expected: str) -> None:

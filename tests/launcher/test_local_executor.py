@@ -20,6 +20,7 @@ import pytest
 
 from tests.faults import fault_env
 from tests.launcher.conftest import cli_env
+from tests.train.run_helpers import assert_sharded_checkpoint
 
 STAND_IN = '''
 import os, pathlib, signal, sys, time
@@ -94,7 +95,8 @@ def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, s
 
 @pytest.mark.slow
 def test_real_train_module_stop_exit_75_and_resume(tmp_path: Path) -> None:
-    """The real `train` package: its exit 75 is reported by torchrun as 1 and recovered by the launcher."""
+    """The real `train` package: its exit 75 is reported by torchrun as 1 and recovered by the launcher.
+    Its 2 CPU ranks shard with FSDP2 over gloo: the checkpoint is the sharded layout GPU runs write."""
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--max_steps", "4",
                "--save_steps", "100", "--output", str(run_dir)]
@@ -102,6 +104,7 @@ def test_real_train_module_stop_exit_75_and_resume(tmp_path: Path) -> None:
                              text=True, timeout=300)
     assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     assert (run_dir / "checkpoints" / "step-00000002" / "COMPLETE").exists()
+    assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000002", world=2)
     resumed = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert (run_dir / "export").is_dir()

@@ -1,6 +1,7 @@
 """End to end on the local 2-node cluster: the real `sft-launch` CLI renders and sbatch-submits the
-job, a tiny model trains on CPU (DDP over gloo, one process per node), and we preempt it, let it hit
-its time limit, and compare final weights with an uninterrupted run.
+job, a tiny model trains on CPU (FSDP2 over gloo, one process per node: the model and optimizer are
+sharded across the two nodes), and we preempt it, let it hit its time limit, and compare final
+weights with an uninterrupted run. Every checkpoint left on disk must have the sharded layout.
 
 All jobs are submitted at once by one module fixture and driven concurrently (the machine has two
 cores; one job at a time would take far longer); each test then asserts on one run's outcome.
@@ -20,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.slurm import slurm_harness as sh
+from tests.train.run_helpers import assert_sharded_checkpoint
+from train.checkpoint import complete_checkpoints
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -177,11 +180,20 @@ def assert_completed(run: Run, restarts: int) -> None:
     assert steps_by_restart(run.dir)[restarts][-1] == STEPS
 
 
+def assert_sharded_checkpoints(run: Run) -> None:
+    """The checkpoints this run resumed from are FSDP2's sharded DCP layout, one shard per node."""
+    checkpoints = complete_checkpoints(run.dir / "checkpoints")
+    assert checkpoints, f"{run.name}: no complete checkpoint left in {run.dir / 'checkpoints'}"
+    for checkpoint in checkpoints:
+        assert_sharded_checkpoint(checkpoint, world=2)
+
+
 def test_two_nodes_train_and_export(runs):
     run = runs["baseline"]
     assert_completed(run, restarts=0)
     log = log_text(run, 0)
     assert "world size 2" in log
+    assert "world size 2 (DistributedType.FSDP)" in log, "CPU runs must shard with FSDP2, not fall back to DDP"
     # Each node's process says where it landed: machine ranks 0 and 1 (not 0 and 0), one per node.
     assert "[rank 0] INFO train.model: rank 0 of 2: node rank 0, local rank 0, host node1" in log, log
     assert "[rank 1] INFO train.model: rank 1 of 2: node rank 1, local rank 0, host node2" in log, log
@@ -195,6 +207,7 @@ def test_preemption_checkpoints_requeues_and_resumes_bitwise(runs):
     assert "resumed from" in log_text(run, 1)
     assert [e["restart"] for e in events(run, "start")] == [0, 1]
     assert [e.get("kind") for e in events(run, "requeue")] == ["preemption"]
+    assert_sharded_checkpoints(run)
     assert_same_weights(run, runs["baseline"])
 
 
@@ -218,6 +231,7 @@ def test_three_preemptions_one_during_save(runs):
     # max_timeouts = 0 in this profile: preemptions must not count against it.
     assert [e.get("kind") for e in events(run, "requeue")] == ["preemption"] * 3
     assert not (run.dir / "logs" / "timeouts.txt").exists()
+    assert_sharded_checkpoints(run)
     assert_same_weights(run, runs["baseline"])
 
 
@@ -231,3 +245,4 @@ def test_time_limit_requeues_then_timeout_budget_stops(runs):
     assert len((run.dir / "logs" / "timeouts.txt").read_text().splitlines()) == 2
     assert [e.get("kind") for e in events(run, "requeue")] == ["timeout"]
     assert [e.get("outcome") for e in events(run, "finish")] == ["gave-up"]
+    assert_sharded_checkpoints(run)

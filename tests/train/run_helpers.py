@@ -59,6 +59,7 @@ def write_run(run_dir: Path, overrides: dict[str, dict[str, Any]] | None = None,
         f"main_process_port: {free_port()}\nmixed_precision: 'no'\nrdzv_backend: static\n"
         "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
         "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+        "  fsdp_reshard_after_forward: true\n  fsdp_cpu_ram_efficient_loading: true\n"  # as rendered
     )
     return run_dir
 
@@ -102,3 +103,23 @@ def exported_tensors(run_dir: Path) -> dict[str, Any]:
     for path in sorted((run_dir / "export").glob("*.safetensors")):
         tensors.update(load_file(path))
     return tensors
+
+
+def assert_sharded_checkpoint(checkpoint: Path, world: int) -> None:
+    """The checkpoint has FSDP2's sharded layout (torch.distributed.checkpoint: one ``.distcp`` file
+    per rank for the model and for the optimizer, each weight split across the ranks), not DDP's
+    single model file: a silent fall-back to DDP fails here."""
+    from accelerate.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
+    from torch.distributed.checkpoint import FileSystemReader
+
+    full_files = [p.name for p in checkpoint.iterdir() if p.suffix in (".safetensors", ".bin")]
+    assert not full_files, f"{checkpoint}: unsharded model files {full_files} (DDP layout)"
+    for name in (f"{FSDP_MODEL_NAME}_0", f"{OPTIMIZER_NAME}_0"):
+        shards = checkpoint / name
+        assert sorted(p.name for p in shards.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(world)], shards
+        tensors = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+        matrices = {key: meta for key, meta in tensors.items() if len(getattr(meta, "size", ())) == 2}
+        assert matrices, f"{shards}: no weight matrices in the DCP metadata"
+        for key, meta in matrices.items():
+            rows = sorted(chunk.offsets[0] for chunk in meta.chunks)
+            assert len(rows) == world and len(set(rows)) == world, f"{shards}: {key} is not split over {world} ranks"

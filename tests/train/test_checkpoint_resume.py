@@ -1,5 +1,7 @@
 """Preemption: stop request → checkpoint → exit 75 → restart equals an uninterrupted run (bitwise on
-CPU, same world size); kill -9 in the middle of a save → resume from the previous complete one."""
+CPU, same world size); kill -9 in the middle of a save → resume from the previous complete one.
+The 2 ranks shard with FSDP2 over gloo (train.sharding), so the checkpoints are the sharded DCP
+layout GPU runs write; each test asserts it."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.train.run_helpers import launch_command, launch_env, metrics, read_log, run_training, write_run, exported_tensors
+from tests.train.run_helpers import (assert_sharded_checkpoint, exported_tensors, launch_command, launch_env, metrics,
+                                     read_log, run_training, write_run)
 
 from contract.protocol import EXIT_REQUEUE, checkpointed_after_stop
 from tests.faults import SLOW_SAVE_STEP_ENV as TEST_SLOW_SAVE_STEP_ENV
@@ -49,6 +52,7 @@ def test_stop_request_checkpoints_exits_75_and_resumes_bitwise(tmp_path, referen
     assert code in (EXIT_REQUEUE, 1) and "exitcode  : 75" in first_log, first_log
     assert checkpointed_after_stop(run_dir / "STOP_REQUESTED", run_dir / "checkpoints")
     assert (run_dir / "checkpoints" / "step-00000010" / MARKER).is_file()
+    assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000010", world=2)
     assert not (run_dir / "export").exists()
 
     assert run_training(run_dir, log_name="second.log") == 0, read_log(run_dir, "second.log")
@@ -66,7 +70,7 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, re
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 180
-            while not (ckpts / ".tmp-step-00000010" / "model.safetensors").exists():
+            while not (ckpts / ".tmp-step-00000010" / "train_state.json").exists():  # model and optimizer written
                 assert proc.poll() is None and time.monotonic() < deadline, read_log(run_dir, "first.log")
                 time.sleep(0.2)
             time.sleep(0.5)
@@ -74,12 +78,14 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, re
             os.killpg(proc.pid, signal.SIGKILL)  # the whole job, mid-save: as a node failure would
             proc.wait()
     assert (ckpts / "step-00000005" / MARKER).is_file()
+    assert_sharded_checkpoint(ckpts / "step-00000005", world=2)
     assert not (ckpts / "step-00000010").exists()
 
     assert run_training(run_dir, log_name="second.log") == 0, read_log(run_dir, "second.log")
     log = read_log(run_dir, "second.log")
     assert "step-00000005 (step 5" in log and "removing incomplete checkpoint" in log
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-00000020", "step-00000025"]  # last K kept
+    assert_sharded_checkpoint(ckpts / "step-00000025", world=2)
     assert_same_weights(run_dir, reference)
 
 
@@ -88,6 +94,7 @@ def test_reference_run_trains_logs_and_exports(reference):
     export is a Hugging Face directory that loads and generates."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    assert "world size 2 (DistributedType.FSDP)" in read_log(reference)
     records = [r for r in metrics(reference) if "loss" in r]
     assert records[-1]["loss"] < records[0]["loss"] - 1.0
     assert {"tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "packing_efficiency", "restart"} <= set(records[0])

@@ -1,5 +1,7 @@
-"""Rank-0-only loading on CPU/DDP: rank 0 reads a ~140 MB checkpoint; rank 1 builds on the meta
-device, so its peak RSS stays at its baseline until the broadcast, and ends with identical weights."""
+"""Rank-0-only loading: rank 0 reads a ~140 MB checkpoint; rank 1 builds on the meta device, so its
+peak RSS stays at its baseline until the broadcast, and ends with identical weights. Both paths:
+DDP (load_on_rank0) and FSDP2 over gloo, the CPU training path (load_for_fsdp + Accelerate's
+sharding, after which rank 1 keeps only its shard)."""
 
 import json
 import subprocess
@@ -15,24 +17,32 @@ BIG_ARCH = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hi
                 num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256)
 
 
-def test_only_rank0_reads_the_weights(tmp_path):
+def _save_checkpoint(checkpoint) -> tuple[float, float]:
+    """A ~140 MB random Llama; returns its size in MiB and the sum of its weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    checkpoint = tmp_path / "ckpt"
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**BIG_ARCH))
     model.save_pretrained(checkpoint)
     size_mib = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors")) / 2**20
     assert 100 < size_mib < 200
     expected = sum(float(t.double().sum()) for t in model.state_dict().values())
-    del model
+    return size_mib, expected
 
+
+def _probe(tmp_path, mode: str, checkpoint) -> tuple[dict, dict]:
     run_dir = write_run(tmp_path / "run")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(run_dir / "accelerate.yaml"),
-           str(REPO / "tests" / "train" / "rank0_load_probe.py"), str(checkpoint), str(tmp_path)]
+           str(REPO / "tests" / "train" / "rank0_load_probe.py"), mode, str(checkpoint), str(tmp_path)]
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    return tuple(json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+
+
+def test_only_rank0_reads_the_weights(tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    size_mib, expected = _save_checkpoint(checkpoint)
+    rank0, rank1 = _probe(tmp_path, "ddp", checkpoint)
 
     # Rank 1's peak RSS while rank 0 loads stays at its baseline (it holds only meta tensors) ...
     assert rank1["at_broadcast_mib"] - rank1["baseline_mib"] < 0.1 * size_mib
@@ -40,4 +50,16 @@ def test_only_rank0_reads_the_weights(tmp_path):
     # resident as the broadcast reads them, so rank 0's growth shows after, not before, it).
     for rank in (rank0, rank1):
         assert rank["after_mib"] - rank["baseline_mib"] > 0.8 * size_mib
+    assert rank0["checksum"] == pytest.approx(expected) and rank1["checksum"] == rank0["checksum"]
+
+
+def test_fsdp2_only_rank0_reads_and_each_rank_keeps_its_shard(tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    size_mib, expected = _save_checkpoint(checkpoint)
+    rank0, rank1 = _probe(tmp_path, "fsdp2", checkpoint)
+    # Rank 1 holds nothing until rank 0 broadcasts (meta device, then untouched empty storage) ...
+    assert rank1["at_broadcast_mib"] - rank1["baseline_mib"] < 0.1 * size_mib
+    # ... and ends holding its shard, not a whole copy (resident now, freed heap returned: on CPU the
+    # broadcast's per-tensor buffers lift the *peak* to about one copy), with rank 0's values.
+    assert rank1["rss_now_mib"] - rank1["baseline_now_mib"] < 0.9 * size_mib
     assert rank0["checksum"] == pytest.approx(expected) and rank1["checksum"] == rank0["checksum"]

@@ -1,0 +1,58 @@
+"""The Accelerator of a training process, sharded with FSDP2 on CPU hosts as on GPU ones.
+
+``accelerate launch`` with an FSDP config exports ``ACCELERATE_USE_FSDP`` and the ``FSDP_*``
+settings, and ``Accelerator()`` builds its FSDP plugin from them on every host. On GPUs the
+state then becomes ``DistributedType.FSDP``; with ``cpu=True`` (no GPU) Accelerate 1.15 keeps
+``MULTI_CPU`` and would wrap the model in DDP, because it turns FSDP on only for GPU-like
+distributed types. torch's ``fully_shard`` itself runs on CPU over gloo (gloo has
+``all_gather_into_tensor`` and ``reduce_scatter_tensor``), so on CPU we switch the state to FSDP
+with the same plugin: from there ``prepare`` (``fully_shard`` per decoder layer, rank-0 weights
+broadcast by ``cpu_ram_efficient_loading``), ``save_state``/``load_state`` (sharded DCP) and
+``get_state_dict`` (full state dict for the export) are Accelerate's FSDP2 code, as on GPU.
+
+FSDP1 cannot take this path: its rank-0 weight broadcast (``sync_module_states``, forced by
+``cpu_ram_efficient_loading``) is GPU-only in torch, and Accelerate's FSDP1 plugin asks for a GPU
+when ``Accelerator()`` builds it; the launcher refuses it on CPU profiles
+(``launcher.options.check_combinations``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+from train.model import mixed_precision
+
+logger = logging.getLogger(__name__)
+
+
+def build_accelerator(precision: str) -> Accelerator:
+    """The Accelerator for this process: FSDP2 (GPU or CPU/gloo), DeepSpeed or DDP as launched."""
+    on_cpu = not torch.cuda.is_available()
+    accelerator = Accelerator(cpu=on_cpu, mixed_precision=mixed_precision(precision))
+    if on_cpu and accelerator.distributed_type == DistributedType.MULTI_CPU and _launched_with_fsdp():
+        shard_on_cpu(accelerator)
+    return accelerator
+
+
+def _launched_with_fsdp() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def shard_on_cpu(accelerator: Accelerator) -> None:
+    """Turn a MULTI_CPU (gloo) state into FSDP2 with the launch's FSDP plugin (see the module doc)."""
+    plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables, as Accelerator() does
+    if plugin.fsdp_version != 2:
+        raise RuntimeError(f"FSDP version {plugin.fsdp_version} cannot run on CPU; use FSDP2 (strategy fsdp)")
+    state = accelerator.state
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = plugin
+    # As AcceleratorState does on GPU: every later AcceleratorState() copies PartialState's type.
+    PartialState().distributed_type = DistributedType.FSDP
+    logger.info("CPU host: sharding with FSDP2 over %s (%d ranks)", state.backend, accelerator.num_processes)
