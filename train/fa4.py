@@ -20,7 +20,7 @@ import inspect
 import torch
 
 FWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "return_lse"}
-BWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"}
+BWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "deterministic"}
 MIN_CAPABILITY, MAX_CAPABILITY = (9, 0), (12, 99)  # Hopper (sm90) to Blackwell (sm100/sm120)
 
 
@@ -69,16 +69,17 @@ def _fa4_varlen_fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, scale):
 def fa4_varlen_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, scale: float,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv, *_ = _interface()._flash_attn_bwd(
         q, k, v, out, dout.contiguous(), lse, scale, True,
-        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, deterministic=deterministic,
     )
     return dq, dk, dv
 
 
 @fa4_varlen_bwd.register_fake
-def _fa4_varlen_bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale):
+def _fa4_varlen_bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, deterministic):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -90,8 +91,11 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, dout, dlse):
+    # The default backward accumulates dq with atomics (run-to-run differences in the last bits);
+    # train.deterministic (torch.use_deterministic_algorithms) asks for FA4's deterministic order.
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = fa4_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.scale)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    dq, dk, dv = fa4_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.scale, deterministic)
     return dq, dk, dv, None, None, None, None, None
 
 

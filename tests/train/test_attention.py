@@ -137,5 +137,5 @@ def test_fa4_op_is_opaque_to_tracing():
         cu = torch.tensor([0, 4, 10], dtype=torch.int32)
         out, lse = fa4_varlen_fwd(q, k, v, cu, cu, 6, 6, 0.125)
         assert out.shape == (10, 4, 64) and lse.shape == (4, 10) and lse.dtype == torch.float32
-        dq, dk, dv = fa4_varlen_bwd(out, q, k, v, out, lse, cu, cu, 6, 6, 0.125)
+        dq, dk, dv = fa4_varlen_bwd(out, q, k, v, out, lse, cu, cu, 6, 6, 0.125, False)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
