@@ -29,18 +29,16 @@ logger = logging.getLogger(__name__)
 
 
 def export_checkpoint(config: Path, checkpoint: Path, output: Path) -> None:
-    import torch
-    from accelerate import Accelerator
-
     from train.attention import setup_attention
     from train.checkpoint import load_checkpoint
     from train.data import load_tokenizer
     from train.export import export_model
-    from train.model import build_model, mixed_precision
+    from train.model import build_model
     from train.optim import build_optimizer, build_scheduler
+    from train.sharding import build_accelerator
 
     cfg = load_train_config(config)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(cfg.model.precision))
+    accelerator = build_accelerator(cfg.model.precision)  # as training built it: FSDP2 states load sharded
     tokenizer = load_tokenizer(cfg)
     model = build_model(cfg, accelerator, setup_attention(cfg.model.attn_implementation, accelerator.device,
                                                           cfg.data.packing))

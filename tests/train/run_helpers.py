@@ -123,3 +123,19 @@ def assert_sharded_checkpoint(checkpoint: Path, world: int) -> None:
         for key, meta in matrices.items():
             rows = sorted(chunk.offsets[0] for chunk in meta.chunks)
             assert len(rows) == world and len(set(rows)) == world, f"{shards}: {key} is not split over {world} ranks"
+
+
+def full_model_state(checkpoint: Path) -> dict:
+    """The whole model state of a sharded (FSDP2, DCP) checkpoint, gathered into one dict on this
+    process (offline: torch.distributed.checkpoint's DCP -> torch.save converter)."""
+    import tempfile
+
+    import torch
+    from accelerate.utils.constants import FSDP_MODEL_NAME
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "model.pt"
+        dcp_to_torch_save(str(checkpoint / f"{FSDP_MODEL_NAME}_0"), str(target))
+        state = torch.load(target, weights_only=True)
+    return state.get("model", state)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.eval_helpers import offline_env, sft_launch, write_tasks
-from tests.train.run_helpers import read_log, run_training, write_run
+from tests.train.run_helpers import full_model_state, read_log, run_training, write_run
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("lm_eval", reason="the eval extra (pip install 'sft-launch[eval]') is not installed")
@@ -41,7 +41,7 @@ def test_eval_of_a_checkpoint_exports_it_first(trained: Path, tmp_path: Path) ->
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     export = run_dir / "eval" / "export-step-00000002"
     exported = load_file(export / "model.safetensors")
-    saved = load_file(run_dir / "checkpoints" / "step-00000002" / "model.safetensors")  # DDP on CPU: one file
+    saved = full_model_state(run_dir / "checkpoints" / "step-00000002")  # FSDP2 on CPU: sharded (DCP)
     assert exported.keys() == saved.keys() and all((exported[k] == saved[k]).all() for k in saved)
     assert (export / "chat_template.jinja").is_file() and not list(export.parent.glob(".tmp-*"))
     data = json.loads((run_dir / "eval" / "step2.json").read_text())
