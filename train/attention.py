@@ -132,67 +132,47 @@ def torch_varlen_options(parameters: set[str], scaling: float | None, head_dim: 
     return options
 
 
-def torch_varlen_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+def transformers_attention(kernel: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, None]]:
+    """transformers' attention-function shape around a varlen kernel that takes packed [T, H, D]
+    tensors: kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, dropout) -> [T, H, D]."""
+
+    def forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+        q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(query, key, value, kwargs)
+        return kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, dropout).unsqueeze(0), None
+
+    return forward
+
+
+def torch_varlen_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     if dropout:
         raise ValueError("torch varlen_attn has no attention dropout; set attention_dropout = 0")
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(query, key, value, kwargs)
     parameters = set(inspect.signature(varlen_attn).parameters)
     gqa = k.shape[1] != q.shape[1]
     options = torch_varlen_options(parameters, scaling, q.shape[-1], gqa)
     if gqa and "enable_gqa" not in options:  # older torch: expand KV heads to the query heads
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    out = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **options)
-    return out.unsqueeze(0), None
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **options)
 
 
-def fa4_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+def fa4_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float) -> torch.Tensor:
     from train.fa4 import fa4_varlen_attention
 
     if dropout:
         raise ValueError("FlashAttention-4 has no attention dropout; set attention_dropout = 0")
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(query, key, value, kwargs)
-    return fa4_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scaling).unsqueeze(0), None
+    return fa4_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scaling)  # GQA native
 
 
-def flash_attn_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+def flash_attn_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(query, key, value, kwargs)
     # FA2 handles GQA natively (fewer KV heads than query heads).
-    out = flash_attn_varlen_func(
-        q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=dropout, softmax_scale=scaling, causal=True
-    )
-    return out.unsqueeze(0), None
+    return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=dropout, softmax_scale=scaling,
+                                  causal=True)
 
 
 def _cuda_ampere_reason(device: torch.device, what: str) -> str | None:
@@ -233,9 +213,9 @@ def torch_varlen_unavailable(device: torch.device) -> str | None:
 
 PACKED_BACKENDS: dict[str, tuple[str, Callable[..., Any], Callable[[torch.device], str | None]]] = {
     # user name: (registered name, attention function, availability check)
-    "fa4": (FA4, fa4_forward, fa4_unavailable),
-    "flash_attn": (FLASH_ATTN, flash_attn_forward, flash_attn_unavailable),
-    "varlen": (TORCH_VARLEN, torch_varlen_forward, torch_varlen_unavailable),
+    "fa4": (FA4, transformers_attention(fa4_kernel), fa4_unavailable),
+    "flash_attn": (FLASH_ATTN, transformers_attention(flash_attn_kernel), flash_attn_unavailable),
+    "varlen": (TORCH_VARLEN, transformers_attention(torch_varlen_kernel), torch_varlen_unavailable),
     "sdpa": (PACKED_SDPA, packed_sdpa_forward, lambda device: None),
 }
 AUTO_ORDER = ("fa4", "flash_attn", "varlen", "sdpa")
