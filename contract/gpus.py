@@ -19,6 +19,11 @@ class GpuSpec:
     has_bf16: bool = True
 
 
+# GPU-only attention backends (train/attention.py): the lowest compute capability their kernels are
+# built for. The launcher checks the profile's GPU against it, training the device it runs on.
+# (torch's own varlen kernel is FlashAttention-2 too: same floor as flash_attn.)
+ATTENTION_MIN_CAPABILITY: dict[str, tuple[int, int]] = {"flash_attn": (8, 0), "fa4": (9, 0)}
+
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in [

@@ -193,17 +193,13 @@ def config_hash(profile_name: str, profile: ClusterProfile, train: TrainConfig, 
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
 
 
-# GPU-only attention backends: the compute capabilities their kernels are built for.
-GPU_ATTENTION = {"flash_attn": (8, 0), "fa4": (9, 0)}
-
-
 def check_attention(backend: str, gpus_per_node: int, spec: gpus.GpuSpec | None) -> None:
     """A GPU-only attention backend on a CPU profile or a GPU its kernels do not support."""
-    if backend not in GPU_ATTENTION:
+    if backend not in gpus.ATTENTION_MIN_CAPABILITY:
         return
     if gpus_per_node == 0:
         raise ConfigError(f"model.attn_implementation: {backend} needs GPUs (profile has gpus_per_node = 0)")
-    low = GPU_ATTENTION[backend]
+    low = gpus.ATTENTION_MIN_CAPABILITY[backend]
     if spec is not None and spec.compute_capability < low:
         major, minor = spec.compute_capability
         raise ConfigError(f"model.attn_implementation: {backend} needs compute capability >= {low[0]}.{low[1]}; "

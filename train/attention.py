@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from contract import gpus
 from contract.schema import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -176,11 +177,13 @@ def flash_attn_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, 
 
 
 def _cuda_ampere_reason(device: torch.device, what: str) -> str | None:
+    """FlashAttention-2 kernels (the flash_attn package, torch's varlen): CUDA, Ampere or newer."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return f"{what} runs only on CUDA GPUs (device is {device})"
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 0):
-        return f"{what} needs compute capability >= 8.0 (device has {major}.{minor})"
+    low = gpus.ATTENTION_MIN_CAPABILITY["flash_attn"]
+    if (major, minor) < low:
+        return f"{what} needs compute capability >= {low[0]}.{low[1]} (device has {major}.{minor})"
     return None
 
 

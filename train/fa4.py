@@ -19,9 +19,11 @@ import inspect
 
 import torch
 
+from contract.gpus import ATTENTION_MIN_CAPABILITY
+
 FWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "return_lse"}
 BWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "deterministic"}
-MIN_CAPABILITY, MAX_CAPABILITY = (9, 0), (12, 99)  # Hopper (sm90) to Blackwell (sm100/sm120)
+MIN_CAPABILITY, MAX_CAPABILITY = ATTENTION_MIN_CAPABILITY["fa4"], (12, 99)  # Hopper (sm90) to Blackwell (sm120)
 
 
 def _interface():
