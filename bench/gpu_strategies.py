@@ -51,9 +51,10 @@ from bench.strategy_checks import (  # after the sys.path line: runnable as a sc
     export_loads,
     last_error_line,
     predicted_peak,
-    read_metrics,
     step_stats,
 )
+from contract import protocol
+from launcher.ops.rundir import read_metrics
 
 STRATEGIES = ("fsdp", "fsdp1", "zero2", "zero3")
 # ~135M parameters (vocabulary of the shipped tokenizer): big enough that memory is not all overhead.
@@ -173,9 +174,8 @@ def resolve_case(case: Case, args: argparse.Namespace, run_dir: Path) -> Any:
 def train(launch: Any, log: Path, timeout: float) -> int:
     """Start training exactly as `sft-launch --executor local` does."""
     from launcher.local import train_command
-    from tests.train.run_helpers import free_port
 
-    return run_logged(train_command(launch, free_port()), log, timeout)
+    return run_logged(train_command(launch, protocol.free_port()), log, timeout)
 
 
 # --------------------------------------------------------------------------- one case

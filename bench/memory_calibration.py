@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from contract.protocol import free_port  # noqa: E402  (after the sys.path line: runnable as a script)
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=512, tie_word_embeddings=False)
@@ -95,12 +96,6 @@ fsdp_config:
   fsdp_offload_params: false
   fsdp_activation_checkpointing: false
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- worker (torch side)

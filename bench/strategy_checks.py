@@ -6,7 +6,6 @@ a failed run's log."""
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,6 @@ def last_error_line(log: Path) -> str:
         if any(k in line for k in ("Error", "Exception", "error:", "killed after", "Traceback")):
             return line[:300]
     return lines[-1][:300] if lines else "(empty log)"
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def step_stats(records: list[dict[str, Any]]) -> tuple[float | None, float | None, float | None, float | None]:

@@ -10,6 +10,7 @@ cannot run (no answer at all) is told apart from a "no".
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -49,6 +50,13 @@ CHECKPOINT_MARKER = "COMPLETE"
 # (32768+), so jobs sharing a node do not collide. launch.slurm renders the same two numbers.
 MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 10000
+
+
+def free_port() -> int:
+    """A free TCP port on this host, for a rendezvous that stays on this machine (local runs)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def log_name(job_id: str, restart: int) -> str:

@@ -14,13 +14,13 @@ import importlib.util
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract import __version__
+from contract import __version__, protocol
+from contract.command import ACCELERATE_CLI, accelerate_of_this_python
 from contract.schema import ConfigError, build, to_dict
 from launcher.ops import evalresults, rundir
 from launcher.profile import EMBEDDED_LOCAL_NAME, EMBEDDED_LOCAL_PROFILE, ClusterProfile, build_profile, \
@@ -125,7 +125,7 @@ def model_source(run_dir: Path, checkpoint: str | None) -> tuple[Path, Path | No
         raise ConfigError(f"--checkpoint {checkpoint}: no complete checkpoint with that step in {run_dir} "
                           f"(complete: {steps})")
     step, path = chosen[0]
-    model_dir = evalresults.results_dir(run_dir) / f"export-step-{step:08d}"
+    model_dir = evalresults.checkpoint_export_dir(run_dir, step)
     return model_dir, None if (model_dir / "config.json").is_file() else path
 
 
@@ -135,7 +135,7 @@ def eval_request(args: argparse.Namespace, pinned: Path | None = None) -> EvalRe
     tasks = _check_flags(args)
     run_dir = rundir.resolve_run(args)
     if pinned is not None:
-        model_dir, export_from = evalresults.results_dir(run_dir) / f"export-step-{int(args.checkpoint):08d}", pinned
+        model_dir, export_from = evalresults.checkpoint_export_dir(run_dir, int(args.checkpoint)), pinned
     else:
         model_dir, export_from = model_source(run_dir, args.checkpoint)
     name = args.name or default_name(tasks)
@@ -153,8 +153,8 @@ def eval_request(args: argparse.Namespace, pinned: Path | None = None) -> EvalRe
 def export_args(request: EvalRequest, num_processes: int) -> list[str]:
     """`accelerate launch` arguments (after the rendezvous address) of train.export_checkpoint on one node."""
     run_dir = request.run_dir
-    return ["--config_file", str(run_dir / "accelerate.yaml"), "--num_machines", "1", "--machine_rank", "0",
-            "--num_processes", str(num_processes), "-m", EXPORT_MODULE, "--config", str(run_dir / "train.toml"),
+    return ["--config_file", str(run_dir / protocol.ACCELERATE_CONFIG), "--num_machines", "1", "--machine_rank", "0",
+            "--num_processes", str(num_processes), "-m", EXPORT_MODULE, "--config", str(run_dir / protocol.TRAIN_CONFIG),
             "--checkpoint", str(request.export_from), "--output", str(request.model_dir),
             *(["--remove-checkpoint"] if request.consume_checkpoint else [])]
 
@@ -174,12 +174,12 @@ def run_profile(args: argparse.Namespace, run_dir: Path) -> tuple[str, ClusterPr
     return str(run.get("profile_name", "recorded")), build(ClusterProfile, dict(run["profile"]))
 
 
-def eval_command(python: str, accelerate: list[str], num_processes: int, flags: list[str]) -> list[str]:
+def eval_command(python: str, accelerate: tuple[str, ...], num_processes: int, flags: list[str]) -> list[str]:
     """train.evaluate as one process (its exit code intact), or through `accelerate launch`: data
     parallel over the node's `num_processes` GPUs (torchrun reports any failure as 1)."""
     if num_processes <= 1:
         return [python, "-m", EVAL_MODULE, *flags]
-    return [*accelerate, "launch", "--num_machines", "1", "--num_processes", str(num_processes), "--multi_gpu",
+    return [*accelerate, "--num_machines", "1", "--num_processes", str(num_processes), "--multi_gpu",
             "--mixed_precision", "no", "--dynamo_backend", "no", "-m", EVAL_MODULE, *flags]
 
 
@@ -188,20 +188,15 @@ def render_script(request: EvalRequest, profile_name: str, profile: ClusterProfi
     from launcher.render import _environment
 
     processes = max(1, profile.gpus_per_node)
-    command = eval_command(profile.python, ["accelerate"], profile.gpus_per_node, request.args)
+    command = eval_command(profile.python, ACCELERATE_CLI, profile.gpus_per_node, request.args)
     view = to_dict(profile)
     return _environment().get_template(TEMPLATE).render(
         version=__version__, profile_name=profile_name, p=view, container=view["container"],
         job_name=re.sub(r"[^A-Za-z0-9._-]+", "-", f"eval-{request.run_dir.name}")[:64], name=request.name,
         time_limit=time_limit, run_dir=str(request.run_dir), output=str(request.output), num_processes=processes,
         allow_code_eval=allow_code_eval, command=command, checkpoint=str(request.export_from or ""),
-        export_args=export_args(request, processes) if request.export_from else [])
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        export_args=export_args(request, processes) if request.export_from else [],
+        master_port={"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN})
 
 
 def _local_env(profile: ClusterProfile, allow_code_eval: bool) -> dict[str, str]:
@@ -215,11 +210,11 @@ def _local_env(profile: ClusterProfile, allow_code_eval: bool) -> dict[str, str]
 
 
 def run_local(request: EvalRequest, profile: ClusterProfile, allow_code_eval: bool, dry_run: bool) -> int:
-    accelerate = [sys.executable, "-m", "accelerate.commands.accelerate_cli"]  # = `accelerate`, this Python's
+    accelerate = accelerate_of_this_python()
     commands = [eval_command(sys.executable, accelerate, profile.gpus_per_node, request.args)]
     if request.export_from:
-        commands.insert(0, [*accelerate, "launch", "--main_process_ip", "127.0.0.1", "--main_process_port",
-                            str(_free_port()), *export_args(request, max(1, profile.gpus_per_node))])
+        commands.insert(0, [*accelerate, "--main_process_ip", "127.0.0.1", "--main_process_port",
+                            str(protocol.free_port()), *export_args(request, max(1, profile.gpus_per_node))])
     code = 0
     for command in commands:
         print(f"{'would run' if dry_run else 'running'}: {shlex.join(command)}", flush=True)
@@ -239,7 +234,7 @@ def submit(request: EvalRequest, script: str, dry_run: bool) -> int:
     from launcher import sbatch
 
     evalresults.results_dir(request.run_dir).mkdir(parents=True, exist_ok=True)
-    (request.run_dir / "logs").mkdir(exist_ok=True)
+    (request.run_dir / protocol.LOGS_DIR).mkdir(exist_ok=True)
     script_path = evalresults.results_dir(request.run_dir) / f"{request.name}.slurm"
     script_path.write_text(script, encoding="utf-8")
     relative = str(script_path.relative_to(request.run_dir))

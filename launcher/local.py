@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,6 @@ from launcher.executors import Started
 from launcher.options import Launch
 
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def train_command(launch: Launch, port: int) -> list[str]:
@@ -78,7 +71,7 @@ def run_local(launch: Launch) -> int:
     stop_file = run_dir / launch.train.run.stop_file  # an absolute stop_file replaces run_dir
     checkpoint_dir = run_dir / launch.train.run.checkpoint_dir
     stop_file.unlink(missing_ok=True)  # a stale request must not stop this run
-    argv = train_command(launch, _free_port())
+    argv = train_command(launch, protocol.free_port())
     log.info("running: %s", " ".join(argv))
     started = time.time()
     child = subprocess.Popen(argv, cwd=run_dir, start_new_session=True, preexec_fn=_ignore_usr1)

@@ -22,6 +22,11 @@ def results_dir(run_dir: Path) -> Path:
     return run_dir / RESULTS_DIR
 
 
+def checkpoint_export_dir(run_dir: Path, step: int) -> Path:
+    """Where `eval --checkpoint STEP` exports that checkpoint (kept and reused by later evals)."""
+    return results_dir(run_dir) / f"export-{protocol.checkpoint_name(step)}"
+
+
 def read_results(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from contract.protocol import free_port
 from tests.faults import FOLDER as FAULTS
 from tests.train.conftest import TINY_ARCH
 
@@ -24,12 +24,6 @@ BASE_CONFIG: dict[str, dict[str, Any]] = {
               "gradient_checkpointing": True},
     "run": {"dir": "."},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _toml_value(value: Any) -> str:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from bench.strategy_checks import compare_exports, export_loads
+from contract.protocol import free_port
 from tests.launcher.conftest import cli_env
-from tests.train.run_helpers import REPO, free_port
+from tests.train.run_helpers import REPO
 
 pytest.importorskip("deepspeed", reason="deepspeed not installed (extra: deepspeed)")
 pytestmark = pytest.mark.slow

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.run_helpers import REPO, free_port, launch_env
+from contract.protocol import free_port
+from tests.train.run_helpers import REPO, launch_env
 
 
 @pytest.mark.slow
