@@ -16,7 +16,7 @@ from typing import Any, Literal
 from contract import gpus
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
-from contract.strategies import STRATEGIES, PlannerStrategy
+from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
 from launcher.host_memory import cpu_bytes_per_node
 from launcher.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory, trainable_params
 
@@ -94,7 +94,7 @@ class PlanInput:
         require(0 < self.packing_efficiency <= 1, "packing_efficiency", "must be in (0, 1]")
         require(self.storage_write_gbps > 0 and self.node_write_gbps > 0, "storage_write_gbps", "must be > 0")
         sharded = [name for name, spec in STRATEGIES.items() if spec.sharded]
-        require(not self.cpu_offload or STRATEGIES[self.strategy].sharded, "cpu_offload",
+        require(not self.cpu_offload or self.spec.sharded, "cpu_offload",
                 f"needs a sharded strategy ({', '.join(sharded)}), not {self.strategy}")
         require(self.expected_mfu is None or 0 < self.expected_mfu <= 1, "expected_mfu", "must be in (0, 1]")
         require(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be -1 or > 0")
@@ -103,6 +103,10 @@ class PlanInput:
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def spec(self) -> StrategySpec:
+        return STRATEGIES[self.strategy]
 
 
 def plan_input_from_dict(data: dict[str, Any]) -> PlanInput:
@@ -205,7 +209,7 @@ def _try(inp: PlanInput, text: str, **change: Any) -> Suggestion | None:
 
 def _smallest_nodes(inp: PlanInput, **extra: Any) -> Suggestion | None:
     """More nodes only help where state is sharded over the whole world (not hsdp/ddp)."""
-    strategy = "fsdp" if STRATEGIES[inp.strategy].shards != "world" else inp.strategy
+    strategy = "fsdp" if inp.spec.shards != "world" else inp.strategy
     for nodes in range(inp.nodes + 1, MAX_SUGGESTED_NODES + 1):
         change = {"nodes": nodes, **extra} | ({"strategy": strategy} if strategy != inp.strategy else {})
         found = _try(inp, f"use {nodes} nodes" + "".join(f", {k}={v}" for k, v in change.items() if k != "nodes"),
@@ -238,7 +242,7 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
         candidates.append(_try(inp, "load weights on rank 0 only", cpu_ram_efficient_loading=True))
     candidates.append(_smallest_nodes(inp))
     candidates.append(_smaller_micro_batch(inp))
-    if STRATEGIES[inp.strategy].sharded and not inp.cpu_offload:
+    if inp.spec.sharded and not inp.cpu_offload:
         candidates.append(_try(inp, "enable CPU offload (slow)", cpu_offload=True))
     if not inp.lora:
         candidates.append(_try(inp, "train LoRA adapters instead of all weights", lora=True))
@@ -252,7 +256,7 @@ def checkpoint_bytes(trainable: int, inp: PlanInput) -> int:
     """Accelerate `save_state`: model state + optimizer. FSDP/DDP save the fp32 trainable params (4 B)
     and AdamW moments (8 B); DeepSpeed saves bf16 module weights (2 B) + fp32 master and moments (12 B).
     LoRA saves the adapters only (the frozen base is re-read from model.path)."""
-    per_param = 14 if STRATEGIES[inp.strategy].engine == "deepspeed" else 12
+    per_param = 14 if inp.spec.engine == "deepspeed" else 12
     return per_param * trainable
 
 
@@ -325,7 +329,7 @@ def make_plan(inp: PlanInput) -> Plan:
         warnings.append("CPU processes: no MFU/time estimate")
     elif gpus.lookup(inp.gpu_type) is None:
         warnings.append(f"gpu_type {inp.gpu_type!r} is not in contract/gpus.py: no MFU/time estimate")
-    if STRATEGIES[inp.strategy].shards == "node" and inp.nodes == 1:
+    if inp.spec.shards == "node" and inp.nodes == 1:
         warnings.append(f"{inp.strategy} on one node is plain full sharding")
     if inp.dataset_tokens is None and inp.max_steps <= 0:
         warnings.append("dataset size unknown and max_steps unset: no step count, ETA or cost")

@@ -238,7 +238,7 @@ def check(launch: Launch) -> str:
     """The executor's dry run: SLURM's check of launch.slurm, which asks for the same resources."""
     from launcher import sbatch
 
-    return f"sbatch --test-only: {sbatch.test_only(launch.run_dir).message}\ndry run: nothing submitted (submitit)"
+    return sbatch.check(launch) + " (submitit)"
 
 
 def start(launch: Launch) -> Started:
