@@ -34,7 +34,7 @@ def export_checkpoint(config: Path, checkpoint: Path, output: Path) -> None:
     from train.data import load_tokenizer
     from train.export import export_model
     from train.model import build_model
-    from train.optim import build_optimizer, build_scheduler
+    from train.optim import prepare_for_training
     from train.sharding import build_accelerator
 
     cfg = load_train_config(config)
@@ -42,10 +42,7 @@ def export_checkpoint(config: Path, checkpoint: Path, output: Path) -> None:
     tokenizer = load_tokenizer(cfg)
     model = build_model(cfg, accelerator, setup_attention(cfg.model.attn_implementation, accelerator.device,
                                                           cfg.data.packing))
-    optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg, total_steps=1)  # load_state restores its real state
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
+    model, _, _ = prepare_for_training(accelerator, model, cfg, total_steps=1)  # load_state restores their state
     load_checkpoint(accelerator, checkpoint)
     tmp = output.with_name(f".tmp-{output.name}")
     if accelerator.is_main_process and tmp.exists():

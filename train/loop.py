@@ -37,7 +37,7 @@ from train.export import export_model
 from train.hooks import HOOKS
 from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_per_gpu, step_record
 from train.model import build_model, log_model_ready, log_placement
-from train.optim import build_optimizer, build_scheduler
+from train.optim import prepare_for_training
 from train.packing import collate_packed, collate_padded, plan_micro_batches
 from train.perf import RecompileWatch, StepProfiler
 from train.stop import StopRequest
@@ -134,14 +134,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     steps_per_epoch = _steps_per_epoch(batches, accelerator.num_processes, cfg.train.gradient_accumulation_steps)
     total_steps = cfg.train.max_steps if cfg.train.max_steps > 0 else math.ceil(
         cfg.train.num_train_epochs * steps_per_epoch)
-    optimizer = build_optimizer(model, cfg)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    # On the prepared optimizer: DeepSpeed regroups the parameters (and with optimizer offload
-    # Accelerate swaps in DeepSpeedCPUAdam), so the schedule must drive the groups that really step.
-    # Not prepare()d itself: AcceleratedScheduler would step it once per process.
-    scheduler = build_scheduler(optimizer, cfg, total_steps)
+    model, optimizer, scheduler = prepare_for_training(accelerator, model, cfg, total_steps)
     log_model_ready(accelerator, started)
-    accelerator.register_for_checkpointing(scheduler)
 
     state = TrainState()
     if (latest := latest_checkpoint(ckpt_root)) is not None:

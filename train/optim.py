@@ -10,12 +10,30 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from contract.config import TrainConfig
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
 logger = logging.getLogger(__name__)
+
+
+def prepare_for_training(accelerator: Accelerator, model: torch.nn.Module, cfg: TrainConfig,
+                         total_steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+    """Optimizer and schedule around `model`, prepared as training and the checkpoint export both need
+    them (load_state restores exactly these objects). Returns (model, optimizer, scheduler)."""
+    optimizer = build_optimizer(model, cfg)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # On the prepared optimizer: DeepSpeed regroups the parameters (and with optimizer offload
+    # Accelerate swaps in DeepSpeedCPUAdam), so the schedule must drive the groups that really step.
+    # Not prepare()d itself: AcceleratedScheduler would step it once per process.
+    scheduler = build_scheduler(optimizer, cfg, total_steps)
+    accelerator.register_for_checkpointing(scheduler)
+    return model, optimizer, scheduler
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
