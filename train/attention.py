@@ -24,6 +24,7 @@ build fails), so ours are "sft_fa4_varlen", "sft_fa2_varlen", "sft_torch_varlen"
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import logging
@@ -146,12 +147,19 @@ def transformers_attention(kernel: Callable[..., torch.Tensor]) -> Callable[...,
     return forward
 
 
+@functools.cache  # the signature never changes in a run; read once, not at every layer's forward
+def _varlen_parameters() -> frozenset[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def torch_varlen_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     if dropout:
         raise ValueError("torch varlen_attn has no attention dropout; set attention_dropout = 0")
-    parameters = set(inspect.signature(varlen_attn).parameters)
+    parameters = set(_varlen_parameters())
     gqa = k.shape[1] != q.shape[1]
     options = torch_varlen_options(parameters, scaling, q.shape[-1], gqa)
     if gqa and "enable_gqa" not in options:  # older torch: expand KV heads to the query heads

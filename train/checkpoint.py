@@ -59,8 +59,9 @@ def complete_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoint dirs, oldest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if protocol.checkpoint_step(p) is not None and (p / MARKER).is_file()]
-    return sorted(found, key=lambda p: protocol.checkpoint_step(p) or 0)
+    found = [(step, p) for p in root.iterdir()
+             if (step := protocol.checkpoint_step(p)) is not None and (p / MARKER).is_file()]
+    return [p for _, p in sorted(found, key=lambda found_step: found_step[0])]
 
 
 def latest_checkpoint(root: Path) -> Path | None:

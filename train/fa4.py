@@ -14,6 +14,7 @@ needs). They are private, so `unavailable()` checks that they exist with the arg
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 
@@ -26,6 +27,7 @@ BWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "det
 MIN_CAPABILITY, MAX_CAPABILITY = ATTENTION_MIN_CAPABILITY["fa4"], (12, 99)  # Hopper (sm90) to Blackwell (sm120)
 
 
+@functools.cache  # looked up by every forward/backward call; a failed import is not cached
 def _interface():
     return importlib.import_module("flash_attn.cute.interface")
 
