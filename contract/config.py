@@ -132,6 +132,10 @@ class RunSection:
     metrics_file: str = protocol.METRICS_FILE
     stop_file: str = protocol.STOP_FILE  # written by the batch shell's trap
     gpu_type: str = ""  # from the profile; used for peak FLOP/s when the device name is unknown
+    # From the profile (#15): the progress watchdog's floor (no completed optimizer step for this long,
+    # or longer when steps are slow: exit EXIT_HUNG; 0 = off) and the collective (process-group) timeout.
+    hang_timeout_s: int = 600
+    collective_timeout_s: int = 600
     wandb_project: str = "sft-launch"
     name: str = ""
 

@@ -21,6 +21,9 @@ EXIT_USAGE = 2  # bad configuration or command line
 # A training process that saved a checkpoint because it was asked to stop (EX_TEMPFAIL): the batch
 # shell requeues the job, the local executor tells the user to run the same command again.
 EXIT_REQUEUE = 75
+# A training process whose progress watchdog or a collective timeout fired: some rank stopped making
+# progress (a dead or hung node suspected). The batch shell looks for the node to blame (#15).
+EXIT_HUNG = 76
 
 # Run directory layout (docs/ARCHITECTURE.md). Names relative to the run directory.
 LAUNCH_SCRIPT = "launch.slurm"
@@ -29,7 +32,10 @@ DEEPSPEED_CONFIG = "deepspeed.json"
 TRAIN_CONFIG = "train.toml"
 RUN_RECORD = "run.json"
 LOGS_DIR = "logs"
-CANCEL_FILE = "CANCEL_REQUESTED"  # `sft-launch cancel`: checkpoint, then do not requeue
+CANCEL_FILE = "CANCEL_REQUESTED"
+# LOGS_DIR/ROSTER_FILE: one JSON line per training rank and (re)start (rank, host, pid, job, restart):
+# which host ran which rank, for blaming a node whose ranks went silent.
+ROSTER_FILE = "ranks.jsonl"  # `sft-launch cancel`: checkpoint, then do not requeue
 # Defaults of the [run] keys that name files (contract.config.RunSection).
 STOP_FILE = "STOP_REQUESTED"
 CHECKPOINT_DIR = "checkpoints"

@@ -168,7 +168,8 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
         "train": dict(preset.train_defaults),
         "lora": {"enabled": True} if request.lora else {},
         # run.dir "." = the folder holding train.toml, so the run directory stays relocatable.
-        "run": {"dir": ".", "gpu_type": profile.gpu_type},
+        "run": {"dir": ".", "gpu_type": profile.gpu_type, "hang_timeout_s": profile.hang_timeout_s,
+                "collective_timeout_s": profile.collective_timeout_s},
     }
     if not preset.hf_id:
         data["model"]["arch"] = dict(preset.arch)

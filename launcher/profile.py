@@ -107,6 +107,12 @@ class ClusterProfile:
     storage_write_gbps: float = 2.0
     max_timeouts: int = 3  # stop requeueing after this many time-limit hits (preemptions are not capped)
     rdzv_timeout_s: int = 900  # how long nodes wait for each other at startup
+    # A dead or hung node (#15): a rank with no completed step for max(hang_timeout_s, a multiple of the
+    # measured step time) stops the job; a collective waits at most collective_timeout_s. The batch
+    # shell then excludes the node it blames and requeues, at most max_node_failures times.
+    hang_timeout_s: int = 600
+    collective_timeout_s: int = 600
+    max_node_failures: int = 2
     master_port: int = 0  # 0 = 20000 + job_id % 10000 (outside the ephemeral range)
     python: str = "python3"  # used by the batch shell for run.json and the checkpointed-after-stop check
     sbatch: dict[str, str | int | bool] = field(default_factory=dict)  # other sbatch options: {mail-type = "END"}
@@ -130,6 +136,9 @@ class ClusterProfile:
         require(self.storage_write_gbps > 0, "storage_write_gbps", "must be > 0")
         require(self.max_timeouts >= 0, "max_timeouts", "must be >= 0")
         require(self.rdzv_timeout_s >= 1, "rdzv_timeout_s", "must be >= 1")
+        require(self.hang_timeout_s >= 0, "hang_timeout_s", "must be >= 0 (0 = no progress watchdog)")
+        require(self.collective_timeout_s >= 1, "collective_timeout_s", "must be >= 1")
+        require(self.max_node_failures >= 0, "max_node_failures", "must be >= 0")
         require(self.master_port == 0 or 1024 < self.master_port < 65536, "master_port", "must be 0 or 1025-65535")
         for name in self.env:
             require(bool(_ENV_NAME.match(name)), f"env.{name}", "not a valid environment variable name")
