@@ -42,12 +42,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_train_config(args.config)
     except ConfigError as err:
         return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
-    # Heavy imports only after the config is known to be valid (fast exit 2 on a typo).
-    from torch.distributed.checkpoint import CheckpointException
+    # Heavy imports only after the config is known to be valid (fast exit 2 on a typo). A package
+    # missing on the compute nodes is the classic first failure: it gets its record like any other.
+    try:
+        from torch.distributed.checkpoint import CheckpointException
 
-    from train.loop import train
-    from train.sharding import build_accelerator
-
+        from train.loop import train
+        from train.sharding import build_accelerator
+    except ImportError as err:
+        logger.exception("import failed")
+        record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
+        return EXIT_FAILURE
     try:
         return train(cfg, build_accelerator(cfg.model.precision))
     except ConfigError as err:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,21 @@ def test_local_run_ends_with_the_first_failing_ranks_error_and_exit_2(tmp_path: 
     records = failure.read_failures(run_dir)
     assert any(r["rank"] == 0 and r["exit_code"] == 2 for r in records), records
     assert all(r.get("follow_on") for r in records if r["rank"] != 0), records
+
+
+def test_a_package_missing_on_the_compute_node_is_the_one_line(tmp_path: Path) -> None:
+    """`import datasets` failing inside training (a node's environment lacks it) is recorded like any
+    other first failure, not left to torchrun's traceback."""
+    run_dir, stubs = tmp_path / "run", tmp_path / "stubs"
+    assert run_cli(["--model", "tiny", "--executor", "local", "--output", str(run_dir), "--dry-run"],
+                   tmp_path).returncode == 0
+    (stubs / "datasets").mkdir(parents=True)
+    (stubs / "datasets" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'datasets'\", name='datasets')\n")
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(stubs), env["PYTHONPATH"]])
+    result = subprocess.run([sys.executable, "-m", "train", "--config", str(run_dir / "train.toml")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    [record] = failure.read_failures(run_dir)
+    assert record["message"] == "ModuleNotFoundError: No module named 'datasets'"
