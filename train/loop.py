@@ -339,9 +339,10 @@ def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: boo
 
 def _norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:
     """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2), a float or None (DeepSpeed: its engine
-    clipped inside backward; None when it has no norm to report)."""
+    clipped inside backward; None when it has no norm to report). With CPU offload the gradients, and
+    so the norm, live on the CPU: it joins the step's other numbers on the training device."""
     if norm is None:
         return torch.tensor(float("nan"), device=device)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
-    return norm.detach().reshape(()) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)
+    return norm.detach().reshape(()).to(device) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)

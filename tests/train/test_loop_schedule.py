@@ -1,4 +1,4 @@
-"""LR schedules (warmup, cosine/linear/constant, min-lr floor) and the optimizer's parameter groups."""
+"""LR schedules (warmup, cosine/linear/constant, min-lr floor), the optimizer's parameter groups, the step's numbers."""
 
 import math
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from contract.config import TrainConfig
+from train.loop import _norm_tensor
 from train.optim import build_optimizer, build_scheduler, lr_multiplier
 
 
@@ -41,3 +42,12 @@ def test_scheduler_drives_optimizer_lr():
     assert seen[0] == pytest.approx(1e-3 / 2)  # warmup of ceil(0.1*20) = 2 steps
     assert seen[1] == pytest.approx(1e-3)
     assert seen[-1] < seen[2] and not math.isnan(seen[-1])
+
+
+def test_grad_norm_joins_the_step_numbers_on_the_training_device() -> None:
+    """FSDP/ZeRO CPU offload: clip_grad_norm_ returns a CPU norm while the loss lives on the GPU
+    (an H100 run crashed in torch.stack). 'meta' stands in for the GPU here."""
+    meta = torch.device("meta")
+    assert _norm_tensor(torch.tensor(2.0), meta).device == meta
+    assert _norm_tensor(1.5, meta).device == meta
+    assert torch.isnan(_norm_tensor(None, torch.device("cpu")))
