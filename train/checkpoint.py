@@ -23,7 +23,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 from contract import protocol
 from train.hooks import HOOKS
@@ -145,9 +147,35 @@ def _prune(root: Path, keep: int) -> None:
 def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainState:
     """Collective: restores model, optimizer, scheduler, RNG of this rank; returns the data position."""
     started = time.perf_counter()
+    if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
+        for optimizer in accelerator._optimizers:
+            materialize_optimizer_state(optimizer.optimizer)
     accelerator.load_state(str(path))
     data = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     state = TrainState(**data)
     logger.info("resumed from %s (step %d, epoch %d, micro-batch %d) in %.1f s", path, state.step, state.epoch,
                 state.micro_batch_index, time.perf_counter() - started)
     return state
+
+
+def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state tensors (Adam's moments) without changing a weight.
+
+    Accelerate loads an FSDP1 optimizer by reading the checkpoint into ``optimizer.state_dict()`` as a
+    template: a fresh Adam has no moments yet, so none were read and the resumed run silently started
+    with zero moments (H100, bench/gpu_strategies.py: FSDP1 diverged at the first step after resume).
+    One step on zero gradients at learning rate 0 creates them (AdamW's decay is lr x wd = 0 too);
+    the load then overwrites every value, the step count included. FSDP2 and DeepSpeed do this inside
+    their own loaders."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, rate in zip(optimizer.param_groups, rates):
+        group["lr"] = rate
+    optimizer.zero_grad(set_to_none=True)

@@ -70,3 +70,21 @@ def test_stop_file_is_dropped_only_once_a_checkpoint_answered_it(tmp_path):
     os.utime(checkpoint / MARKER, (1000, 1000))
     stop.clear_answered_file(is_main_process=True, latest_checkpoint=checkpoint)
     assert stop_file.exists()
+
+
+def test_materialize_optimizer_state_creates_moments_and_changes_no_weight():
+    """FSDP1 resume (train.checkpoint.load_checkpoint): Accelerate reads the checkpoint into the fresh
+    optimizer's own state_dict, so the moments must exist first or none are restored."""
+    import torch
+
+    from train.checkpoint import materialize_optimizer_state
+
+    model = torch.nn.Linear(4, 3)
+    model.bias.requires_grad_(False)  # a frozen parameter gets no state
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5)
+    materialize_optimizer_state(optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert set(optimizer.state[model.weight]) >= {"exp_avg", "exp_avg_sq", "step"}
+    assert model.bias not in optimizer.state and model.weight.grad is None
+    assert optimizer.param_groups[0]["lr"] == 0.1
