@@ -214,6 +214,8 @@ def check_combinations(launch: Launch) -> None:
     if profile.gpus_per_node == 0 and launch.strategy_spec.gpu_only:
         raise ConfigError(f"--strategy {launch.strategy}: {launch.strategy_spec.gpu_only}; "
                           f"CPU profiles (gpus_per_node = 0) support only {', '.join(CPU_STRATEGIES)} (FSDP2 over gloo)")
+    if profile.cpu_offload and launch.strategy_spec.no_cpu_offload:
+        raise ConfigError(f"profile.cpu_offload: {launch.strategy_spec.no_cpu_offload}")
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
     if model.precision == "bf16" and spec is not None and not spec.has_bf16:
         raise ConfigError(f"model.precision: {spec.name} has no bf16; use fp16 or auto")

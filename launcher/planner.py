@@ -242,7 +242,7 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
         candidates.append(_try(inp, "load weights on rank 0 only", cpu_ram_efficient_loading=True))
     candidates.append(_smallest_nodes(inp))
     candidates.append(_smaller_micro_batch(inp))
-    if inp.spec.sharded and not inp.cpu_offload:
+    if inp.spec.sharded and not inp.cpu_offload and not inp.spec.no_cpu_offload:
         candidates.append(_try(inp, "enable CPU offload (slow)", cpu_offload=True))
     if not inp.lora:
         candidates.append(_try(inp, "train LoRA adapters instead of all weights", lora=True))

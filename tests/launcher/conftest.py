@@ -41,7 +41,7 @@ CASES = [
     Case("local-tiny", None, "tiny"),
     Case("cpu-tiny-2nodes", "cpu", "tiny", nodes=2),
     Case("a100-llama3-8b-fsdp", "a100", "llama3-8b", nodes=2),
-    Case("a100-llama-13b-fsdp1-offload", "a100", "llama-13b", strategy="fsdp1", sets=("profile.cpu_offload=true",)),
+    Case("a100-llama-13b-fsdp1", "a100", "llama-13b", strategy="fsdp1"),
     Case("a100-llama-70b-zero3-offload", "a100", "llama-70b", nodes=4, strategy="zero3",
          sets=("profile.cpu_offload=true",)),
     Case("a100-mistral-7b-zero2-lora", "a100", "mistral-7b", strategy="zero2", lora=True),
