@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contract.shape import ModelShape
-from contract.strategies import STRATEGIES, StrategySpec
+from contract.strategies import STRATEGIES, ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, StrategySpec
 
 GIB = 1024**3
 
@@ -175,12 +175,17 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
     if opts.spec.engine != "deepspeed":  # FSDP/DDP: the trainable params are themselves fp32 (Accelerate upcast / autocast)
         # FSDP1 flattens a layer into one FlatParameter of one dtype: the frozen base stays fp32 too
         # (train/model.py weights_dtype).
-        frozen_bytes = 4 if opts.spec.fsdp_version == 1 else low
+        # Its gradient covers the whole FlatParameter, frozen elements included (torch's FSDP docs; 136M
+        # LoRA on an H100: +0.5 GiB). With CPU offload the low-precision gradients stay on the GPU until
+        # their copies to the host finish at the end of backward (136M on an H100: +0.29 GiB).
+        fsdp1 = opts.spec.fsdp_version == 1
+        frozen_bytes = 4 if fsdp1 else low
         gpu_params = 0 if off else ceil_div(4 * trainable + frozen_bytes * frozen, p)
         what = f"fp32 adapters + {frozen_bytes}B frozen base" if frozen else "fp32 (= master)"
+        grads = ceil_div(low * trainable, p) if off else ceil_div(4 * (trainable + (frozen if fsdp1 else 0)), p)
         return {
             "parameters": (gpu_params, f"{what}, /{p}" + (" (on CPU)" if off else "")),
-            "gradients": (0 if off else ceil_div(4 * trainable, p), f"fp32, /{p}"),
+            "gradients": (grads, f"{low if off else 4}B, /{p}" + (" (until copied to CPU)" if off else "")),
             "optimizer_states": (0 if off else ceil_div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
             "master_weights": (0, "none: the fp32 params are the master copy"),
         }
@@ -267,8 +272,13 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
                 "layers_backward": layers_bwd}
     buckets = 2 * low * d * d
     if spec.zero_stage == 3:
-        return {"forward": lm_head + layer, "head_backward": lm_head + lm_grad + buckets,
-                "layers_backward": 2 * layer + layer_grad + buckets}
+        # Gathered weights stay resident until stage3_max_live_parameters of them are (a whole small
+        # model: +0.27 GiB at 136M with offload on an H100; ~1.9 GiB at that cap for a 70B). One
+        # unsharded GPU partition is the full weight already: nothing is gathered (measured too).
+        gathers = opts.cpu_offload or shard_degree(opts) > 1
+        live = low * min(ZERO_MAX_LIVE_PARAMETERS, shape.total_params) if gathers else 0
+        return {"forward": max(lm_head + layer, live), "head_backward": max(lm_head, live) + lm_grad + buckets,
+                "layers_backward": max(2 * layer, live) + layer_grad + buckets}
     if spec.zero_stage == 2:
         return {"forward": 0, "head_backward": lm_grad + buckets, "layers_backward": layer_grad + buckets}
     cast_cache = 0 if low == 4 else low * shape.matmul_params
@@ -279,11 +289,16 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
 
 def _step_temporaries(shape: ModelShape, opts: MemoryOptions) -> int:
     """torch's foreach AdamW (`_multi_tensor_adam`, what `torch.optim.AdamW()` picks on CUDA, DTensor
-    params included) allocates one fp32 `sqrt(v)` per parameter; the fused kernel (train/optim.py) and
-    DeepSpeed's fused Adam allocate none, and an offloaded optimizer steps on the host."""
-    if opts.adamw_impl != "foreach" or opts.spec.engine == "deepspeed" or opts.cpu_offload:
+    params included) allocates one fp32 `sqrt(v)` per parameter; the fused kernel (train/optim.py)
+    allocates none, and an offloaded optimizer steps on the host. DeepSpeed's step first copies the
+    low-precision gradient partition into an fp32 `.grad` of its master partition (one sub-group at a
+    time), which its fused Adam then reads: 4 B per trainable element of the partition."""
+    if opts.cpu_offload:
         return 0
-    return ceil_div(4 * trainable_params(shape, opts), shard_degree(opts))
+    partition = ceil_div(trainable_params(shape, opts), shard_degree(opts))
+    if opts.spec.engine == "deepspeed":
+        return 4 * min(partition, ZERO_SUB_GROUP_SIZE)
+    return 4 * partition if opts.adamw_impl == "foreach" else 0
 
 
 def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str, dict[str, int]]:

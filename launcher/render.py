@@ -16,6 +16,7 @@ from typing import Any
 from contract import __version__, protocol
 from contract.command import shell_words, train_command
 from contract.schema import to_dict
+from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE
 from launcher import runrecord
 from launcher.options import Launch
 from launcher.sbatch_options import profile_sbatch_options, sbatch_line
@@ -117,6 +118,8 @@ def context(launch: Launch) -> dict[str, Any]:
         # The trained arch (a --set model.arch.hidden_size=... override included), not the preset's.
         "hidden": int(launch.train.model.arch.get("hidden_size") or launch.preset.arch["hidden_size"]),
         "mixed_precision": launch.mixed_precision,
+        "zero_max_live_parameters": ZERO_MAX_LIVE_PARAMETERS,
+        "zero_sub_group_size": ZERO_SUB_GROUP_SIZE,
         "train": launch.train.train,
     }
 

@@ -118,7 +118,9 @@ def test_fitting_run_has_no_suggestions():
 def test_cpu_offload_moves_state_to_host():
     n = ModelShape.from_arch(LLAMA3_8B).total_params
     p = plan(gpus_per_node=8, cpu_offload=True)
-    assert state(p) == 0
+    # Only the bf16 gradients wait on the GPU for their copy to the host (measured, launcher/memory.py).
+    assert state(p) == pytest.approx(2 * n / 8, abs=8)
+    assert p.gpu.parameters == p.gpu.optimizer_states == p.gpu.master_weights == 0
     assert p.cpu["offload"] == pytest.approx(8 * 16 * n / 8, abs=8)
 
 
