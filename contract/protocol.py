@@ -41,6 +41,13 @@ STOP_FILE = "STOP_REQUESTED"
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 EXPORT_DIR = "export"
+# LOGS_DIR/NODE_FAILURES_FILE: one line per node the batch shell blamed and excluded (#15):
+# "JOB RESTART NODE REASON..."; its length is what max_node_failures caps.
+NODE_FAILURES_FILE = "node_failures.txt"
+# LOGS_DIR/ATTEMPT_FILE: "JOB RESTART START_EPOCH" of the attempt running now; the batch shell removes
+# it when it decides the outcome itself, so finding it at start means SLURM ended the previous attempt
+# (a node failure requeued by SLURM): the next start asks for the node to blame then.
+ATTEMPT_FILE = "attempt.txt"
 
 # `sft-launch eval` results: EVAL_DIR/<name>.json; EVAL_DIR/pinned-step-N is a checkpoint hard-linked
 # by `eval --every-checkpoint` until its export (train/export_checkpoint.py) removes it.
