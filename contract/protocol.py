@@ -32,10 +32,12 @@ DEEPSPEED_CONFIG = "deepspeed.json"
 TRAIN_CONFIG = "train.toml"
 RUN_RECORD = "run.json"
 LOGS_DIR = "logs"
-CANCEL_FILE = "CANCEL_REQUESTED"
+CANCEL_FILE = "CANCEL_REQUESTED"  # `sft-launch cancel`: checkpoint, then do not requeue
 # LOGS_DIR/ROSTER_FILE: one JSON line per training rank and (re)start (rank, host, pid, job, restart):
-# which host ran which rank, for blaming a node whose ranks went silent.
-ROSTER_FILE = "ranks.jsonl"  # `sft-launch cancel`: checkpoint, then do not requeue
+# which host ran which rank, for blaming a node whose ranks went silent (contract/liveness.py).
+ROSTER_FILE = "ranks.jsonl"
+# LOGS_DIR/HEARTBEAT_DIR/rank-NNNNN.json: each rank's last completed step and last sign of life.
+HEARTBEAT_DIR = "heartbeats"
 # Defaults of the [run] keys that name files (contract.config.RunSection).
 STOP_FILE = "STOP_REQUESTED"
 CHECKPOINT_DIR = "checkpoints"
