@@ -20,7 +20,6 @@ nodes would shrink the cluster for nothing, and a real node failure recurs with 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contract import failure, protocol
+from contract import failure, liveness, protocol
 
 NO_NODE = "-"
 # `sinfo -N -o "%N %T"` states (lower case, a trailing `*` = not responding) that make a node suspect.
@@ -36,7 +35,7 @@ BAD_STATES = ("down", "drain", "fail", "not_responding", "no_respond", "power_do
 # Words of the errors a rank raises when a peer vanished (gloo/NCCL/c10d), as opposed to its own bug.
 PEER_ERROR_WORDS = ("connection", "peer", "broken pipe", "timed out", "timeout", "socket", "gloo", "nccl",
                     "distbackenderror", "distnetworkerror")
-HEARTBEAT_GAP_S = 15.0  # three missed beats: frozen or dead, not a slow file system
+HEARTBEAT_GAP_S = liveness.SILENT_AFTER_S  # missed beats: frozen or dead, not a slow file system
 SLURM_QUERY_TIMEOUT_S = 15
 
 
@@ -116,42 +115,16 @@ def decide(evidence: Evidence) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------- reading the evidence
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:  # until contract.liveness (#15 training side) lands
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def roster_hosts(run_dir: Path, since: float) -> dict[int, str]:
     """rank -> host of this attempt's roster lines (a rank's newest line wins)."""
-    hosts: dict[int, str] = {}
-    for record in _read_jsonl(run_dir / protocol.LOGS_DIR / protocol.ROSTER_FILE):
-        if isinstance(record.get("rank"), int) and float(record.get("time", 0)) >= since - failure.CLOCK_SLACK_S:
-            hosts[record["rank"]] = str(record.get("host"))
-    return hosts
+    return {r["rank"]: str(r.get("host")) for r in liveness.read_roster(run_dir)
+            if isinstance(r.get("rank"), int) and float(r.get("time", 0)) >= since - failure.CLOCK_SLACK_S}
 
 
 def heartbeat_times(run_dir: Path, since: float) -> dict[int, float]:
-    beats: dict[int, float] = {}
-    for path in sorted((run_dir / protocol.LOGS_DIR / "heartbeats").glob("rank-*.json")):
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        beat = record.get("time") if isinstance(record, dict) else None
-        if isinstance(record.get("rank"), int) and isinstance(beat, (int, float)) and beat >= since:
-            beats[record["rank"]] = float(beat)
-    return beats
+    """rank -> when this attempt's ranks last wrote their heartbeat."""
+    return {rank: float(beat["time"]) for rank, beat in liveness.read_heartbeats(run_dir).items()
+            if beat["time"] >= since}
 
 
 def _run(*cmd: str) -> str:
