@@ -45,11 +45,12 @@ class Run:
     job: dict[str, str] = field(default_factory=dict)  # final `scontrol show job` fields
 
 
-def launch(name: str, root: Path, profile: str, *flags: str) -> Run:
+def launch(name: str, root: Path, profile: str, *flags: str, env: dict[str, str] | None = None) -> Run:
+    """`sft-launch ... --executor sbatch` as a user types it; `env` (default: ours) reaches the job too."""
     run_dir = root / name
     cmd = ["sft-launch", "--cluster", str(CLUSTER_TOML), "--profile", profile, "--nodes", "2", "--model", "tiny",
            "--executor", "sbatch", "--output", str(run_dir), "--logging_steps", "1", *flags]
-    env = {**os.environ, "SFT_SLURM_TESTS": str(HERE)}
+    env = {**(env or os.environ), "SFT_SLURM_TESTS": str(HERE)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr}"
     job_ids = json.loads((run_dir / "run.json").read_text())["job_ids"]
