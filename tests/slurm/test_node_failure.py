@@ -29,7 +29,7 @@ import pytest
 
 from tests.faults import fault_env
 from tests.slurm import slurm_harness as sh
-from tests.slurm.test_e2e_train import Run, assert_same_weights, events, launch, log_text, metrics
+from tests.slurm.test_e2e_train import Run, assert_same_weights, events, launch, log_text, metrics, until_finished
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -63,19 +63,11 @@ def kill_node(run: Run) -> str:
 
 def drive(runs: list[Run], faults: dict[str, Fault], fired: dict[str, tuple[str, float]]) -> None:
     """Do each run's fault once its first attempt logged FAULT_AFTER_STEPS steps; return when all finished."""
-    deadline = time.monotonic() + PHASE_TIMEOUT_S
-    pending = {run.job_id: run for run in runs}
-    while pending:
-        assert time.monotonic() < deadline, f"jobs still running after {PHASE_TIMEOUT_S} s: {sorted(pending)}"
-        for run in list(pending.values()):
-            if run.name in faults and run.name not in fired:
-                if len([r for r in metrics(run.dir) if not r.get("restart")]) >= FAULT_AFTER_STEPS:
-                    fired[run.name] = (faults[run.name](run), time.time())
-            fields = sh.show_job(run.job_id)
-            if fields.get("JobState") in sh.FINISHED_STATES:
-                run.job = fields
-                del pending[run.job_id]
-        time.sleep(0.1)
+    def tick(run: Run) -> None:
+        if run.name in faults and run.name not in fired:
+            if len([r for r in metrics(run.dir) if not r.get("restart")]) >= FAULT_AFTER_STEPS:
+                fired[run.name] = (faults[run.name](run), time.time())
+    until_finished(runs, tick, PHASE_TIMEOUT_S, interval_s=0.1)
 
 
 @pytest.fixture(scope="module")
