@@ -96,7 +96,8 @@ def decide(evidence: Evidence) -> tuple[str, str]:
     own = own_errors(evidence.failures)
     if own:
         ranks = sorted({r.get("rank") for r in own if isinstance(r.get("rank"), int)})
-        return NO_NODE, f"{_ranks_text(ranks)} recorded an error of its own (a code or data problem, not a node)"
+        errors = "an error of its own" if len(ranks) == 1 else "errors of their own"
+        return NO_NODE, f"{_ranks_text(ranks)} recorded {errors} (a code or data problem, not a node)"
     recorded = {r.get("rank") for r in evidence.failures}
     candidates = [
         (hung_ranks(evidence.failures), "stopped making progress (watchdog/collective timeout)"),
