@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import protocol
-from contract.liveness import identity
+from contract.liveness import identity, read_jsonl
 
 FAILURES_FILE = Path(protocol.LOGS_DIR) / "failures.jsonl"  # relative to the run directory
 EXIT_CONFIG = protocol.EXIT_USAGE
@@ -58,19 +58,7 @@ def record_failure(run_dir: Path, exit_code: int, message: str, follow_on: bool 
 
 
 def read_failures(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        lines = (run_dir / FAILURES_FILE).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash
-        if isinstance(record, dict) and isinstance(record.get("time"), (int, float)):
-            records.append(record)
-    return records
+    return [r for r in read_jsonl(run_dir / FAILURES_FILE) if isinstance(r.get("time"), (int, float))]
 
 
 def first_failure(run_dir: Path, since: float = 0.0) -> dict[str, Any] | None:

@@ -65,7 +65,8 @@ def append_roster(run_dir: Path) -> dict[str, Any]:
     return record
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of an append-only log, skipping a line cut by a crash (also failures.jsonl)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -83,7 +84,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def read_roster(run_dir: Path, job: str | None = None, restart: int | None = None) -> list[dict[str, Any]]:
     """Roster lines, oldest first; only those of one job and/or restart when given."""
-    return [r for r in _read_jsonl(roster_path(run_dir))
+    return [r for r in read_jsonl(roster_path(run_dir))
             if (job is None or r.get("job") == job) and (restart is None or r.get("restart") == restart)]
 
 

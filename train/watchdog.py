@@ -120,9 +120,13 @@ class Watchdog:
                 self.progress_bound.resume(time.monotonic())
 
     def close(self) -> None:
+        """Stop the thread; the last heartbeat then names the last step (the thread's lag up to 5 s)."""
         self._done.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * CHECK_EVERY_S)
+        with self._lock:
+            step, step_time = self.progress_bound.last_step, self._step_time
+        write_heartbeat(self.run_dir, step, step_time, self._ident)
 
     def _run(self) -> None:
         next_beat = time.monotonic() + HEARTBEAT_EVERY_S
