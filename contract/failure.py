@@ -3,30 +3,31 @@
 Torch-free and stdlib-only: training processes write it, the local executor, the batch shell (on a
 compute node) and `sft-launch status` read it. When a training process fails it appends one JSON
 record to RUN_DIR/logs/failures.jsonl: time, rank, host, SLURM job and restart, exit code (2 bad
-configuration or data, 1 runtime failure), the error's first line, and `follow_on` for errors that
-only echo another rank's failure (a rank waiting for the tokenized cache that rank 0 failed to
+configuration or data, 1 runtime failure, 76 no progress: a hung or dead peer), the error's first
+line, optional extra fields (`hang` for exit 76: waited_s, last_step, silent_ranks, where), and
+`follow_on` for errors that only echo another rank's failure (a rank waiting for the tokenized cache that rank 0 failed to
 build). The readers pick the earliest record of the attempt that is not a follow-on, so the line
 the user sees is the cause, not torchrun's traceback or another rank's consequence.
 
     python -m contract.failure RUN_DIR SINCE EXIT_CODE
-prints that line to stderr and the exit code to report (2 or 1) to stdout; the batch shell uses it.
+prints that line to stderr and the exit code to report (2, 76 or 1) to stdout; the batch shell uses it.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from contract import protocol
+from contract.liveness import identity, read_jsonl
 
 FAILURES_FILE = Path(protocol.LOGS_DIR) / "failures.jsonl"  # relative to the run directory
 EXIT_CONFIG = protocol.EXIT_USAGE
 EXIT_FAILURE = protocol.EXIT_FAILURE
+EXIT_HUNG = protocol.EXIT_HUNG
 CLOCK_SLACK_S = 2.0  # records up to this much older than the attempt's start still count (node clocks)
 
 
@@ -39,12 +40,12 @@ def first_line(text: str) -> str:
     return lines[0] if lines else "unknown error"
 
 
-def record_failure(run_dir: Path, exit_code: int, message: str, follow_on: bool = False) -> None:
-    """Append this process's failure record; never raises (a full disk must not hide the real error)."""
-    env = os.environ
+def record_failure(run_dir: Path, exit_code: int, message: str, follow_on: bool = False,
+                   extra: dict[str, Any] | None = None) -> None:
+    """Append this process's failure record; never raises (a full disk must not hide the real error).
+    `extra` adds fields (e.g. `hang`); it cannot replace the standard ones."""
     record = {
-        "time": time.time(), "rank": int(env.get("RANK", "0")), "host": socket.gethostname(),
-        "job": env.get("SLURM_JOB_ID", ""), "restart": int(env.get("SLURM_RESTART_COUNT", "0")),
+        **(extra or {}), "time": time.time(), **identity(),
         "exit_code": exit_code, "follow_on": follow_on, "message": first_line(message),
     }
     try:
@@ -57,19 +58,7 @@ def record_failure(run_dir: Path, exit_code: int, message: str, follow_on: bool 
 
 
 def read_failures(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        lines = (run_dir / FAILURES_FILE).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash
-        if isinstance(record, dict) and isinstance(record.get("time"), (int, float)):
-            records.append(record)
-    return records
+    return [r for r in read_jsonl(run_dir / FAILURES_FILE) if isinstance(r.get("time"), (int, float))]
 
 
 def first_failure(run_dir: Path, since: float = 0.0) -> dict[str, Any] | None:
@@ -80,14 +69,17 @@ def first_failure(run_dir: Path, since: float = 0.0) -> dict[str, Any] | None:
 
 
 def describe(record: dict[str, Any]) -> str:
+    if record.get("exit_code") == EXIT_HUNG:  # the rank that noticed, not necessarily the culprit
+        return f"rank {record.get('rank')} on {record.get('host')}: {record.get('message')}"
     return f"rank {record.get('rank')} ({record.get('host')}): {record.get('message')}"
 
 
 def exit_code_of(record: dict[str, Any] | None, code: int) -> int:
-    """2 when the first failure was a configuration/data error, else the launcher's code (1)."""
+    """2 when the first failure was a configuration/data error, 76 when it was a rank that stopped making
+    progress (the batch shell then looks for the node to blame), else the launcher's code (1)."""
     if record is None:
         return code
-    return EXIT_CONFIG if record.get("exit_code") == EXIT_CONFIG else EXIT_FAILURE
+    return record["exit_code"] if record.get("exit_code") in (EXIT_CONFIG, EXIT_HUNG) else EXIT_FAILURE
 
 
 def report(run_dir: Path, since: float, code: int) -> int:

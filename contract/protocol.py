@@ -32,15 +32,24 @@ DEEPSPEED_CONFIG = "deepspeed.json"
 TRAIN_CONFIG = "train.toml"
 RUN_RECORD = "run.json"
 LOGS_DIR = "logs"
-CANCEL_FILE = "CANCEL_REQUESTED"
+CANCEL_FILE = "CANCEL_REQUESTED"  # `sft-launch cancel`: checkpoint, then do not requeue
 # LOGS_DIR/ROSTER_FILE: one JSON line per training rank and (re)start (rank, host, pid, job, restart):
-# which host ran which rank, for blaming a node whose ranks went silent.
-ROSTER_FILE = "ranks.jsonl"  # `sft-launch cancel`: checkpoint, then do not requeue
+# which host ran which rank, for blaming a node whose ranks went silent (contract/liveness.py).
+ROSTER_FILE = "ranks.jsonl"
+# LOGS_DIR/HEARTBEAT_DIR/rank-NNNNN.json: each rank's last completed step and last sign of life.
+HEARTBEAT_DIR = "heartbeats"
 # Defaults of the [run] keys that name files (contract.config.RunSection).
 STOP_FILE = "STOP_REQUESTED"
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 EXPORT_DIR = "export"
+# LOGS_DIR/NODE_FAILURES_FILE: one line per node the batch shell blamed and excluded (#15):
+# "JOB RESTART NODE REASON..."; its length is what max_node_failures caps.
+NODE_FAILURES_FILE = "node_failures.txt"
+# LOGS_DIR/ATTEMPT_FILE: "JOB RESTART START_EPOCH" of the attempt running now; the batch shell removes
+# it when it decides the outcome itself, so finding it at start means SLURM ended the previous attempt
+# (a node failure requeued by SLURM): the next start asks for the node to blame then.
+ATTEMPT_FILE = "attempt.txt"
 
 # `sft-launch eval` results: EVAL_DIR/<name>.json; EVAL_DIR/pinned-step-N is a checkpoint hard-linked
 # by `eval --every-checkpoint` until its export (train/export_checkpoint.py) removes it.

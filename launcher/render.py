@@ -108,6 +108,8 @@ def context(launch: Launch) -> dict[str, Any]:
         "deepspeed_path": str(launch.run_dir / protocol.DEEPSPEED_CONFIG),
         "exit_requeue": protocol.EXIT_REQUEUE,
         "cancel_file": protocol.CANCEL_FILE,
+        "node_failures_file": f"{protocol.LOGS_DIR}/{protocol.NODE_FAILURES_FILE}",
+        "attempt_file": f"{protocol.LOGS_DIR}/{protocol.ATTEMPT_FILE}",
         "files": {"accelerate": protocol.ACCELERATE_CONFIG, "train": protocol.TRAIN_CONFIG,
                   "run": protocol.RUN_RECORD, "logs": protocol.LOGS_DIR},
         "master_port": {"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN},

@@ -20,6 +20,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from train.optim import prepare_for_training
 from train.packing import collate_packed, collate_padded, plan_micro_batches
 from train.perf import RecompileWatch, StepProfiler
 from train.stop import StopRequest
+from train.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +116,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     make_deterministic(cfg.train.deterministic)
     set_seed(cfg.train.seed)  # same init on every rank
     log_placement(accelerator)
-    stop = StopRequest(cfg.run.resolve(cfg.run.stop_file), accelerator.device)
+    stop = StopRequest(cfg.run.resolve(cfg.run.stop_file), accelerator.device,
+                       timedelta(seconds=cfg.run.collective_timeout_s))
     stop.install_signal_handlers()
     ckpt_root = cfg.run.resolve(cfg.run.checkpoint_dir)
     remove_stale(ckpt_root, accelerator)
@@ -144,17 +147,21 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
 
     loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval, total_steps, steps_per_epoch)
     sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
+    watchdog = Watchdog(Path(cfg.run.dir), cfg.run.hang_timeout_s)
+    watchdog.start(state.step)
     try:
-        stopped = loop.run(state, stop, sink, ckpt_root)
+        stopped = loop.run(state, stop, sink, ckpt_root, watchdog)
         if stopped:
             stop.restore_default_handlers()
             return EXIT_REQUEUE
-        if bundle.eval is not None and len(bundle.eval) > 0:
-            sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": loop.evaluate()})
-        export_model(accelerator, model, tokenizer, cfg)
+        with watchdog.paused():  # the final eval and the export are not steps
+            if bundle.eval is not None and len(bundle.eval) > 0:
+                sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": loop.evaluate()})
+            export_model(accelerator, model, tokenizer, cfg)
         sink.write({"event": "done", "step": state.step, "epoch": state.epoch, "elapsed_s": state.elapsed_s,
                     "tokens_seen": state.tokens_seen})
     finally:
+        watchdog.close()
         sink.close()
     return 0
 
@@ -214,8 +221,10 @@ class Loop:
         self.arch = accelerator.unwrap_model(model).config.to_dict()
         self.recompiles = RecompileWatch()
 
-    def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path) -> bool:
-        """Train until total_steps; True when stopped (and saved) on request."""
+    def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
+            watchdog: Watchdog) -> bool:
+        """Train until total_steps; True when stopped (and saved) on request. Saves and evals pause the
+        watchdog; every completed optimizer step (its stop vote included) is progress."""
         window, watch = Window(), Stopwatch()
         profiler = StepProfiler(self.cfg.train.profile_steps or "", self.acc.is_main_process)
         self.model.train()
@@ -231,17 +240,22 @@ class Loop:
                 window = Window()
             if self.cfg.train.eval_steps and state.step % self.cfg.train.eval_steps == 0 and self.eval_dataset:
                 self._settle(state, window, watch)
-                sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": self.evaluate()})
+                with watchdog.paused():
+                    sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": self.evaluate()})
                 watch.lap()  # eval is not training throughput
             if HOOKS.after_step is not None:
                 HOOKS.after_step(state.step, self.acc.is_main_process, stop.stop_file)
-            if stop.agreed(state.step, self.acc.is_main_process):
+            stopping = stop.agreed(state.step, self.acc.is_main_process)
+            watchdog.progress(state.step)
+            if stopping:
                 self._settle(state, window, watch)  # tokens_seen must be exact in the checkpoint
-                save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                with watchdog.paused():
+                    save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
                 return True
             if state.step % self.cfg.train.save_steps == 0 and state.step < self.total_steps:
                 self._settle(state, window, watch)
-                save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                with watchdog.paused():
+                    save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
                 watch.lap()  # saving is not training throughput
         self._settle(state, window, watch)
         return False

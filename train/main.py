@@ -1,8 +1,9 @@
 """Entry point of a training process: ``accelerate launch … -m train --config RUN_DIR/train.toml``.
 
 Exit codes (docs/ARCHITECTURE.md): 0 done and exported; 75 (EXIT_REQUEUE) checkpointed after a stop
-request; 1 runtime failure (including a failed checkpoint write — the previous one stays intact);
-2 bad configuration (one line naming the key). A failure also leaves one record in
+request; 76 (EXIT_HUNG) no progress: the watchdog fired (train/watchdog.py) or a collective timed out
+or lost a peer; 1 runtime failure (including a failed checkpoint write — the previous one stays
+intact); 2 bad configuration (one line naming the key). A failure also leaves one record in
 RUN_DIR/logs/failures.jsonl (contract/failure.py) so the launcher can say why in one line.
 """
 
@@ -12,10 +13,12 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from contract.config import load_train_config
-from contract.failure import EXIT_CONFIG, EXIT_FAILURE, PeerFailedError, first_line, record_failure
+from contract.failure import EXIT_CONFIG, EXIT_FAILURE, EXIT_HUNG, PeerFailedError, first_line, record_failure
+from contract.liveness import append_roster
 from contract.schema import ConfigError
 
 logger = logging.getLogger("train")
@@ -37,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="path to RUN_DIR/train.toml")
     args = parser.parse_args(argv)
     _configure_logging()
+    started = time.time()
     run_dir = Path(args.config).resolve().parent  # train.toml sits in the run directory
+    append_roster(run_dir)  # before anything can hang: which host runs this rank
     try:
         cfg = load_train_config(args.config)
     except ConfigError as err:
@@ -49,12 +54,13 @@ def main(argv: list[str] | None = None) -> int:
 
         from train.loop import train
         from train.sharding import build_accelerator
+        from train.watchdog import collective_failure, record_collective_failure
     except ImportError as err:
         logger.exception("import failed")
         record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
         return EXIT_FAILURE
     try:
-        return train(cfg, build_accelerator(cfg.model.precision))
+        return train(cfg, build_accelerator(cfg.model.precision, cfg.run.collective_timeout_s))
     except ConfigError as err:
         return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
     except PeerFailedError as err:
@@ -63,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     except (Exception, CheckpointException) as err:  # a failed sharded (DCP) save raises a BaseException
         logger.exception("training failed")
+        if collective_failure(err):
+            record_collective_failure(run_dir, err, started)
+            return EXIT_HUNG
         record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
         return EXIT_FAILURE
 

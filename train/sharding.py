@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
 
 import torch
 from accelerate import Accelerator, PartialState
@@ -30,13 +31,33 @@ from train.model import mixed_precision
 logger = logging.getLogger(__name__)
 
 
-def build_accelerator(precision: str) -> Accelerator:
-    """The Accelerator for this process: FSDP2 (GPU or CPU/gloo), DeepSpeed or DDP as launched."""
+def build_accelerator(precision: str, collective_timeout_s: int | None = None) -> Accelerator:
+    """The Accelerator for this process: FSDP2 (GPU or CPU/gloo), DeepSpeed or DDP as launched.
+    With `collective_timeout_s`, a collective that waits longer gives up (train/main.py: exit 76)."""
     on_cpu = not torch.cuda.is_available()
+    if collective_timeout_s:
+        init_process_group(on_cpu, collective_timeout_s)
     accelerator = Accelerator(cpu=on_cpu, mixed_precision=mixed_precision(precision))
     if on_cpu and accelerator.distributed_type == DistributedType.MULTI_CPU and _launched_with_fsdp():
         shard_on_cpu(accelerator)
     return accelerator
+
+
+def init_process_group(on_cpu: bool, timeout_s: int) -> None:
+    """Create the process group with this timeout before Accelerator() does (it then reuses it).
+
+    Not through ``Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=...)])``: Accelerate
+    1.15's ``to_kwargs`` keeps only the values that differ from the class defaults (backend nccl,
+    600 s), so a 600 s timeout would be dropped and gloo would wait torch's default 30 minutes.
+    ``PartialState(**kwargs)`` is the documented way to pass ``init_process_group`` arguments.
+    """
+    # A timed-out NCCL collective cannot be unwound from Python: torch's NCCL watchdog tears the process
+    # down (3 = without the cleanup abort that can itself hang; torch's default since 2.2, pinned here).
+    # Our progress watchdog (train/watchdog.py) fires first when the hang bound is below this timeout,
+    # and writes the record and stack dump that a torn-down process cannot. The NCCL heartbeat monitor
+    # (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) watches torch's own watchdog thread, not peers: left as is.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    PartialState(cpu=on_cpu, timeout=timedelta(seconds=timeout_s))
 
 
 def _launched_with_fsdp() -> bool:

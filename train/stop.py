@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -22,11 +23,11 @@ logger = logging.getLogger(__name__)
 
 
 class StopRequest:
-    def __init__(self, stop_file: Path, device: torch.device):
+    def __init__(self, stop_file: Path, device: torch.device, timeout: timedelta | None = None):
         self.stop_file = stop_file
         self.device = device
         self.signalled: str | None = None
-        self._group = _cpu_group()
+        self._group = _cpu_group(timeout)
 
     def install_signal_handlers(self) -> None:
         for signum in (signal.SIGUSR1, signal.SIGTERM):
@@ -76,9 +77,10 @@ class StopRequest:
         return agreed
 
 
-def _cpu_group() -> dist.ProcessGroup | None:
+def _cpu_group(timeout: timedelta | None) -> dist.ProcessGroup | None:
     """A gloo group for the per-step stop vote (None = the default group, already gloo, or no world).
-    Collective: every rank constructs its StopRequest at the same point."""
+    Collective: every rank constructs its StopRequest at the same point. `timeout`: the collective
+    timeout (a new group does not inherit the default group's; gloo's own default is 30 minutes)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "gloo":
         return None
-    return dist.new_group(backend="gloo")
+    return dist.new_group(backend="gloo", timeout=timeout)

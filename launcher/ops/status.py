@@ -1,7 +1,8 @@
 """`sft-launch status RUN [--json]`: where a run stands, across requeues.
 
 Sources: SLURM (`scontrol show job -o`) for the live state; run.json for job ids, restarts and
-what each stop was (preemption / time limit); metrics.jsonl for step, loss, throughput and ETA;
+what each stop was (preemption / time limit / node failure); logs/node_failures.txt for the nodes the
+batch shell excluded and why; metrics.jsonl for step, loss, throughput and ETA;
 checkpoints/ for the last complete checkpoint; eval/ for the newest `sft-launch eval` scores.
 """
 
@@ -76,7 +77,19 @@ def _requeue_counts(events: list[dict[str, Any]]) -> dict[str, int]:
         "restarts": len(requeues),
         "preemptions": sum(1 for e in requeues if e.get("kind") == "preemption"),
         "timeouts": sum(1 for e in requeues if e.get("kind") == "timeout"),
+        "node_failures": sum(1 for e in requeues if e.get("kind") == "node-failure"),
     }
+
+
+def excluded_nodes(run_dir: Path) -> list[dict[str, str]]:
+    """The nodes the batch shell blamed and excluded, oldest first (lines "JOB RESTART NODE REASON...")."""
+    try:
+        lines = (run_dir / protocol.LOGS_DIR / protocol.NODE_FAILURES_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    fields = [line.split(" ", 3) for line in lines]
+    return [{"job": f[0], "restart": f[1], "node": f[2], "reason": f[3] if len(f) > 3 else ""}
+            for f in fields if len(f) >= 3]
 
 
 def _updated(run_dir: Path, logs: list[rundir.LogFile]) -> str | None:
@@ -122,6 +135,8 @@ def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, A
         "job_ids": job_ids, **_requeue_counts(run.get("events", [])),
         "slurm_restarts": int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else None,
         "max_timeouts": run.get("profile", {}).get("max_timeouts"),
+        "max_node_failures": run.get("profile", {}).get("max_node_failures"),
+        "excluded_nodes": excluded_nodes(run_dir),
         "last_checkpoint": {"step": checkpoints[-1][0], "path": str(checkpoints[-1][1])} if checkpoints else None,
         "step": last.get("step"), "total_steps": total, "loss": last.get("loss"), "lr": last.get("lr"),
         "tokens_per_s": last.get("tokens_per_s"), "mfu": last.get("mfu"),
@@ -150,6 +165,7 @@ def format_status(status: dict[str, Any]) -> str:
     state = status["state"] + (f" ({status['reason']})" if status.get("reason") not in (None, "None") else "")
     ckpt = status["last_checkpoint"]
     budget = f"/{status['max_timeouts']}" if status["max_timeouts"] is not None else ""
+    node_budget = f"/{status['max_node_failures']}" if status.get("max_node_failures") is not None else ""
     mfu = "n/a" if status["mfu"] is None else f"{status['mfu'] * 100:.1f}%"
     checkpoint = f"step {ckpt['step']} ({ckpt['path']})" if ckpt else "-"
     lines = [
@@ -157,7 +173,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"state        {state}  [{status['state_source']}, executor {status['executor']}]",
         f"jobs         {', '.join(status['job_ids']) or '-'}",
         f"restarts     {status['restarts']} (preemptions {status['preemptions']}, "
-        f"time-limit hits {status['timeouts']}{budget})",
+        f"time-limit hits {status['timeouts']}{budget}, node failures {status['node_failures']}{node_budget})",
         f"checkpoint   {checkpoint}",
         f"step         {step}   loss {_fmt(status['loss'], '.4f')}   lr {_fmt(status['lr'], '.2e')}",
         f"throughput   {_fmt(status['tokens_per_s'], ',.0f')} tokens/s   MFU {mfu}   "
@@ -165,6 +181,8 @@ def format_status(status: dict[str, Any]) -> str:
         f"eta          {format_duration(status['eta_s'])}",
         f"updated      {status['updated'] or '-'}",
     ]
+    for out in status.get("excluded_nodes", []):
+        lines.append(f"excluded     {out['node']}: {out['reason']} (job {out['job']}, restart {out['restart']})")
     if status.get("eval"):
         lines.append(evalresults.format_summary(status["eval"]))
     if status["cancel_requested"]:

@@ -192,3 +192,32 @@ def test_the_checkpointed_after_stop_question_without_python_is_a_logged_no(tmp_
     result = _run_script(tmp_path, run_dir, behaviour)
     assert result.returncode == 1
     assert "no answer from contract.protocol" in (run_dir / "logs" / "4242-r0.log").read_text()
+
+
+# Training as a dead rank 1 leaves it: both ranks in the roster, only rank 0's lost-peer record (exit 76).
+RANK_1_VANISHED = (
+    'now=$(date +%s); mkdir -p "$PWD/logs"; '
+    'for r in 0 1; do echo "{\\"time\\": $now, \\"rank\\": $r, \\"host\\": \\"node$((r + 1))\\", \\"pid\\": 1, '
+    '\\"job\\": \\"4242\\", \\"restart\\": 0}" >> "$PWD/logs/ranks.jsonl"; done; '
+    'echo "{\\"time\\": $now, \\"rank\\": 0, \\"host\\": \\"node1\\", \\"exit_code\\": 76, \\"follow_on\\": false, '
+    '\\"message\\": \\"collective failed: Connection reset by peer\\"}" >> "$PWD/logs/failures.jsonl"; exit 1')
+
+
+def test_blamed_node_is_excluded_and_the_job_requeued_until_the_budget_is_spent(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", ["profile.max_node_failures=1"])
+    write_stub(tmp_path / "bin", "sinfo", "printf 'node1 mixed\\nnode2 mixed\\n'")  # SLURM sees nothing wrong
+    first = _run_script(tmp_path, run_dir, RANK_1_VANISHED)
+    assert first.returncode == 0, first.stderr
+    calls = _argv(tmp_path / "stublog" / "scontrol.argv")
+    # A running job's ExcNodeList cannot change: requeue held, exclude, release.
+    assert calls[calls.index("requeuehold"):] == ["requeuehold", "4242", "update", "JobId=4242", "ExcNodeList=node2",
+                                                  "release", "4242"]
+    assert (run_dir / "logs" / "node_failures.txt").read_text().startswith("4242 0 node2 rank 1 on node2 died")
+    requeue = json.loads((run_dir / "run.json").read_text())["events"][-1]
+    assert (requeue["event"], requeue["kind"], requeue["node"]) == ("requeue", "node-failure", "node2")
+    second = _run_script(tmp_path, run_dir, RANK_1_VANISHED, restart=1)
+    assert second.returncode == 76, "the second node failure exceeds max_node_failures = 1: the usual failure"
+    log = (run_dir / "logs" / "4242-r1.log").read_text().strip().splitlines()
+    assert "exceed max_node_failures=1; not requeueing" in "\n".join(log)
+    assert log[-1].startswith("sft-launch: error: rank 0 on node1: collective failed")
+    assert _argv(tmp_path / "stublog" / "scontrol.argv").count("requeuehold") == 1

@@ -84,3 +84,15 @@ def test_runs_cli_with_an_empty_root(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "runs", "--root", str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0 and "no runs under" in proc.stdout
+
+
+def test_status_shows_excluded_nodes_and_counts_node_failures_apart(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "nodes", steps_per_restart=(5, 5, 5), kinds=("preemption", "node-failure"))
+    (run_dir / "logs" / "node_failures.txt").write_text("900042 1 node2 rank 1 on node2 died without a failure record\n")
+    result = status.run_status(run_dir, running)
+    assert (result["restarts"], result["preemptions"], result["node_failures"]) == (2, 1, 1)
+    assert result["excluded_nodes"] == [{"job": "900042", "restart": "1", "node": "node2",
+                                         "reason": "rank 1 on node2 died without a failure record"}]
+    text = status.format_status(result)
+    assert "preemptions 1, time-limit hits 0/3, node failures 1)" in text
+    assert "excluded     node2: rank 1 on node2 died without a failure record (job 900042, restart 1)" in text

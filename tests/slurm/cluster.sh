@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# A real 2-node SLURM cluster on this one machine, for the `slurm` tests.
+# A real N-node SLURM cluster on this one machine (default 2 nodes), for the `slurm` tests.
 #
-#   bash tests/slurm/cluster.sh install   # apt packages (Debian 12: slurm 22.05 + munge), idempotent
-#   bash tests/slurm/cluster.sh up        # munged, slurmctld, slurmd node1 + node2; idempotent
+#   bash tests/slurm/cluster.sh install             # apt packages (Debian 12: slurm 22.05 + munge), idempotent
+#   bash tests/slurm/cluster.sh up [--nodes N]      # munged, slurmctld, slurmd node1..nodeN; idempotent
 #   bash tests/slurm/cluster.sh status
-#   bash tests/slurm/cluster.sh down      # stops only what `up` started
+#   bash tests/slurm/cluster.sh kill-node nodeK     # a node dies: its link goes down, slurmd and every
+#                                                   # process in its namespace get SIGKILL
+#   bash tests/slurm/cluster.sh revive-node nodeK   # link up, slurmd started again (ReturnToService=2)
+#   bash tests/slurm/cluster.sh down                # stops only what `up` started
 #
 # Each node is one `slurmd -N nodeN` in its own UTS namespace (hostname nodeN) and, when the sandbox
 # allows it, its own network namespace on a bridge (10.99.0.0/24); otherwise the nodes share loopback
@@ -15,7 +18,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 STATE="${SFT_SLURM_DIR:-/tmp/sft-slurm}"
 CONF="$STATE/slurm.conf"
-NODES=(node1 node2)
+NODE_COUNT_FILE="$STATE/node-count"  # what `up` started, so `down` and `kill-node` know the nodes
+DEFAULT_NODES=2
 NODE_CPUS="${SFT_SLURM_CPUS:-16}"
 BRIDGE=sftbr0
 SUBNET=10.99.0
@@ -60,6 +64,17 @@ use_netns() {
 
 node_index() { echo "${1#node}"; }
 
+set_nodes() {  # NODES=(node1 .. node$1)
+    local count=$1 i
+    [[ $count =~ ^[1-9][0-9]?$ ]] || die "--nodes wants a number from 1 to 99, got '$count'"
+    NODES=()
+    for ((i = 1; i <= count; i++)); do NODES+=("node$i"); done
+}
+
+started_nodes() {  # the node count `up` recorded (the default when nothing is up)
+    if [[ -s $NODE_COUNT_FILE ]]; then cat "$NODE_COUNT_FILE"; else echo "$DEFAULT_NODES"; fi
+}
+
 node_addr() {  # address of node $1 (or "ctl")
     local idx
     if [[ $1 == ctl ]]; then idx=1; else idx=$((10 + $(node_index "$1"))); fi
@@ -84,8 +99,9 @@ render_conf() {
         nodes+="NodeName=$n NodeAddr=$(node_addr "$n") NodeHostname=$n CPUs=$NODE_CPUS"
         nodes+=" RealMemory=65536 State=UNKNOWN$port"$'\n'
     done
-    sed -e "s|@STATE@|$STATE|g" -e "s|@CTL_ADDR@|$(node_addr ctl)|g" "$HERE/slurm.conf.in" \
-        | awk -v nodes="$nodes" '{ if ($0 == "@NODES@") printf "%s", nodes; else print }' >"$CONF"
+    local IFS=,
+    sed -e "s|@STATE@|$STATE|g" -e "s|@CTL_ADDR@|$(node_addr ctl)|g" -e "s|@NODE_LIST@|${NODES[*]}|g" \
+        "$HERE/slurm.conf.in" | awk -v nodes="$nodes" '{ if ($0 == "@NODES@") printf "%s", nodes; else print }' >"$CONF"
     # Client commands (sbatch, srun inside jobs) read the default path.
     mkdir -p /etc/slurm
     if [[ -e /etc/slurm/slurm.conf && ! -L /etc/slurm/slurm.conf ]]; then
@@ -101,6 +117,7 @@ make_network() {
     local n ns
     for n in "${NODES[@]}"; do
         ns="sft-$n"
+        ip netns del "$ns" 2>/dev/null || true  # left over by a `down` that knew fewer nodes
         ip netns add "$ns"
         ip link add "sft-${n}h" type veth peer name "sft-${n}n"
         ip link set "sft-${n}h" master "$BRIDGE"
@@ -158,10 +175,25 @@ wait_idle() {
 }
 
 healthy() {
-    [[ -f $STATE/mode ]] || return 1
+    [[ -f $STATE/mode && $(started_nodes) == "${#NODES[@]}" ]] || return 1
     alive "$(pid_of "$STATE/ctld.pid")" || return 1
     local n; for n in "${NODES[@]}"; do alive "$(pid_of "$STATE/$n.pid")" || return 1; done
     alive "$(pid_of /run/munge/munged.pid)"
+}
+
+start_slurmd() {
+    local netns=-
+    [[ $(cat "$STATE/mode") == netns ]] && netns="sft-$1"
+    start_in_ns "$1" "$netns" "$STATE/$1.out" /usr/sbin/slurmd -D -N "$1" -f "$CONF" >"$STATE/$1.pid"
+}
+
+record_uts() {  # record a daemon's UTS namespace: `down` and `kill-node` kill its members
+    local f=$1
+    for _ in $(seq 50); do
+        [[ $(readlink "/proc/$(cat "$STATE/$f.pid")/ns/uts" 2>/dev/null) != "$(readlink /proc/self/ns/uts)" ]] && break
+        sleep 0.1
+    done
+    readlink "/proc/$(cat "$STATE/$f.pid")/ns/uts" >"$STATE/$f.uts" || die "$f did not start: see $STATE/$f.out"
 }
 
 # ---------------------------------------------------------------- up / down / status
@@ -169,8 +201,12 @@ cmd_up() {
     [[ $EUID == 0 ]] || die "must run as root"
     command -v slurmctld >/dev/null || die "SLURM not installed: run tests/slurm/cluster.sh install"
     if healthy && wait_idle; then log "already up"; return 0; fi
+    local count=${#NODES[@]}
+    set_nodes "$(started_nodes)"
     cmd_down >/dev/null 2>&1 || true
+    set_nodes "$count"
     mkdir -p "$STATE"
+    echo "$count" >"$NODE_COUNT_FILE"
     rm -rf "${STATE:?}"/ctld "${STATE:?}"/spool-* "$STATE"/*.log "$STATE"/*.pid
     mkdir -p "$STATE/ctld"
     if use_netns; then echo netns >"$STATE/mode"; make_network; else echo loopback >"$STATE/mode"; fi
@@ -178,18 +214,9 @@ cmd_up() {
     write_hosts add
     start_munged
     start_in_ns sftctl - "$STATE/ctld.out" /usr/sbin/slurmctld -D -f "$CONF" >"$STATE/ctld.pid"
-    local n netns=-
-    for n in "${NODES[@]}"; do
-        [[ $(cat "$STATE/mode") == netns ]] && netns="sft-$n"
-        start_in_ns "$n" "$netns" "$STATE/$n.out" /usr/sbin/slurmd -D -N "$n" -f "$CONF" >"$STATE/$n.pid"
-    done
-    for f in ctld "${NODES[@]}"; do  # record each daemon's UTS namespace: `down` kills its members
-        for _ in $(seq 50); do
-            [[ $(readlink "/proc/$(cat "$STATE/$f.pid")/ns/uts" 2>/dev/null) != "$(readlink /proc/self/ns/uts)" ]] && break
-            sleep 0.1
-        done
-        readlink "/proc/$(cat "$STATE/$f.pid")/ns/uts" >"$STATE/$f.uts" || die "$f did not start: see $STATE/$f.out"
-    done
+    local n
+    for n in "${NODES[@]}"; do start_slurmd "$n"; done
+    for f in ctld "${NODES[@]}"; do record_uts "$f"; done
     wait_idle || exit 1
     log "up ($(cat "$STATE/mode")): $(sinfo -h -o '%P %D %t %N' | tr '\n' ' ')"
 }
@@ -223,8 +250,34 @@ cmd_down() {
         write_hosts remove
         rm -f "$STATE/mode"
     fi
+    rm -f "$NODE_COUNT_FILE"
     [[ -L /etc/slurm/slurm.conf && $(readlink /etc/slurm/slurm.conf) == "$CONF" ]] && rm -f /etc/slurm/slurm.conf
     log "down"
+}
+
+known_node() {
+    local n
+    for n in "${NODES[@]}"; do [[ $n == "$1" ]] && return 0; done
+    die "unknown node '${1:-}' (nodes: ${NODES[*]})"
+}
+
+# A node dies as a powered-off machine does: its link goes down first (peers see silence, not a
+# connection reset), then slurmd, its job steps and the training processes are SIGKILLed.
+cmd_kill_node() {
+    known_node "${1:-}"
+    [[ $(cat "$STATE/mode" 2>/dev/null) == netns ]] && ip link set "sft-$1h" down
+    kill_namespace_members "$STATE/$1.uts"
+    rm -f "$STATE/$1.pid"
+    log "$1 killed"
+}
+
+cmd_revive_node() {
+    known_node "${1:-}"
+    if alive "$(pid_of "$STATE/$1.pid")"; then log "$1 already running"; return 0; fi
+    [[ $(cat "$STATE/mode" 2>/dev/null) == netns ]] && ip link set "sft-$1h" up
+    start_slurmd "$1"
+    record_uts "$1"
+    log "$1 revived (slurmd pid $(cat "$STATE/$1.pid"))"
 }
 
 cmd_status() {
@@ -234,10 +287,23 @@ cmd_status() {
     sinfo -N -o '%N %P %t %c'
 }
 
-case "${1:-}" in
+usage() { echo "usage: $0 install|up [--nodes N]|down|status|kill-node NODE|revive-node NODE" >&2; exit 2; }
+
+command=${1:-}
+shift || true
+set_nodes "$(started_nodes)"
+case "$command" in
     install) cmd_install ;;
-    up) cmd_up ;;
+    up)
+        case "${1:-}" in
+            --nodes) set_nodes "${2:-}" ;;
+            "") set_nodes "$DEFAULT_NODES" ;;
+            *) usage ;;
+        esac
+        cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
+    kill-node) cmd_kill_node "${1:-}" ;;
+    revive-node) cmd_revive_node "${1:-}" ;;
+    *) usage ;;
 esac

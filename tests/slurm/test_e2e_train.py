@@ -45,11 +45,12 @@ class Run:
     job: dict[str, str] = field(default_factory=dict)  # final `scontrol show job` fields
 
 
-def launch(name: str, root: Path, profile: str, *flags: str) -> Run:
+def launch(name: str, root: Path, profile: str, *flags: str, env: dict[str, str] | None = None) -> Run:
+    """`sft-launch ... --executor sbatch` as a user types it; `env` (default: ours) reaches the job too."""
     run_dir = root / name
     cmd = ["sft-launch", "--cluster", str(CLUSTER_TOML), "--profile", profile, "--nodes", "2", "--model", "tiny",
            "--executor", "sbatch", "--output", str(run_dir), "--logging_steps", "1", *flags]
-    env = {**os.environ, "SFT_SLURM_TESTS": str(HERE)}
+    env = {**(env or os.environ), "SFT_SLURM_TESTS": str(HERE)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr}"
     job_ids = json.loads((run_dir / "run.json").read_text())["job_ids"]
@@ -90,26 +91,30 @@ def during_save(records: list[dict], run_dir: Path) -> bool:
     return saving or (records[-1]["step"] % SAVE_STEPS == 0 and len(records) > 1)
 
 
-def drive(runs: list[Run]) -> None:
-    """Send each run's preemptions (scancel --signal=USR1 --batch) when its triggers fire; return when
-    every job has finished."""
-    deadline = time.monotonic() + SUITE_TIMEOUT_S
+def until_finished(runs: list[Run], tick: Callable[[Run], None], timeout_s: float, interval_s: float = 0.05) -> None:
+    """Call `tick` on each unfinished run, over and over, until every job has finished (run.job set)."""
+    deadline = time.monotonic() + timeout_s
     pending = {run.job_id: run for run in runs}
     while pending:
-        assert time.monotonic() < deadline, f"jobs still running after {SUITE_TIMEOUT_S} s: {sorted(pending)}"
+        assert time.monotonic() < deadline, f"jobs still running after {timeout_s:.0f} s: {sorted(pending)}"
         for run in list(pending.values()):
-            if run.signals_sent < len(run.triggers):
-                records = [r for r in metrics(run.dir) if int(r.get("restart") or 0) == run.signals_sent]
-                if run.triggers[run.signals_sent](records, run.dir):
-                    saving = any((run.dir / "checkpoints").glob(".tmp-step-*"))
-                    sh.signal_batch(run.job_id)
-                    run.notes.append(f"USR1 after step {records[-1]['step']}{' (saving)' if saving else ''}")
-                    run.signals_sent += 1
+            tick(run)
             fields = sh.show_job(run.job_id)
             if fields.get("JobState") in sh.FINISHED_STATES:
                 run.job = fields
                 del pending[run.job_id]
-        time.sleep(0.05)
+        time.sleep(interval_s)
+
+
+def send_preemptions(run: Run) -> None:
+    """Send the run's next preemption (scancel --signal=USR1 --batch) once its trigger fires."""
+    if run.signals_sent < len(run.triggers):
+        records = [r for r in metrics(run.dir) if int(r.get("restart") or 0) == run.signals_sent]
+        if run.triggers[run.signals_sent](records, run.dir):
+            saving = any((run.dir / "checkpoints").glob(".tmp-step-*"))
+            sh.signal_batch(run.job_id)
+            run.notes.append(f"USR1 after step {records[-1]['step']}{' (saving)' if saving else ''}")
+            run.signals_sent += 1
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +136,7 @@ def runs() -> Iterator[dict[str, Run]]:
     started[1].triggers = [after_steps(5)]
     started[2].triggers = [after_steps(5), during_save, after_steps(3)]
     try:
-        drive(started)
+        until_finished(started, send_preemptions, SUITE_TIMEOUT_S)
     finally:
         for run in started:
             if not run.job:

@@ -1,0 +1,162 @@
+"""Dead or hung nodes on the local 3-node cluster (issue #15): a 2-node job loses a rank or a whole node,
+the batch shell (or SLURM itself, for a dead node) requeues it on the two healthy nodes, and it finishes
+with weights bitwise equal to an uninterrupted run; a bug on every rank is not requeued.
+
+Scenarios, each a real `sft-launch --executor sbatch` run of the tiny model (profile cpu-nodefail:
+20 s hang bound and collective timeout):
+- kill-rank: SIGKILL rank 1's training process (found through the roster: host + pid; the nodes are
+  namespaces of this host, so the pid is visible here). Its peer loses the connection and exits 76.
+- stop-rank: SIGSTOP rank 1. Its peer's collective times out (or its watchdog fires) and exits 76.
+- dead-node: `cluster.sh kill-node` the host of rank 1 (link down, slurmd and processes SIGKILLed);
+  slurmctld marks it DOWN after SlurmdTimeout and requeues the job (NODE_FAIL); the next start blames it.
+- code-bug: every rank raises at step 5 (tests/faults): no node is blamed, no requeue, one error line.
+A dead node takes down every job on it, so that scenario runs after the others (two concurrent phases).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults import fault_env
+from tests.slurm import slurm_harness as sh
+from tests.slurm.test_e2e_train import Run, assert_same_weights, events, launch, log_text, metrics, until_finished
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+PROFILE = "cpu-nodefail"
+STEPS, SAVE_STEPS = 200, 20
+FAULT_AFTER_STEPS = 30  # past the first checkpoint (step 20): the requeued run resumes from it
+REQUEUE_BOUND_S = 300  # issue #15: a hung rank is detected and the job requeued within 5 minutes
+PHASE_TIMEOUT_S = 420
+
+Fault = Callable[[Run], str]  # does the damage, returns the host it hit
+
+
+def roster_line(run: Run, rank: int) -> dict:
+    lines = [json.loads(line) for line in (run.dir / "logs" / "ranks.jsonl").read_text().splitlines()]
+    return [line for line in lines if line["rank"] == rank and line["restart"] == 0][-1]
+
+
+def signal_rank(sig: signal.Signals) -> Fault:
+    def act(run: Run) -> str:
+        line = roster_line(run, 1)
+        os.kill(line["pid"], sig)
+        return line["host"]
+    return act
+
+
+def kill_node(run: Run) -> str:
+    host = roster_line(run, 1)["host"]
+    subprocess.run(["bash", str(sh.CLUSTER_SCRIPT), "kill-node", host], check=True, capture_output=True, timeout=60)
+    return host
+
+
+def drive(runs: list[Run], faults: dict[str, Fault], fired: dict[str, tuple[str, float]]) -> None:
+    """Do each run's fault once its first attempt logged FAULT_AFTER_STEPS steps; return when all finished."""
+    def tick(run: Run) -> None:
+        if run.name in faults and run.name not in fired:
+            if len([r for r in metrics(run.dir) if not r.get("restart")]) >= FAULT_AFTER_STEPS:
+                fired[run.name] = (faults[run.name](run), time.time())
+    until_finished(runs, tick, PHASE_TIMEOUT_S, interval_s=0.1)
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[tuple[dict[str, Run], dict[str, tuple[str, float]]]]:
+    problem = sh.cluster_problem(min_idle_nodes=3)
+    if problem:
+        pytest.skip(f"{problem}; these tests need 3 nodes: tests/slurm/cluster.sh up --nodes 3")
+    root = Path(tempfile.mkdtemp(prefix="sft-nodefail-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
+    common = ("--max_steps", str(STEPS), "--save_steps", str(SAVE_STEPS))
+    fired: dict[str, tuple[str, float]] = {}
+    started: list[Run] = []
+    try:
+        started = [launch(name, root, PROFILE, *common) for name in ("baseline", "kill-rank", "stop-rank")]
+        started.append(launch("code-bug", root, PROFILE, *common, env=fault_env(dict(os.environ), raise_at_step=5)))
+        drive(started, {"kill-rank": signal_rank(signal.SIGKILL), "stop-rank": signal_rank(signal.SIGSTOP)}, fired)
+        started.append(launch("dead-node", root, PROFILE, *common))
+        drive(started[-1:], {"dead-node": kill_node}, fired)
+    finally:
+        for run in started:
+            if not run.job:
+                sh.cancel(run.job_id)
+        for host, _ in fired.values():
+            subprocess.run(["bash", str(sh.CLUSTER_SCRIPT), "revive-node", host], capture_output=True, timeout=60)
+    yield {run.name: run for run in started}, fired
+
+
+def _epoch(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso).timestamp()
+
+
+def assert_requeued_without(run: Run, reference: Run, host: str, fault_at: float, by_slurm: bool = False) -> float:
+    """Finished on two other nodes after one node-failure requeue, bitwise; returns fault -> restart seconds."""
+    state = f"{run.name}: {run.job.get('JobState')} exit {run.job.get('ExitCode')} restarts {run.job.get('Restarts')}"
+    assert run.job.get("JobState") == "COMPLETED" and run.job.get("Restarts") == "1", state
+    (requeue,) = events(run, "requeue")
+    assert requeue["kind"] == "node-failure" and requeue["node"] == host, requeue
+    assert ("by" in requeue) == by_slurm, requeue
+    assert "resumed from" in log_text(run, 1)
+    hosts = {line["host"] for line in map(json.loads, (run.dir / "logs" / "ranks.jsonl").read_text().splitlines())
+             if line["restart"] == 1}
+    assert len(hosts) == 2 and host not in hosts, hosts
+    assert (run.dir / "logs" / "node_failures.txt").read_text().split()[2] == host
+    assert metrics(run.dir)[-1]["step"] == STEPS
+    assert_same_weights(run, reference)
+    restarted = _epoch(events(run, "start")[-1]["time"])
+    return restarted - fault_at
+
+
+@pytest.fixture
+def scenario(runs):
+    """name -> (its run, the uninterrupted baseline, the host the fault hit, when)."""
+    by_name, fired = runs
+
+    def get(name: str) -> tuple[Run, Run, str, float]:
+        run = by_name[name]
+        assert name in fired, f"{name}: the fault never fired (steps logged: {len(metrics(run.dir))})"
+        return run, by_name["baseline"], *fired[name]
+    return get
+
+
+def test_killed_rank_requeues_without_its_node_and_resumes_bitwise(scenario):
+    run, reference, host, at = scenario("kill-rank")
+    seconds = assert_requeued_without(run, reference, host, at)
+    assert "ExcNodeList=" + host in " ".join(f"{k}={v}" for k, v in run.job.items())
+    print(f"\nkill-rank: SIGKILL of rank 1 on {host} -> restarted without it in {seconds:.0f} s")
+
+
+def test_stopped_rank_is_detected_and_requeued_within_five_minutes(scenario):
+    run, reference, host, at = scenario("stop-rank")
+    seconds = assert_requeued_without(run, reference, host, at)
+    failures = [json.loads(line) for line in (run.dir / "logs" / "failures.jsonl").read_text().splitlines()]
+    assert any(r["exit_code"] == 76 and r["host"] != host for r in failures), failures
+    assert seconds < REQUEUE_BOUND_S, f"stop-rank restarted {seconds:.0f} s after SIGSTOP"
+    print(f"\nstop-rank: SIGSTOP of rank 1 on {host} -> detected, requeued, restarted without it in {seconds:.0f} s")
+
+
+def test_dead_node_is_requeued_by_slurm_recorded_and_resumes_bitwise(scenario):
+    run, reference, host, at = scenario("dead-node")
+    seconds = assert_requeued_without(run, reference, host, at, by_slurm=True)
+    assert f"blame: {host} SLURM reports {host} down" in log_text(run, 1)
+    print(f"\ndead-node: {host} killed -> SLURM requeued, restarted without it in {seconds:.0f} s")
+
+
+def test_code_bug_on_every_rank_is_not_requeued(runs):
+    run = runs[0]["code-bug"]
+    state = f"{run.job.get('JobState')} exit {run.job.get('ExitCode')} restarts {run.job.get('Restarts')}"
+    assert run.job.get("JobState") == "FAILED" and run.job.get("ExitCode") == "1:0", state
+    assert run.job.get("Restarts") == "0", state
+    assert not (run.dir / "logs" / "node_failures.txt").exists() and not events(run, "requeue")
+    log = log_text(run, 0).strip().splitlines()
+    assert any(line.startswith("sft-launch: no node to blame (") for line in log), log[-5:]
+    assert log[-1].startswith("sft-launch: error: rank ") and "injected fault at step 5" in log[-1], log[-5:]
