@@ -62,8 +62,9 @@ def test_local_run_ends_with_the_first_failing_ranks_error_and_exit_2(tmp_path: 
     result = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, timeout=300)
     terminal = result.stdout.strip().splitlines()
+    last = terminal[-1]
     assert result.returncode == 2, result.stdout[-4000:]
-    assert terminal[-1].startswith("sft-launch: error: rank 0 (") and f"{data}:7: invalid JSON" in terminal[-1], terminal
+    assert last.startswith("sft-launch: error: rank 0 (") and f"{data}:7: invalid JSON" in last, terminal
     [rank_logs] = (run_dir / "logs" / "ranks").iterdir()
     assert terminal[-2] == f"sft-launch: every rank's output: {rank_logs}/", terminal
     assert "[rank 0] INFO train.model: rank 0 of 2" in result.stdout, "rank 0's progress reaches the terminal"
