@@ -10,12 +10,14 @@ build). The readers pick the earliest record of the attempt that is not a follow
 the user sees is the cause, not torchrun's traceback or another rank's consequence.
 
     python -m contract.failure RUN_DIR SINCE EXIT_CODE
-prints that line to stderr and the exit code to report (2, 76 or 1) to stdout; the batch shell uses it.
+prints that line to stderr (after a pointer to the attempt's rank logs, which hold every rank's
+traceback) and the exit code to report (2, 76 or 1) to stdout; the batch shell uses it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,19 +84,32 @@ def exit_code_of(record: dict[str, Any] | None, code: int) -> int:
     return record["exit_code"] if record.get("exit_code") in (EXIT_CONFIG, EXIT_HUNG) else EXIT_FAILURE
 
 
-def report(run_dir: Path, since: float, code: int) -> int:
-    """Print the one line (stderr) for a failed attempt and return the exit code to report."""
+def report(run_dir: Path, since: float, code: int, attempt: str | None = None) -> int:
+    """Print the one line (stderr) for a failed attempt and return the exit code to report; with
+    `attempt`, first say where every rank's whole output is."""
     record = first_failure(run_dir, since)
+    if attempt is not None:
+        print(f"sft-launch: every rank's output: {protocol.rank_logs_dir(str(run_dir), attempt)}/",
+              file=sys.stderr, flush=True)
     if record is not None:
         print(f"sft-launch: error: {describe(record)}", file=sys.stderr, flush=True)
+    elif attempt is not None:
+        print(f"sft-launch: error: training exited with {code} and no rank recorded why (killed? out of memory?)",
+              file=sys.stderr, flush=True)
     return exit_code_of(record, code)
+
+
+def slurm_attempt() -> str | None:
+    """The batch shell's attempt (<jobid>-r<restart>) from SLURM's environment, None outside a job."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return protocol.attempt_name(job, int(os.environ.get("SLURM_RESTART_COUNT") or 0)) if job else None
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: python -m contract.failure RUN_DIR SINCE EXIT_CODE", file=sys.stderr)
         return EXIT_CONFIG
-    print(report(Path(argv[0]), float(argv[1]), int(argv[2])))
+    print(report(Path(argv[0]), float(argv[1]), int(argv[2]), slurm_attempt()))
     return 0
 
 

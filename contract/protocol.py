@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from pathlib import Path
 
 # Exit codes of `sft-launch` and of `python -m train`.
@@ -38,6 +39,11 @@ CANCEL_FILE = "CANCEL_REQUESTED"  # `sft-launch cancel`: checkpoint, then do not
 ROSTER_FILE = "ranks.jsonl"
 # LOGS_DIR/HEARTBEAT_DIR/rank-NNNNN.json: each rank's last completed step and last sign of life.
 HEARTBEAT_DIR = "heartbeats"
+# LOGS_DIR/RANK_LOGS_DIR/<attempt>/: every training rank's whole output (rank_log_name) and each
+# node's launcher (accelerate/torchrun) stderr (launcher_log_name). The main log keeps local rank 0's
+# progress and the one failure line; tracebacks and other ranks' follow-on errors stay here.
+RANK_LOGS_DIR = "ranks"
+LOCAL_ATTEMPT_PREFIX = "local-"
 # Defaults of the [run] keys that name files (contract.config.RunSection).
 STOP_FILE = "STOP_REQUESTED"
 CHECKPOINT_DIR = "checkpoints"
@@ -74,9 +80,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def attempt_name(job_id: str, restart: int | str) -> str:
+    """<jobid>-r<restart>: one (re)start of a job. Also rendered with shell expressions for the batch script."""
+    return f"{job_id}-r{restart}"
+
+
+def local_attempt_name(started: float) -> str:
+    """A local run's attempt: its start time (local executor), unique per run of the command."""
+    return LOCAL_ATTEMPT_PREFIX + time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+
+
 def log_name(job_id: str, restart: int) -> str:
     """logs/<jobid>-r<restart>.log: one file per (re)start."""
-    return f"{job_id}-r{restart}.log"
+    return f"{attempt_name(job_id, restart)}.log"
+
+
+def rank_logs_dir(run_dir: str, attempt: str) -> str:
+    """RUN/logs/ranks/<attempt>; strings, so the batch script can render it with shell expressions."""
+    return f"{run_dir}/{LOGS_DIR}/{RANK_LOGS_DIR}/{attempt}"
+
+
+def rank_log_name(rank: int) -> str:
+    return f"rank-{rank:05d}.log"
+
+
+def launcher_log_name(host: str) -> str:
+    return f"launcher-{host}.log"
 
 
 def checkpoint_name(step: int, prefix: str = CHECKPOINT_PREFIX) -> str:

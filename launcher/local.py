@@ -3,6 +3,11 @@
 Requeue protocol, locally: SIGUSR1 or SIGTERM to sft-launch writes the stop file and forwards
 SIGUSR1 to the training process group; training checkpoints and exits 75; running the same
 command again resumes from the checkpoint (the run directory name is deterministic).
+
+Output: local rank 0's progress reaches the terminal; every rank's whole output goes to
+RUN/logs/ranks/local-<start time>/rank-NNNNN.log and accelerate/torchrun's own stderr (its
+ChildFailedError traceback) to launcher-<host>.log there. A failed run ends with a pointer to that
+directory and the first failing rank's first error line.
 """
 
 from __future__ import annotations
@@ -11,10 +16,13 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
 
 from contract import command, failure, protocol
 from launcher.executors import Started
@@ -23,12 +31,19 @@ from launcher.options import Launch
 log = logging.getLogger(__name__)
 
 
-def train_command(launch: Launch, port: int) -> list[str]:
+def train_command(launch: Launch, port: int, attempt: str) -> list[str]:
     run_dir = launch.run_dir
     return command.train_command(
         str(run_dir / protocol.ACCELERATE_CONFIG), str(run_dir / protocol.TRAIN_CONFIG), num_machines=1,
         machine_rank=0, num_processes=launch.world_size, main_ip="127.0.0.1", main_port=port,
-        accelerate=command.accelerate_of_this_python())
+        accelerate=command.accelerate_of_this_python(), attempt=attempt)
+
+
+def _launcher_log(run_dir: Path, attempt: str) -> BinaryIO:
+    """This attempt's launcher log, for accelerate/torchrun's stderr."""
+    directory = Path(protocol.rank_logs_dir(str(run_dir), attempt))
+    directory.mkdir(parents=True, exist_ok=True)
+    return open(directory / protocol.launcher_log_name(socket.gethostname()), "ab")
 
 
 def _ignore_usr1() -> None:
@@ -71,10 +86,13 @@ def run_local(launch: Launch) -> int:
     stop_file = run_dir / launch.train.run.stop_file  # an absolute stop_file replaces run_dir
     checkpoint_dir = run_dir / launch.train.run.checkpoint_dir
     stop_file.unlink(missing_ok=True)  # a stale request must not stop this run
-    argv = train_command(launch, protocol.free_port())
-    log.info("running: %s", " ".join(argv))
     started = time.time()
-    child = subprocess.Popen(argv, cwd=run_dir, start_new_session=True, preexec_fn=_ignore_usr1)
+    attempt = protocol.local_attempt_name(started)
+    argv = train_command(launch, protocol.free_port(), attempt)
+    log.info("running: %s", " ".join(argv))
+    with _launcher_log(run_dir, attempt) as launcher_log:
+        child = subprocess.Popen(argv, cwd=run_dir, stderr=launcher_log, start_new_session=True,
+                                 preexec_fn=_ignore_usr1)
 
     def on_stop(signum: int, _frame: object) -> None:
         print(f"sft-launch: {signal.Signals(signum).name}: asking training to checkpoint and stop",
@@ -93,5 +111,5 @@ def run_local(launch: Launch) -> int:
             signal.signal(sig, handler)
     code = protocol.training_exit_code(code, stop_file, checkpoint_dir)
     if code not in (protocol.EXIT_OK, protocol.EXIT_REQUEUE):
-        code = failure.report(run_dir, started, code)  # the first failing rank's first error line, last
+        code = failure.report(run_dir, started, code, attempt)  # the first failing rank's first error line, last
     return code

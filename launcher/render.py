@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import __version__, protocol
-from contract.command import shell_words, train_command
+from contract.command import node_shell, train_command
 from contract.schema import to_dict
 from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE
 from launcher import runrecord
@@ -78,12 +78,14 @@ def timeout_threshold_s(limit_s: int, signal_lead_s: int = 0) -> int:
 
 def node_command() -> str:
     """The training command as launch.slurm runs it on every node: `bash -c '...' _ "$RUN_DIR/..." ...`
-    passes the values as positional arguments, which each node expands itself."""
+    passes the values as positional arguments, which each node expands itself. The run directory is
+    that of $6 (RUN_DIR/train.toml): the node's working directory may be a container's."""
+    attempt = protocol.attempt_name("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")
     argv = train_command('$1', '$6', num_machines="$SLURM_NNODES", machine_rank="$SLURM_NODEID", num_processes="$2",
-                         main_ip="$3", main_port="$4", rdzv_timeout_s="$5")
-    text = shell_words(argv)
-    for flag in ("--num_machines", "--main_process_ip", "-m"):  # continuation lines, for the reader
-        text = text.replace(f" {flag} ", f" \\\n    {flag} ", 1)
+                         main_ip="$3", main_port="$4", rdzv_timeout_s="$5", attempt=attempt)
+    text = node_shell(argv, protocol.rank_logs_dir("${6%/*}", attempt), "$HOSTNAME")
+    for flag in ("exec", "--num_machines", "--main_process_ip", "-m", "2>>"):  # continuation lines, for the reader
+        text = text.replace(f" {flag}", f" \\\n    {flag}", 1)
     return text
 
 

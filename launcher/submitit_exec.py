@@ -84,12 +84,12 @@ class TrainTask:
         run = Path(self.run_dir)
         return run, run / self.stop_file, run / self.checkpoint_dir
 
-    def command(self, node_rank: int, nnodes: int, master_addr: str, port: int) -> list[str]:
+    def command(self, node_rank: int, nnodes: int, master_addr: str, port: int, attempt: str) -> list[str]:
         run = Path(self.run_dir)
         return train_command(
             str(run / protocol.ACCELERATE_CONFIG), str(run / protocol.TRAIN_CONFIG), num_machines=nnodes,
             machine_rank=node_rank, num_processes=nnodes * self.procs_per_node, main_ip=master_addr, main_port=port,
-            rdzv_timeout_s=self.rdzv_timeout_s, accelerate=accelerate_of_this_python())
+            rdzv_timeout_s=self.rdzv_timeout_s, accelerate=accelerate_of_this_python(), attempt=attempt)
 
     def _record(self, event: str, **fields: Any) -> None:
         try:
@@ -114,10 +114,16 @@ class TrainTask:
             log.write(f"sft-launch: job {job_id} restart {restart} on {environment.hostname} (submitit)\n".encode())
             self._record("start")
         port = protocol.master_port(job_id, self.master_port)
-        command = self.command(node, nnodes, environment.hostnames[0], port)
-        self._child = subprocess.Popen(command, cwd=run, stdout=log, stderr=subprocess.STDOUT,
+        attempt = protocol.attempt_name(job_id, restart)
+        command = self.command(node, nnodes, environment.hostnames[0], port, attempt)
+        # Ranks write their own logs (--attempt); the launcher's stderr (torchrun's traceback) goes next to them.
+        rank_logs = Path(protocol.rank_logs_dir(str(run), attempt))
+        rank_logs.mkdir(parents=True, exist_ok=True)
+        launcher_log = open(rank_logs / protocol.launcher_log_name(environment.hostname), "ab", buffering=0)
+        self._child = subprocess.Popen(command, cwd=run, stdout=log, stderr=launcher_log,
                                        start_new_session=True, preexec_fn=_ignore_stop_signals)
         log.close()
+        launcher_log.close()
         child = self._child
         # A thread reaps the child: the USR1 handler runs on the main thread and must be able to
         # wait for the exit without re-entering Popen.wait's lock.

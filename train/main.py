@@ -20,17 +20,24 @@ from contract.config import load_train_config
 from contract.failure import EXIT_CONFIG, EXIT_FAILURE, EXIT_HUNG, PeerFailedError, first_line, record_failure
 from contract.liveness import append_roster
 from contract.schema import ConfigError
+from train.ranklog import console_handler, redirect_output
 
 logger = logging.getLogger("train")
 
 
-def _configure_logging() -> None:
+def _configure_logging(run_dir: Path, attempt: str | None) -> None:
     rank = os.environ.get("RANK", "0")
+    console = None
+    if attempt is not None:  # every executor passes one: the whole output goes to this rank's log
+        console = redirect_output(run_dir, attempt, int(rank), int(os.environ.get("LOCAL_RANK", "0")))
     logging.basicConfig(
         level=logging.INFO if rank == "0" else logging.WARNING,
         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
+    if console is not None:
+        root = logging.getLogger()
+        root.addHandler(console_handler(console, root.handlers[0].formatter or logging.Formatter()))
     # Per-rank facts (peak RSS at load) are INFO on every rank: let model loading through.
     logging.getLogger("train.model").setLevel(logging.INFO)
 
@@ -38,10 +45,11 @@ def _configure_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train", description="Run SFT training from a train.toml.")
     parser.add_argument("--config", required=True, help="path to RUN_DIR/train.toml")
+    parser.add_argument("--attempt", help="write this process's output to RUN_DIR/logs/ranks/ATTEMPT/rank-N.log")
     args = parser.parse_args(argv)
-    _configure_logging()
-    started = time.time()
     run_dir = Path(args.config).resolve().parent  # train.toml sits in the run directory
+    _configure_logging(run_dir, args.attempt)
+    started = time.time()
     append_roster(run_dir)  # before anything can hang: which host runs this rank
     try:
         cfg = load_train_config(args.config)

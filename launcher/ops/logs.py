@@ -1,4 +1,4 @@
-"""`sft-launch logs RUN [-f] [--restart N] [--node N]`: the per-restart log, followed across requeues.
+"""`sft-launch logs RUN [-f] [--restart N] [--node N | --rank N]`: the per-restart log, followed across requeues.
 
 Each (re)start of a job writes logs/<jobid>-r<restart>.log (the batch shell redirects into it; the
 submitit executor does the same). The default is the newest file; `-f` keeps printing what is
@@ -7,7 +7,10 @@ appended, switches to the next restart's file when it appears, and ends once the
 Node tagging: the template's srun has no --label, so lines carry no node prefix. Training lines
 carry `[rank R]` (train/main.py's log format); R // processes-per-node is the node index
 (SLURM_NODEID). srun's own lines name `task N` (one task per node). `--node N` keeps those two
-kinds of lines for node N and drops untagged ones (batch-shell, torchrun and warning lines).
+kinds of lines for node N and drops untagged ones (batch-shell, torchrun and warning lines). The log
+holds each node's local rank 0 only; `--rank N` prints rank N's whole output (tracebacks included)
+from logs/ranks/<attempt>/ (contract.protocol): the attempt of the chosen restart, or for a local
+run, which has no per-restart log, the newest attempt.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from contract import protocol
 from launcher.ops import rundir, slurm, status
 from launcher.usage import Parser
 
@@ -104,15 +108,35 @@ def _read_from(path: Path, position: int) -> bytes:
         return b""
 
 
+def rank_log(run_dir: Path, chosen: rundir.LogFile | None, rank: int) -> Path:
+    """Rank `rank`'s log of the chosen restart's attempt (else of the newest attempt)."""
+    ranks_dir = run_dir / protocol.LOGS_DIR / protocol.RANK_LOGS_DIR
+    if chosen is not None:
+        attempt = ranks_dir / protocol.attempt_name(chosen.job_id, chosen.restart)
+    else:
+        attempts = sorted(ranks_dir.glob("*/"), key=lambda path: path.stat().st_mtime)
+        if not attempts:
+            raise RuntimeError(f"no rank logs in {ranks_dir} yet")
+        attempt = attempts[-1]
+    path = attempt / protocol.rank_log_name(rank)
+    if not path.is_file():
+        there = sorted(p.name for p in attempt.glob("*.log")) if attempt.is_dir() else []
+        raise RuntimeError(f"no log of rank {rank} in {attempt} (there: {', '.join(there) or 'nothing'})")
+    return path
+
+
 def main(argv: list[str]) -> int:
     parser = Parser(prog="sft-launch logs", description="Print or follow a run's log.")
     rundir.add_run_arguments(parser)
     parser.add_argument("-f", "--follow", action="store_true", help="follow across requeues until the job ends")
     parser.add_argument("--restart", type=int, metavar="N", help="the log of restart N (default: the newest)")
     parser.add_argument("--node", type=int, metavar="N", help="only lines of node N (0 = first node)")
+    parser.add_argument("--rank", type=int, metavar="N", help="rank N's whole output (its traceback included)")
     args = parser.parse_args(argv)
     if args.follow and args.restart is not None:
         parser.error("-f follows the newest restart; leave out --restart")
+    if args.rank is not None and (args.follow or args.node is not None):
+        parser.error("--rank prints one rank's log; leave out -f and --node")
     run_dir = rundir.resolve_run(args)
     run = rundir.read_run_json(run_dir)
     job_ids = [str(j) for j in run.get("job_ids", [])]
@@ -124,6 +148,9 @@ def main(argv: list[str]) -> int:
             raise RuntimeError(f"cannot tell when the job ends: {err}") from None
         return 0
     chosen = choose_log(rundir.log_files(run_dir, job_ids), args.restart)
+    if args.rank is not None:
+        sys.stdout.write(rank_log(run_dir, chosen, args.rank).read_text(encoding="utf-8", errors="replace"))
+        return 0
     if chosen is None:
         which = f"restart {args.restart}" if args.restart is not None else "any restart"
         raise RuntimeError(f"no log of {which} in {run_dir / 'logs'} yet (job pending?)")

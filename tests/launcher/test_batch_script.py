@@ -2,14 +2,17 @@
 
 Proves: hostile run dir / job name / env values render safely (nothing executes), per-node expansion
 is deferred, the USR1 trap writes the stop file, exit 75 requeues, timeouts vs preemptions are counted
-apart and capped, and run.json records each (re)start.
+apart and capped, run.json records each (re)start, and a failed node command leaves torchrun's traceback
+in the rank logs and the cause as the log's last line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -221,3 +224,31 @@ def test_blamed_node_is_excluded_and_the_job_requeued_until_the_budget_is_spent(
     assert "exceed max_node_failures=1; not requeueing" in "\n".join(log)
     assert log[-1].startswith("sft-launch: error: rank 0 on node1: collective failed")
     assert _argv(tmp_path / "stublog" / "scontrol.argv").count("requeuehold") == 1
+
+
+def test_a_failed_node_command_ends_the_log_with_the_cause_and_keeps_tracebacks_in_the_rank_logs(
+        tmp_path: Path) -> None:
+    """srun runs the rendered node command (SLURM_NODEID 0) with a stub `accelerate` that prints
+    progress, records rank 0's failure and dies like torchrun: the log keeps the progress, ends with
+    the cause; torchrun's traceback is in this attempt's launcher log."""
+    run_dir = _render(tmp_path, "run", [])
+    write_stub(tmp_path / "bin", "accelerate", f"""
+printf '%s\\0' "$@" > "$STUB_LOG/accelerate.argv"
+echo "[rank 0] INFO train.loop: step 1/2 loss 5.5"
+{sys.executable} -c 'from pathlib import Path; from contract.failure import record_failure; \
+record_failure(Path.cwd(), 2, "bad.jsonl:7: invalid JSON")'
+printf 'Traceback (most recent call last):\\nChildFailedError: train FAILED\\n' >&2
+exit 1
+""")
+    result = _run_script(tmp_path, run_dir, 'while [[ "$1" != bash ]]; do shift; done; SLURM_NODEID=0 "$@"')
+    log = (run_dir / "logs" / "4242-r0.log").read_text().strip().splitlines()
+    assert result.returncode == 2, (result.stderr, log)
+    assert "[rank 0] INFO train.loop: step 1/2 loss 5.5" in log, log
+    assert not any("Traceback" in line or "ChildFailedError" in line for line in log), log
+    rank_logs = run_dir / "logs" / "ranks" / "4242-r0"
+    assert log[-2:] == [f"sft-launch: every rank's output: {rank_logs}/",
+                        f"sft-launch: error: rank 0 ({socket.gethostname()}): bad.jsonl:7: invalid JSON"], log
+    [launcher_log] = rank_logs.glob("launcher-*.log")
+    assert "ChildFailedError: train FAILED" in launcher_log.read_text()
+    argv = _argv(tmp_path / "stublog" / "accelerate.argv")
+    assert argv[-4:] == ["--config", str(run_dir / "train.toml"), "--attempt", "4242-r0"]

@@ -49,7 +49,8 @@ def test_batch_shell_helper_prints_the_line_and_the_exit_code(tmp_path: Path) ->
 @pytest.mark.slow
 def test_local_run_ends_with_the_first_failing_ranks_error_and_exit_2(tmp_path: Path) -> None:
     """Data that changed after the check (as while a job waits in the queue) fails inside training:
-    the last line is rank 0's file:line error, exit 2; rank 1's follow-on stays out of it."""
+    the terminal shows rank 0's progress, then the rank logs' directory and, last, rank 0's file:line
+    error, exit 2. Rank 1's follow-on error and torchrun's traceback are in the rank logs only."""
     data, run_dir = tmp_path / "chat.jsonl", tmp_path / "run"
     data.write_text("\n".join(SAMPLE[:40]) + "\n")
     args = ["--model", "tiny", "--executor", "local", "--data", str(data), "--max_steps", "2", "--output", str(run_dir)]
@@ -58,11 +59,22 @@ def test_local_run_ends_with_the_first_failing_ranks_error_and_exit_2(tmp_path: 
     driver = ("import sys; from launcher.launch import build_parser, request_from_args; "
               "from launcher.options import resolve; from launcher.local import run_local; "
               f"sys.exit(run_local(resolve(request_from_args(build_parser().parse_args({args!r})))))")
-    result = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, env=cli_env(), capture_output=True,
-                            text=True, timeout=300)
-    last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
-    assert last.startswith("sft-launch: error: rank 0 (") and f"{data}:7: invalid JSON" in last, last
+    result = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=300)
+    terminal = result.stdout.strip().splitlines()
+    last = terminal[-1]
+    assert result.returncode == 2, result.stdout[-4000:]
+    assert last.startswith("sft-launch: error: rank 0 (") and f"{data}:7: invalid JSON" in last, terminal
+    [rank_logs] = (run_dir / "logs" / "ranks").iterdir()
+    assert terminal[-2] == f"sft-launch: every rank's output: {rank_logs}/", terminal
+    assert "[rank 0] INFO train.model: rank 0 of 2" in result.stdout, "rank 0's progress reaches the terminal"
+    for elsewhere in ("Traceback", "ChildFailedError", "[rank 1]", "tokenized cache missing", "error: "):
+        assert elsewhere not in "\n".join(terminal[:-2]), (elsewhere, terminal)
+    ranks = {path.name: path.read_text() for path in rank_logs.iterdir()}
+    assert f"{data}:7: invalid JSON" in ranks["rank-00000.log"]
+    assert "[rank 1] ERROR train:" in ranks["rank-00001.log"] and "tokenized cache missing" in ranks["rank-00001.log"]
+    [launcher_log] = [text for name, text in ranks.items() if name.startswith("launcher-")]
+    assert "ChildFailedError" in launcher_log and "Traceback" in launcher_log, launcher_log
     records = failure.read_failures(run_dir)
     assert any(r["rank"] == 0 and r["exit_code"] == 2 for r in records), records
     assert all(r.get("follow_on") for r in records if r["rank"] != 0), records

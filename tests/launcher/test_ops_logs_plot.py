@@ -45,6 +45,24 @@ def test_logs_cli_node_filter(tmp_path: Path) -> None:
     assert node1 and all("[rank 1]" in line or "task 1" in line for line in node1)
 
 
+def test_logs_rank_prints_that_ranks_whole_output_of_the_chosen_attempt(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)  # job 900042, restarts 0 and 1
+    for attempt in ("900042-r0", "900042-r1"):
+        ranks = run_dir / "logs" / "ranks" / attempt
+        ranks.mkdir(parents=True)
+        (ranks / "rank-00001.log").write_text(f"Traceback of rank 1 in {attempt}\n")
+    newest = sft("logs", str(run_dir), "--rank", "1")
+    assert newest.returncode == 0 and newest.stdout == "Traceback of rank 1 in 900042-r1\n", newest.stderr
+    assert sft("logs", str(run_dir), "--rank", "1", "--restart", "0").stdout == "Traceback of rank 1 in 900042-r0\n"
+    missing = sft("logs", str(run_dir), "--rank", "3")
+    assert missing.returncode == 1 and "no log of rank 3" in missing.stderr and "rank-00001.log" in missing.stderr
+    local = tmp_path / "local"
+    (local / "logs" / "ranks" / "local-20260101-000000").mkdir(parents=True)
+    (local / "logs" / "ranks" / "local-20260101-000000" / "rank-00000.log").write_text("rank 0 of a local run\n")
+    (local / "train.toml").touch()  # a local run: no per-restart log, the newest attempt
+    assert sft("logs", str(local), "--rank", "0").stdout == "rank 0 of a local run\n"
+
+
 def test_follow_switches_to_the_new_restart_file_and_ends_when_finished(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, steps_per_restart=(2,), kinds=())
     first = run_dir / "logs" / "900042-r0.log"

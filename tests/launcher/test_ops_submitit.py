@@ -33,11 +33,11 @@ def test_executor_parameters_follow_the_profile(tmp_path: Path) -> None:
 
 def test_task_command_and_pickle_drop_the_running_child(tmp_path: Path) -> None:
     task = make_task(cpu_launch(tmp_path))
-    command = task.command(node_rank=1, nnodes=2, master_addr="node1", port=20042)
+    command = task.command(node_rank=1, nnodes=2, master_addr="node1", port=20042, attempt="7-r0")
     joined = " ".join(command)
     assert "--num_machines 2 --machine_rank 1 --num_processes 2" in joined
     assert "--main_process_ip node1 --main_process_port 20042" in joined
-    assert command[-4:] == ["-m", "train", "--config", str(tmp_path / "run" / "train.toml")]
+    assert command[-6:] == ["-m", "train", "--config", str(tmp_path / "run" / "train.toml"), "--attempt", "7-r0"]
     task._exit_code = 75
     copy = pickle.loads(pickle.dumps(task))
     assert isinstance(copy, TrainTask) and copy._exit_code is None and copy._child is None
