@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from contract import protocol
 from contract.formats import BadRowError, detect_format, iter_rows, parse_jsonl_line, parse_row
 from contract.schema import ConfigError
 
@@ -213,10 +214,4 @@ def cache_file(path: Path) -> Path | None:
 
 def _store(cache: Path, record: dict) -> None:
     """Atomic write; a cache that cannot be written only costs a re-check next time."""
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(record), encoding="utf-8")
-        os.replace(tmp, cache)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    protocol.write_json_atomically(cache, record)

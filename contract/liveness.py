@@ -92,14 +92,7 @@ def write_heartbeat(run_dir: Path, step: int, step_time: float, ident: dict[str,
     """Rewrite this rank's heartbeat atomically; never raises (a slow or full disk must not stop training)."""
     ident = ident or identity()
     record = {**ident, "pid": os.getpid(), "step": step, "step_time": step_time, "time": time.time()}
-    path = heartbeat_path(run_dir, ident["rank"])
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(record), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    protocol.write_json_atomically(heartbeat_path(run_dir, ident["rank"]), record)
 
 
 def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:

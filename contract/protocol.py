@@ -10,6 +10,8 @@ cannot run (no answer at all) is told apart from a "no".
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import sys
 import time
@@ -88,6 +90,20 @@ def attempt_name(job_id: str, restart: int | str) -> str:
 def local_attempt_name(started: float) -> str:
     """A local run's attempt: its start time (local executor), unique per run of the command."""
     return LOCAL_ATTEMPT_PREFIX + time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+
+
+def write_json_atomically(path: Path, record: dict) -> bool:
+    """Write `record` to a temporary name beside `path`, then rename: a reader (another process, another
+    node) never sees half a file. False, leaving no temporary behind, when it cannot be written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
 
 
 def log_name(job_id: str, restart: int) -> str:

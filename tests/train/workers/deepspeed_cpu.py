@@ -17,7 +17,7 @@ from contract.config import load_train_config
 from train.loop import train
 from train.main import _configure_logging
 
-_configure_logging()
+_configure_logging(Path.cwd(), attempt=None)  # no --attempt: output stays on the console
 stage = json.loads(Path(run_dir, "deepspeed.json").read_text())["zero_optimization"]["stage"]
 plugin = DeepSpeedPlugin(hf_ds_config=f"{run_dir}/deepspeed.json", zero3_init_flag=stage == 3)
 accelerator = Accelerator(deepspeed_plugin=plugin, mixed_precision="bf16")
