@@ -178,7 +178,8 @@ def train(launch: Any, log: Path, timeout: float) -> int:
     """Start training exactly as `sft-launch --executor local` does."""
     from launcher.local import train_command
 
-    return run_logged(train_command(launch, protocol.free_port()), log, timeout)
+    attempt = protocol.local_attempt_name(time.time())  # each rank's whole output: logs/ranks/<attempt>/
+    return run_logged(train_command(launch, protocol.free_port(), attempt), log, timeout)
 
 
 # --------------------------------------------------------------------------- one case
