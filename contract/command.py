@@ -13,6 +13,8 @@ batch script's node command redirects into it (`node_shell`).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import BinaryIO
 
 from contract import protocol
 
@@ -52,3 +54,11 @@ def node_shell(argv: list[str], rank_logs: str, host: str) -> str:
     stderr (torchrun's own messages and traceback) appended to this node's launcher log there."""
     launcher_log = f"{rank_logs}/{protocol.launcher_log_name(host)}"
     return f'mkdir -p "{rank_logs}" && exec {shell_words(argv)} 2>>"{launcher_log}"'
+
+
+def open_launcher_log(run_dir: Path, attempt: str, host: str) -> BinaryIO:
+    """This node's launcher log of the attempt (created with its directory), for a launcher process's
+    stderr: the local executor and the submitit task pass it to Popen."""
+    directory = Path(protocol.rank_logs_dir(str(run_dir), attempt))
+    directory.mkdir(parents=True, exist_ok=True)
+    return open(directory / protocol.launcher_log_name(host), "ab", buffering=0)

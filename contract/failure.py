@@ -16,7 +16,6 @@ traceback) and the exit code to report (2, 76 or 1) to stdout; the batch shell u
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import protocol
-from contract.liveness import identity, read_jsonl
+from contract.liveness import append_jsonl, identity, read_jsonl
 
 FAILURES_FILE = Path(protocol.LOGS_DIR) / "failures.jsonl"  # relative to the run directory
 EXIT_CONFIG = protocol.EXIT_USAGE
@@ -50,13 +49,7 @@ def record_failure(run_dir: Path, exit_code: int, message: str, follow_on: bool 
         **(extra or {}), "time": time.time(), **identity(),
         "exit_code": exit_code, "follow_on": follow_on, "message": first_line(message),
     }
-    try:
-        path = run_dir / FAILURES_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as handle:  # one short line per write: appends do not interleave
-            handle.write(json.dumps(record) + "\n")
-    except OSError:
-        pass
+    append_jsonl(run_dir / FAILURES_FILE, record)
 
 
 def read_failures(run_dir: Path) -> list[dict[str, Any]]:

@@ -55,14 +55,19 @@ def append_roster(run_dir: Path) -> dict[str, Any]:
     record = {"time": time.time(), "rank": ident["rank"], "local_rank": int(env.get("LOCAL_RANK", "0")),
               "world": int(env.get("WORLD_SIZE", "1")), "host": ident["host"], "pid": os.getpid(),
               "job": ident["job"], "restart": ident["restart"]}
+    append_jsonl(roster_path(run_dir), record)
+    return record
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line; never raises (these logs are diagnosis aids: a full disk must not hide the
+    real error). One short line per write: appends of several processes do not interleave."""
     try:
-        path = roster_path(run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as handle:  # one short line per write: appends do not interleave
+        with path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
     except OSError:
         pass
-    return record
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -21,8 +21,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import BinaryIO
 
 from contract import command, failure, protocol
 from launcher.executors import Started
@@ -37,13 +35,6 @@ def train_command(launch: Launch, port: int, attempt: str) -> list[str]:
         str(run_dir / protocol.ACCELERATE_CONFIG), str(run_dir / protocol.TRAIN_CONFIG), num_machines=1,
         machine_rank=0, num_processes=launch.world_size, main_ip="127.0.0.1", main_port=port,
         accelerate=command.accelerate_of_this_python(), attempt=attempt)
-
-
-def _launcher_log(run_dir: Path, attempt: str) -> BinaryIO:
-    """This attempt's launcher log, for accelerate/torchrun's stderr."""
-    directory = Path(protocol.rank_logs_dir(str(run_dir), attempt))
-    directory.mkdir(parents=True, exist_ok=True)
-    return open(directory / protocol.launcher_log_name(socket.gethostname()), "ab")
 
 
 def _ignore_usr1() -> None:
@@ -90,7 +81,7 @@ def run_local(launch: Launch) -> int:
     attempt = protocol.local_attempt_name(started)
     argv = train_command(launch, protocol.free_port(), attempt)
     log.info("running: %s", " ".join(argv))
-    with _launcher_log(run_dir, attempt) as launcher_log:
+    with command.open_launcher_log(run_dir, attempt, socket.gethostname()) as launcher_log:
         child = subprocess.Popen(argv, cwd=run_dir, stderr=launcher_log, start_new_session=True,
                                  preexec_fn=_ignore_usr1)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import protocol
-from contract.command import accelerate_of_this_python, train_command
+from contract.command import accelerate_of_this_python, open_launcher_log, train_command
 from contract.protocol import CANCEL_FILE, EXIT_REQUEUE
 from contract.schema import ConfigError
 from launcher import runrecord
@@ -117,9 +117,7 @@ class TrainTask:
         attempt = protocol.attempt_name(job_id, restart)
         command = self.command(node, nnodes, environment.hostnames[0], port, attempt)
         # Ranks write their own logs (--attempt); the launcher's stderr (torchrun's traceback) goes next to them.
-        rank_logs = Path(protocol.rank_logs_dir(str(run), attempt))
-        rank_logs.mkdir(parents=True, exist_ok=True)
-        launcher_log = open(rank_logs / protocol.launcher_log_name(environment.hostname), "ab", buffering=0)
+        launcher_log = open_launcher_log(run, attempt, environment.hostname)
         self._child = subprocess.Popen(command, cwd=run, stdout=log, stderr=launcher_log,
                                        start_new_session=True, preexec_fn=_ignore_stop_signals)
         log.close()

@@ -112,7 +112,7 @@ def rank_log(run_dir: Path, chosen: rundir.LogFile | None, rank: int) -> Path:
     """Rank `rank`'s log of the chosen restart's attempt (else of the newest attempt)."""
     ranks_dir = run_dir / protocol.LOGS_DIR / protocol.RANK_LOGS_DIR
     if chosen is not None:
-        attempt = ranks_dir / protocol.attempt_name(chosen.job_id, chosen.restart)
+        attempt = Path(protocol.rank_logs_dir(str(run_dir), protocol.attempt_name(chosen.job_id, chosen.restart)))
     else:
         attempts = sorted(ranks_dir.glob("*/"), key=lambda path: path.stat().st_mtime)
         if not attempts:
