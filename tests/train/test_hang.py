@@ -68,13 +68,21 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+def hang_run(tmp_path: Path, hang_timeout_s: int, collective_timeout_s: int) -> Path:
+    return write_run(tmp_path / "run", {**LONG_RUN, "run": {"dir": ".", "hang_timeout_s": hang_timeout_s,
+                                                            "collective_timeout_s": collective_timeout_s}})
+
+
+def signal_rank1(proc: subprocess.Popen, run_dir: Path, sig: signal.Signals) -> float:
+    """Send `sig` to rank 1 once it has stepped; returns when (time.monotonic)."""
+    os.kill(rank1_pid_after_steps(proc, run_dir), sig)
+    return time.monotonic()
+
+
 def test_frozen_rank_makes_its_peer_exit_76_with_stacks_and_blame(tmp_path):
-    run_dir = write_run(tmp_path / "run", {**LONG_RUN, "run": {"dir": ".", "hang_timeout_s": 20,
-                                                               "collective_timeout_s": 300}})
+    run_dir = hang_run(tmp_path, 20, 300)
     with training(run_dir) as proc:
-        pid = rank1_pid_after_steps(proc, run_dir)
-        os.kill(pid, signal.SIGSTOP)
-        frozen = time.monotonic()
+        frozen = signal_rank1(proc, run_dir, signal.SIGSTOP)
         record = hang_record(proc, run_dir, timeout=90)
         waited = time.monotonic() - frozen
         rank0_pid = {line["rank"]: line["pid"] for line in liveness.read_roster(run_dir)}[0]
@@ -93,12 +101,9 @@ def test_frozen_rank_makes_its_peer_exit_76_with_stacks_and_blame(tmp_path):
 
 
 def test_killed_rank_ends_its_peer_promptly(tmp_path):
-    run_dir = write_run(tmp_path / "run", {**LONG_RUN, "run": {"dir": ".", "hang_timeout_s": 60,
-                                                               "collective_timeout_s": 300}})
+    run_dir = hang_run(tmp_path, 60, 300)
     with training(run_dir) as proc:
-        pid = rank1_pid_after_steps(proc, run_dir)
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = signal_rank1(proc, run_dir, signal.SIGKILL)
         code = proc.wait(timeout=60)  # neither the watchdog (60 s) nor the collective timeout (300 s)
         took = time.monotonic() - killed
     log = read_log(run_dir)
@@ -116,12 +121,9 @@ def test_killed_rank_ends_its_peer_promptly(tmp_path):
 
 
 def test_collective_timeout_gives_up_without_the_watchdog(tmp_path):
-    run_dir = write_run(tmp_path / "run", {**LONG_RUN, "run": {"dir": ".", "hang_timeout_s": 0,
-                                                               "collective_timeout_s": 5}})
+    run_dir = hang_run(tmp_path, 0, 5)
     with training(run_dir) as proc:
-        pid = rank1_pid_after_steps(proc, run_dir)
-        os.kill(pid, signal.SIGSTOP)
-        frozen = time.monotonic()
+        frozen = signal_rank1(proc, run_dir, signal.SIGSTOP)
         record = hang_record(proc, run_dir, timeout=60)
         took = time.monotonic() - frozen
     assert record["exit_code"] == protocol.EXIT_HUNG and record["hang"]["collective"], record
