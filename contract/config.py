@@ -88,8 +88,9 @@ class TrainSection:
     fused_loss: bool = documented(True, "fuse lm_head and cross-entropy (Liger on CUDA if installed, else chunked)")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
-    profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on "
-                                           "rank 0 and log the top CUDA kernels; unset = off")
+    profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on rank 0: "
+                                           "top kernels and GPU time by kind in the log, a trace in "
+                                           "logs/profile/; unset = off")
 
     def validate(self) -> None:
         require(self.learning_rate > 0, "train.learning_rate", "must be > 0")

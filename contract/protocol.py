@@ -58,6 +58,8 @@ NODE_FAILURES_FILE = "node_failures.txt"
 # it when it decides the outcome itself, so finding it at start means SLURM ended the previous attempt
 # (a node failure requeued by SLURM): the next start asks for the node to blame then.
 ATTEMPT_FILE = "attempt.txt"
+# LOGS_DIR/PROFILE_DIR/steps-A-B.trace.json: the Chrome/Perfetto trace of train.profile_steps (rank 0).
+PROFILE_DIR = "profile"
 
 # `sft-launch eval` results: EVAL_DIR/<name>.json; EVAL_DIR/pinned-step-N is a checkpoint hard-linked
 # by `eval --every-checkpoint` until its export (train/export_checkpoint.py) removes it.

@@ -29,7 +29,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 
 from contract.config import TrainConfig
-from contract.protocol import EXIT_REQUEUE
+from contract.protocol import EXIT_REQUEUE, LOGS_DIR, PROFILE_DIR
 from contract.schema import ConfigError
 from train.attention import setup_attention
 from train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
@@ -40,7 +40,8 @@ from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_pe
 from train.model import build_model, log_model_ready, log_placement
 from train.optim import prepare_for_training
 from train.packing import collate_packed, collate_padded, plan_micro_batches
-from train.perf import RecompileWatch, StepProfiler
+from train.perf import RecompileWatch
+from train.profiling import StepProfiler
 from train.stop import StopRequest
 from train.watchdog import Watchdog
 
@@ -226,7 +227,8 @@ class Loop:
         """Train until total_steps; True when stopped (and saved) on request. Saves and evals pause the
         watchdog; every completed optimizer step (its stop vote included) is progress."""
         window, watch = Window(), Stopwatch()
-        profiler = StepProfiler(self.cfg.train.profile_steps or "", self.acc.is_main_process)
+        profiler = StepProfiler(self.cfg.train.profile_steps or "", self.acc.is_main_process,
+                               Path(self.cfg.run.dir) / LOGS_DIR / PROFILE_DIR)
         self.model.train()
         while state.step < self.total_steps:
             lr = self.scheduler.get_last_lr()[0]

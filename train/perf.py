@@ -104,28 +104,3 @@ class RecompileWatch:
                            "compilation (TORCH_LOGS=recompiles names the guard that failed)", graphs - self.seen, step)
         self.seen = graphs
         return graphs
-
-
-class StepProfiler:
-    """Opt-in kernel profile of a few optimizer steps: train.profile_steps = "8:10" profiles steps 8 and 9
-    on rank 0 and logs the top CUDA kernels by total time (the evidence behind BENCHMARKS.md notes)."""
-
-    def __init__(self, spec: str, is_main: bool):
-        first, _, last = spec.partition(":")
-        self.first, self.last = (int(first), int(last or int(first) + 1)) if spec and is_main else (-1, -1)
-        self.profiler: Any = None
-
-    def before_step(self, step: int) -> None:
-        if step == self.first:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-            self.profiler.__enter__()
-
-    def after_step(self, step: int) -> None:
-        if self.profiler is not None and step + 1 >= self.last:
-            torch.cuda.synchronize()
-            self.profiler.__exit__(None, None, None)
-            table = self.profiler.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
-            logger.info("profile of steps %d..%d:\n%s", self.first, self.last - 1, table)
-            self.profiler = None

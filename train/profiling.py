@@ -1,0 +1,113 @@
+"""Opt-in kernel profile of a few optimizer steps (train.profile_steps = "8:10": steps 8 and 9, rank 0).
+
+It leaves three things: the top kernels by GPU time in the log, a Chrome/Perfetto trace under
+``<run dir>/logs/profile/``, and a breakdown of GPU time by kind of work (matmul, attention, memset,
+optimizer, loss, compiled elementwise, ...). Memsets and the unnamed rest are also attributed to
+the operator that launched them (the trace links each kernel to its CPU op by "External id"), which
+is how a stray `zeros` in a kernel library shows up.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Kernel-name fragments per kind, first match wins (lower case). cuBLAS kernels are nvjet/sm90_xmma/
+# cutlass gemm; FlashAttention-4 kernels are CuTe DSL "kernel_cutlass_..._flash_attn..." names.
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("attention", ("flash", "fmha", "attn")),
+    ("matmul", ("gemm", "nvjet", "xmma", "cublas", "cutlass")),
+    ("memset", ("memset",)),
+    ("memcpy", ("memcpy",)),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel")),
+    ("loss", ("liger", "cross_entropy")),
+    ("compiled elementwise", ("triton_",)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    for kind, fragments in KINDS:
+        if any(fragment in lowered for fragment in fragments):
+            return kind
+    return "other"
+
+
+def kernel_breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """GPU time by kind, and the launching operators of memsets and of the rest, from a trace's
+    traceEvents. Times in ms; `launched_by` maps kind -> {op name: ms} for memset and other."""
+    ops_by_id = {e["args"]["External id"]: e["name"] for e in events
+                 if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
+    by_kind: dict[str, float] = defaultdict(float)
+    launched_by: dict[str, dict[str, float]] = {"memset": defaultdict(float), "other": defaultdict(float)}
+    for event in events:
+        if event.get("cat") not in ("kernel", "gpu_memset", "gpu_memcpy"):
+            continue
+        kind = "memset" if event["cat"] == "gpu_memset" else kernel_kind(event["name"])
+        if event["cat"] == "gpu_memcpy":
+            kind = "memcpy"
+        ms = float(event.get("dur", 0.0)) / 1e3
+        by_kind[kind] += ms
+        if kind in launched_by:
+            op = ops_by_id.get(event.get("args", {}).get("External id"), event["name"][:60])
+            launched_by[kind][op] += ms
+    total = sum(by_kind.values())
+    return {"total_ms": total, "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "launched_by": {k: dict(sorted(v.items(), key=lambda kv: -kv[1])[:8]) for k, v in launched_by.items()}}
+
+
+def format_breakdown(breakdown: dict[str, Any]) -> str:
+    total = breakdown["total_ms"] or 1.0
+    lines = [f"GPU time by kind ({breakdown['total_ms']:.1f} ms of kernels):"]
+    lines += [f"  {kind:<22} {ms:9.1f} ms {100 * ms / total:5.1f}%" for kind, ms in breakdown["by_kind"].items()]
+    for kind, ops in breakdown["launched_by"].items():
+        if ops:
+            lines.append(f"  {kind} launched by: " + ", ".join(f"{op} {ms:.1f} ms" for op, ms in ops.items()))
+    return "\n".join(lines)
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+class StepProfiler:
+    """Profiles steps [first, last) on the main process; a no-op when spec is empty."""
+
+    def __init__(self, spec: str, is_main: bool, out_dir: Path):
+        first, _, last = spec.partition(":")
+        self.first, self.last = (int(first), int(last or int(first) + 1)) if spec and is_main else (-1, -1)
+        self.out_dir = out_dir
+        self.profiler: Any = None
+
+    def before_step(self, step: int) -> None:
+        if step == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.profiler = profile(activities=activities)
+            self.profiler.__enter__()
+
+    def after_step(self, step: int) -> None:
+        if self.profiler is None or step + 1 < self.last:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.profiler.__exit__(None, None, None)
+        table = self.profiler.key_averages().table(sort_by="self_device_time_total" if torch.cuda.is_available()
+                                                   else "self_cpu_time_total", row_limit=40, max_name_column_width=70)
+        trace = self.out_dir / f"steps-{self.first}-{self.last - 1}.trace.json"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.profiler.export_chrome_trace(str(trace))
+        logger.info("profile of steps %d..%d (trace: %s):\n%s\n%s", self.first, self.last - 1, trace, table,
+                    format_breakdown(kernel_breakdown(read_trace(trace))))
+        self.profiler = None
