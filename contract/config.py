@@ -85,7 +85,9 @@ class TrainSection:
     report_to: list[str] = documented(["jsonl"], "where metrics go: jsonl, wandb, none")
     seed: int = documented(42, "seed of weights init, data order and dropout")
     compile: bool | Literal["auto"] = documented("auto", "torch.compile each decoder layer; auto = on CUDA GPUs")
-    fused_loss: bool = documented(True, "fuse lm_head and cross-entropy (Liger on CUDA if installed, else chunked)")
+    fused_loss: bool | Literal["fused", "liger", "chunked"] = documented(
+        True, "fuse lm_head and cross-entropy: true = 'fused' on CUDA, 'chunked' elsewhere; or name one "
+              "(train/loss.py); false = full logits")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on rank 0: "

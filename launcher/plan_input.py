@@ -11,15 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract.config import SHIPPED_DATA
+from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 from launcher.datasize import DataEstimate, estimate_tokens
 from launcher.planner import PlanInput, Suggestion
 
 if TYPE_CHECKING:
     from launcher.options import Launch
 
-# train/loss.py's fused lm_head + cross-entropy materializes logits for 4096 tokens at a time on CPU
-# (chunked); Liger's kernel on GPU keeps even less, so 4096 is the conservative figure for both.
-FUSED_LOSS_CHUNK_TOKENS = 4096
 CPU_RAM_FRACTION = 0.9  # of a CPU node's RAM, shared by its processes (the OS and slurmstepd keep the rest)
 _MEM = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
 _UNIT_GIB = {"K": 1 / 1024**2, "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}  # SLURM's default unit is MB

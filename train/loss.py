@@ -2,22 +2,30 @@
 
 With a 128k vocabulary, a 32k-token packed micro-batch has 32k x 128k logits: 8 GiB in bf16 and
 16 GiB more for the fp32 log-softmax. Fusing the lm_head matmul with the cross-entropy avoids that:
-- Liger Kernel's fused linear cross-entropy (Triton, CUDA) when it is installed: it computes the
-  gradient chunk by chunk during the forward, so nothing vocabulary-sized is kept;
-- otherwise a chunked fallback: each chunk of tokens gets its logits and loss under activation
-  checkpointing, so only one chunk's logits exist at a time (the lm_head matmul runs twice).
+- "fused" (the default on CUDA): chunks of FUSED_LOSS_CHUNK_TOKENS (contract.shape); each chunk's
+  logits give its loss and, in the same forward, the gradients of hidden and weight (one compiled
+  pass over the logits for softmax and gradient), so nothing vocabulary-sized outlives its chunk and
+  the lm_head matmul runs once. It is Liger Kernel's scheme with larger chunks: Liger sizes them from V/d (1,024
+  tokens at 32k tokens and Llama-3's vocabulary), where cuBLAS runs the three lm_head matmuls ~10%
+  slower than at 4,096 (bench/gpu_ceilings.py, BENCHMARKS.md).
+- "liger": Liger Kernel's fused linear cross-entropy (Triton), when installed;
+- "chunked" (CPU default): each chunk's logits and loss under activation checkpointing (the lm_head
+  matmul runs twice; no compiled kernel needed).
 
-Both return the *sum* of token losses; the loop divides by the step's label-token count across
+All return the *sum* of token losses; the loop divides by the step's label-token count across
 micro-batches and ranks (correct normalisation under gradient accumulation).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 
 IGNORE_INDEX = -100
 
@@ -46,7 +54,8 @@ def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
 
 def chunked_linear_cross_entropy_sum(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 4096
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+    chunk_tokens: int = FUSED_LOSS_CHUNK_TOKENS,
 ) -> torch.Tensor:
     """Sum of CE over tokens, one checkpointed chunk at a time (bounded logits memory)."""
     total = hidden.new_zeros((), dtype=torch.float32)
@@ -60,17 +69,78 @@ def chunked_linear_cross_entropy_sum(
     return total
 
 
+def _ce_sum_and_logit_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ CE over the chunk's labelled tokens and its gradient w.r.t. the logits (softmax − one-hot,
+    zero on ignored tokens), in the logits' dtype. Compiled on CUDA: one reduction and one pointwise
+    kernel over the logits, nothing fp32 of vocabulary size in memory."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: softmax in fp32
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    valid = (targets != IGNORE_INDEX).unsqueeze(-1)
+    safe = torch.where(valid.squeeze(-1), targets, 0).unsqueeze(-1)
+    loss = torch.where(valid, lse - x.gather(-1, safe), 0.0).sum()
+    is_target = torch.arange(x.shape[-1], device=x.device) == safe
+    grad = torch.where(valid, torch.exp(x - lse) - is_target.to(x.dtype), 0.0)
+    return loss, grad.to(logits.dtype)
+
+
+@functools.cache
+def _compiled_ce(device_type: str):
+    if device_type != "cuda":
+        return _ce_sum_and_logit_grad
+    return torch.compile(_ce_sum_and_logit_grad, dynamic=True)
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Forward computes the loss sum and both gradients chunk by chunk; backward only scales them."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunk_tokens: int) -> torch.Tensor:
+        ce = _compiled_ce(hidden.device.type)
+        loss = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
+        # Only what autograd will ask for: a LoRA run's frozen lm_head needs no weight gradient.
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
+            chunk_loss, grad_logits = ce(h @ weight.t(), t)
+            loss += chunk_loss
+            if grad_hidden is not None:
+                torch.mm(grad_logits, weight, out=grad_hidden[start : start + chunk_tokens])
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t(), h)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        # Always scale (no host sync to test for 1.0); grad_loss is 1 / label tokens of the step.
+        return *(None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors), None, None
+
+
+def fused_linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                                   chunk_tokens: int = FUSED_LOSS_CHUNK_TOKENS) -> torch.Tensor:
+    """Σ CE of hidden [T, d] @ weight [V, d]ᵀ against targets [T], gradients computed in the forward.
+    Without autograd (eval) only the loss is computed."""
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        with torch.no_grad():
+            return chunked_linear_cross_entropy_sum(hidden, weight, targets, chunk_tokens)
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk_tokens)
+
+
 def linear_cross_entropy_sum(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, backend: str = "auto"
 ) -> torch.Tensor:
     """Sum of next-token CE for hidden [B, T, d] projected by weight [V, d] against labels [B, T].
 
-    backend: "auto" (liger on CUDA when installed, else chunked), "liger", "chunked", "dense".
+    backend: "auto" (fused on CUDA, chunked elsewhere), "fused", "liger", "chunked", "dense".
     """
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     targets = shift_labels(labels).reshape(-1)
     if backend == "auto":
-        backend = "liger" if hidden.is_cuda and _liger_flce() is not None else "chunked"
+        backend = "fused" if hidden.is_cuda else "chunked"
+    if backend == "fused":
+        return fused_linear_cross_entropy_sum(flat_hidden, weight, targets)
     if backend == "liger":
         flce = _liger_flce()
         if flce is None:

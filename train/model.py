@@ -116,8 +116,8 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if cfg.train.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA), FSDP2 and keyword arguments (packing).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if cfg.train.fused_loss:
-        use_fused_loss(model)  # no vocabulary-sized logits (train/loss.py)
+    if cfg.train.fused_loss:  # no vocabulary-sized logits (train/loss.py)
+        use_fused_loss(model, "auto" if cfg.train.fused_loss is True else cfg.train.fused_loss)
     if cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
         compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
     if cfg.lora.enabled:

@@ -6,6 +6,7 @@ checkpoints, FSDP wrapping and the export see the same model as without them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from typing import Any
@@ -19,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 
 def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                   num_items_in_batch: torch.Tensor | int | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
+                   num_items_in_batch: torch.Tensor | int | None = None, *, loss_backend: str = "auto",
+                   **kwargs: Any) -> CausalLMOutputWithPast:
     """LlamaForCausalLM.forward without materialising the logits when labels are given.
 
     Runs inside the root module's forward, so under FSDP2 the root's parameters (embedding, final
@@ -35,7 +37,7 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
         # Autocast would run the lm_head matmul in bf16/fp16; the fused kernels do not see autocast.
         dtype = torch.get_autocast_dtype(hidden.device.type)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
-    loss_sum = linear_cross_entropy_sum(hidden, weight, labels)
+    loss_sum = linear_cross_entropy_sum(hidden, weight, labels, backend=loss_backend)
     if num_items_in_batch is None:
         num_items_in_batch = (labels[..., 1:] != IGNORE_INDEX).sum().clamp(min=1)
     return CausalLMOutputWithPast(loss=loss_sum / num_items_in_batch)
@@ -50,11 +52,11 @@ def _head_weight(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor
     return lm_head.weight
 
 
-def use_fused_loss(model: torch.nn.Module) -> None:
-    """Make `model(**batch, labels=...)` compute the loss from hidden states (train/loss.py)."""
+def use_fused_loss(model: torch.nn.Module, backend: str = "auto") -> None:
+    """Make `model(**batch, labels=...)` compute the loss from hidden states (train/loss.py's backend)."""
     if not (hasattr(model, "model") and hasattr(model, "lm_head")):
         raise TypeError(f"fused loss needs a *ForCausalLM model with .model and .lm_head, got {type(model)}")
-    model.forward = types.MethodType(_fused_forward, model)
+    model.forward = types.MethodType(functools.partial(_fused_forward, loss_backend=backend), model)
 
 
 def gather_lm_head_with_root(model: torch.nn.Module) -> None:

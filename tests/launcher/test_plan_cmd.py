@@ -14,7 +14,8 @@ from launcher.datasize import SAMPLE_BYTES, estimate_tokens, row_tokens
 from launcher.memory import MemoryBreakdown
 from launcher.options import LaunchRequest, resolve
 from launcher.plan_cmd import plan_launch, refuse_unless_fits
-from launcher.plan_input import FUSED_LOSS_CHUNK_TOKENS, SHIPPED_DATA, mem_gib, plan_input_from_launch
+from contract.shape import FUSED_LOSS_CHUNK_TOKENS
+from launcher.plan_input import SHIPPED_DATA, mem_gib, plan_input_from_launch
 from contract.schema import ConfigError
 
 A100 = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100"]

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from train.loss import IGNORE_INDEX, linear_cross_entropy_sum, shift_labels
+from train.loss import IGNORE_INDEX, fused_linear_cross_entropy_sum, linear_cross_entropy_sum, shift_labels
 
 
 def _dense_reference(hidden, weight, labels):
@@ -41,3 +41,33 @@ def test_auto_on_cpu_uses_chunked_and_no_grad_path():
     with torch.no_grad():
         got = linear_cross_entropy_sum(hidden, weight, labels)
     torch.testing.assert_close(got, _dense_reference(hidden, weight, labels))
+
+
+def test_fused_matches_dense_value_and_grads_over_uneven_chunks():
+    torch.manual_seed(2)
+    hidden = torch.randn(1, 1000, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 50, (1, 1000))
+    labels[0, ::3] = IGNORE_INDEX
+    targets = shift_labels(labels).reshape(-1)
+    ref = F.cross_entropy(hidden.reshape(-1, 16) @ weight.t(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    ref_grads = torch.autograd.grad(ref * 0.5, [hidden, weight])  # a scaled loss, as loss / label tokens
+    got = fused_linear_cross_entropy_sum(hidden.reshape(-1, 16), weight, targets, chunk_tokens=384)
+    got_grads = torch.autograd.grad(got * 0.5, [hidden, weight])
+    torch.testing.assert_close(got, ref.to(got.dtype))
+    for g, r in zip(got_grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_fused_leaves_a_frozen_weight_without_gradient_and_eval_without_autograd():
+    torch.manual_seed(3)
+    hidden = torch.randn(40, 8, requires_grad=True)
+    weight = torch.randn(20, 8)  # frozen (a LoRA run's lm_head)
+    targets = torch.randint(0, 20, (40,))
+    got = fused_linear_cross_entropy_sum(hidden, weight, targets, chunk_tokens=16)
+    (grad,) = torch.autograd.grad(got, [hidden])
+    ref = F.cross_entropy(hidden @ weight.t(), targets, reduction="sum")
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(grad, torch.autograd.grad(ref, [hidden])[0])
+    with torch.no_grad():
+        torch.testing.assert_close(fused_linear_cross_entropy_sum(hidden, weight, targets, 16), ref.detach())
