@@ -81,6 +81,25 @@ def step_matmuls(arch: dict, tokens: int, loss_chunk: int) -> list[dict]:
     return rows
 
 
+def loss_ms(arch: dict, tokens: int) -> dict[str, float]:
+    """Forward + backward of the fused lm_head + cross-entropy per backend (train/loss.py), bf16."""
+    from train.loss import linear_cross_entropy_sum
+
+    d, vocab = arch["hidden_size"], arch["vocab_size"]
+    hidden = torch.randn(1, tokens, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = (torch.randn(vocab, d, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    labels = torch.randint(0, vocab, (1, tokens), device="cuda")
+    times = {}
+    for backend in ("fused", "liger"):
+        def run() -> None:
+            linear_cross_entropy_sum(hidden, weight, labels, backend=backend).backward()
+        try:
+            times[backend] = median_ms(run, repeats=10)
+        except RuntimeError as err:  # liger not installed
+            print(f"loss backend {backend}: {err}")
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
@@ -96,11 +115,13 @@ def main() -> None:
     for chunk in (1024, 4096):  # Liger's chunk at 32k tokens and a 4x larger one
         rows = step_matmuls(arch, args.tokens, chunk)
         table.append({"loss_chunk": chunk, "rows": rows})
+    losses = loss_ms(arch, args.tokens)
     result = {"gpu": torch.cuda.get_device_name(), "copy_gbs": bandwidth, "square_bf16_tflops": square,
-              "shape": args.shape, "tokens": args.tokens, "steps": table}
+              "shape": args.shape, "tokens": args.tokens, "steps": table, "loss_fwd_bwd_ms": losses}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(f"\n{result['gpu']}: copy {bandwidth:,.0f} GB/s (read + write), bf16 8192^3 matmul {square:.0f} TFLOP/s")
+    print("lm_head + cross-entropy, forward + backward: " + ", ".join(f"{k} {v:.1f} ms" for k, v in losses.items()))
     for entry in table:
         total_ms = sum((r["fwd_ms"] + r["dgrad_ms"] + r["wgrad_ms"]) * r["count"] for r in entry["rows"])
         flop = sum(r["flop"] * r["count"] for r in entry["rows"])
