@@ -5,9 +5,10 @@ With a 128k vocabulary, a 32k-token packed micro-batch has 32k x 128k logits: 8 
 - "fused" (the default on CUDA): chunks of FUSED_LOSS_CHUNK_TOKENS (contract.shape); each chunk's
   logits give its loss and, in the same forward, the gradients of hidden and weight (one compiled
   pass over the logits for softmax and gradient), so nothing vocabulary-sized outlives its chunk and
-  the lm_head matmul runs once. It is Liger Kernel's scheme with larger chunks: Liger sizes them from V/d (1,024
-  tokens at 32k tokens and Llama-3's vocabulary), where cuBLAS runs the three lm_head matmuls ~10%
-  slower than at 4,096 (bench/gpu_ceilings.py, BENCHMARKS.md).
+  the lm_head matmul runs once. It is Liger Kernel's scheme with larger chunks and no host sync:
+  Liger sizes chunks from V/d (1,024 tokens at 32k tokens and Llama-3's vocabulary), where cuBLAS
+  runs the three lm_head matmuls ~10% slower than at 4,096 (bench/gpu_ceilings.py), and its
+  backward reads grad_output back to the host every step. Measured +1.7% tokens/s (BENCHMARKS.md).
 - "liger": Liger Kernel's fused linear cross-entropy (Triton), when installed;
 - "chunked" (CPU default): each chunk's logits and loss under activation checkpointing (the lm_head
   matmul runs twice; no compiled kernel needed).
@@ -71,8 +72,8 @@ def chunked_linear_cross_entropy_sum(
 
 def _ce_sum_and_logit_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ CE over the chunk's labelled tokens and its gradient w.r.t. the logits (softmax − one-hot,
-    zero on ignored tokens), in the logits' dtype. Compiled on CUDA: one reduction and one pointwise
-    kernel over the logits, nothing fp32 of vocabulary size in memory."""
+    zero on ignored tokens), in the logits' dtype. Compiled on CUDA, where inductor fuses the fp32
+    upcast into its kernels (eager on the CPU, where tests run it)."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: softmax in fp32
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     valid = (targets != IGNORE_INDEX).unsqueeze(-1)
