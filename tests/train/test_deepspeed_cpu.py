@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 PROFILE = '[profiles.gpu1]\ngpus_per_node = 1\ngpu_type = "h100"\nstorage_root = "{root}"\ntime = "1:00:00"\nsignal_lead_s = 60\n'
 SETS = ["train.max_steps=4", "train.save_steps=2", "train.gradient_accumulation_steps=2", "train.logging_steps=1",
         "train.compile=false", "train.learning_rate=1e-3", "data.tokens_per_micro_batch=256",
-        "model.attn_implementation=sdpa", "lora.merge_on_export=true"]
+        "model.attn_implementation=sdpa", "lora.merge_on_export=true",
+        "train.fused_loss=fused"]  # the CUDA default loss (eager here), as a GPU run takes it under ZeRO
 
 
 def render(tmp_path: Path, run_dir: Path, strategy: str, lora: bool) -> None:
