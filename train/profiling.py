@@ -9,7 +9,6 @@ is how a stray `zeros` in a kernel library shows up.
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 from collections import defaultdict
@@ -51,9 +50,7 @@ def kernel_breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
     for event in events:
         if event.get("cat") not in ("kernel", "gpu_memset", "gpu_memcpy"):
             continue
-        kind = "memset" if event["cat"] == "gpu_memset" else kernel_kind(event["name"])
-        if event["cat"] == "gpu_memcpy":
-            kind = "memcpy"
+        kind = kernel_kind(event["name"]) if event["cat"] == "kernel" else event["cat"].removeprefix("gpu_")
         ms = float(event.get("dur", 0.0)) / 1e3
         by_kind[kind] += ms
         if kind in launched_by:
@@ -75,9 +72,7 @@ def format_breakdown(breakdown: dict[str, Any]) -> str:
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)["traceEvents"]
+    return json.loads(path.read_text())["traceEvents"]
 
 
 class StepProfiler:
