@@ -5,9 +5,11 @@
 #   a second `pip install --target --upgrade` would replace that whole folder (dropping -libs-core).
 # - --target skips .pth files, so nvidia_cutlass_dsl/dsl_packages (where `cutlass` lives for
 #   flash-attn-4) is added to the path here, as nvidia_cutlass_dsl_packages.pth would do.
+# - The default target's path contains site-packages/: quack's kernel cache fingerprints code outside
+#   site-packages as its own and fails on cutlass internals it cannot hash (a ContextVar).
 # - A wheel too large to carry in one piece may come as STEM.part.* beside STEM.name (its file name).
 set -euo pipefail
-wheels=${1:?wheel folder} target=${2:-/tmp/site}
+wheels=${1:?wheel folder} target=${2:-/tmp/site-packages}
 for name in "$wheels"/*.name; do
   [ -e "$name" ] || continue
   stem=${name%.name}
