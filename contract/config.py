@@ -88,6 +88,10 @@ class TrainSection:
     fused_loss: bool | Literal["fused", "liger", "chunked"] = documented(
         True, "fuse lm_head and cross-entropy: true = 'fused' on CUDA, 'chunked' elsewhere; or name one "
               "(train/loss.py); false = full logits")
+    fused_mlp: bool | Literal["auto"] = documented(
+        "auto", "compute SwiGLU inside the MLP's GEMMs (train/swiglu.py; quack-kernels, Hopper/Blackwell; "
+                "tokens x intermediate_size x 2 bytes less activation memory per layer): auto = where it "
+                "can run, true = required")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on rank 0: "

@@ -217,6 +217,11 @@ def check_combinations(launch: Launch) -> None:
     if profile.cpu_offload and launch.strategy_spec.no_cpu_offload:
         raise ConfigError(f"profile.cpu_offload: {launch.strategy_spec.no_cpu_offload}")
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
+    if launch.train.train.fused_mlp is True:
+        blocker = gpus.fused_mlp_blocker(profile.gpus_per_node > 0, spec.compute_capability if spec else None,
+                                         launch.train.lora.enabled, launch.strategy_spec.zero_stage)
+        if blocker:
+            raise ConfigError(f"train.fused_mlp: cannot be used: {blocker}")
     if model.precision == "bf16" and spec is not None and not spec.has_bf16:
         raise ConfigError(f"model.precision: {spec.name} has no bf16; use fp16 or auto")
     if launch.executor == "local" and launch.nodes != 1:

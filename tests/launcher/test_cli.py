@@ -48,6 +48,8 @@ def test_help_and_models(tmp_path: Path) -> None:
      "--strategy fsdp1: FSDP1 needs GPUs (its rank-0 weight broadcast, sync_module_states, is GPU-only); "
      "CPU profiles (gpus_per_node = 0) support only fsdp (FSDP2 over gloo)"),
     (["--model", "tiny"], "cluster.example.toml"),
+    (["--model", "tiny", "--executor", "local", "--set", "train.fused_mlp=true"],
+     "train.fused_mlp: cannot be used: it runs only on CUDA GPUs"),
 ])
 def test_config_errors_exit_2_with_one_line_and_no_run_dir(tmp_path: Path, args: list[str], expected: str) -> None:
     result = run_cli([*args, "--output", str(tmp_path / "run")], tmp_path, env=_no_sbatch_env())
@@ -70,6 +72,10 @@ def test_cluster_file_errors_name_the_toml_line(tmp_path: Path) -> None:
     flash = run_cli(["--model", "tiny", "--dry-run", "--set", "model.attn_implementation=flash_attn"], tmp_path,
                     env=_no_sbatch_env())
     assert "flash_attn needs compute capability >= 8.0; v100 has 7.0" in _error_line(flash)
+    fused = run_cli(["--model", "tiny", "--dry-run", "--set", "train.fused_mlp=true"], tmp_path, env=_no_sbatch_env())
+    assert fused.returncode == 2
+    assert _error_line(fused).endswith("train.fused_mlp: cannot be used: it needs Hopper or Blackwell "
+                                       "(compute capability 9.0-10.3; this GPU has 7.0)")
 
 
 def test_dry_run_without_sbatch_prints_summary(tmp_path: Path) -> None:

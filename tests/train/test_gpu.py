@@ -109,6 +109,59 @@ def test_fused_loss_kernels_match_dense_value_and_grads(backend):
         assert ((g.float() - w.float()).norm() / w.float().norm()).item() < 2e-2
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fused_swiglu_mlp_matches_stock_value_and_grads(compiled):
+    """train/swiglu.py (quack GEMMs with SwiGLU in the epilogue) against the stock Llama MLP in fp64:
+    fp32 master weights under bf16 autocast, as training runs it; an odd token count (no tile fits)."""
+    from train import swiglu
+
+    reason = swiglu.unavailable(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+    torch.manual_seed(0)
+    x = torch.randn(3001, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weights = [(torch.randn(shape, device="cuda") * shape[1] ** -0.5).requires_grad_()
+               for shape in ((512, 256), (512, 256), (256, 512))]
+    grad = torch.randn(3001, 256, device="cuda", dtype=torch.bfloat16)
+    mlp = torch.compile(swiglu.swiglu_mlp, dynamic=True) if compiled else swiglu.swiglu_mlp
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = mlp(x, *weights)
+    got = [out, *torch.autograd.grad(out, [x, *weights], grad)]
+    leaves = [t.detach().double().requires_grad_() for t in (x, *weights)]
+    gate, up, down = leaves[1:]
+    ref = torch.nn.functional.silu(leaves[0] @ gate.T) * (leaves[0] @ up.T) @ down.T
+    want = [ref, *torch.autograd.grad(ref, leaves, grad.double())]
+    assert got[0].dtype == torch.bfloat16 and [g.dtype for g in got[2:]] == [torch.float32] * 3
+    for g, w in zip(got, want):  # bf16 against fp64: relative error of the whole tensor
+        assert ((g.double() - w).norm() / w.norm()).item() < 1e-2
+
+
+def test_fused_mlp_is_used_by_a_llama_model_and_trains_like_stock():
+    """use_fused_swiglu swaps the forward of every stock MLP; the model's loss and gradients match."""
+    from train import swiglu
+
+    reason = swiglu.unavailable(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=1000)
+    torch.manual_seed(0)
+    stock = LlamaForCausalLM(config).cuda()
+    fused = LlamaForCausalLM(config).cuda()
+    fused.load_state_dict(stock.state_dict())
+    assert swiglu.use_fused_swiglu([layer.mlp for layer in fused.model.layers]) == 2
+    ids = torch.randint(0, 1000, (1, 700), device="cuda")
+    losses, grads = [], []
+    for model in (stock, fused):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(model.model.layers[0].mlp.gate_proj.weight.grad)
+    assert abs(losses[0] - losses[1]) < 1e-2
+    assert ((grads[1] - grads[0]).norm() / grads[0].norm()).item() < 2e-2
+
+
 @pytest.mark.parametrize("backend", ["varlen", "fa4"])
 def test_bf16_training_stops_saves_and_resumes(tmp_path, backend):
     _backend_or_skip(backend)
