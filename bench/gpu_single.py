@@ -44,6 +44,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
                  "data": {"tokens_per_micro_batch": 49152}},
     "ours-varlen": {"train": {"compile": True, "gradient_checkpointing": False},
                     "model": {"attn_implementation": "varlen"}},
+    "ours-stockmlp": {"train": {"compile": True, "gradient_checkpointing": False, "fused_mlp": False}},
     "ours-liger": {"train": {"compile": True, "gradient_checkpointing": False, "fused_loss": "liger"}},
     "ours-lora": {"train": {"compile": True, "gradient_checkpointing": False}, "lora": {"enabled": True}},
 }
