@@ -53,7 +53,9 @@ def unavailable(device: torch.device, lora: bool = False, zero_stage: int | None
 def swiglu_mlp_fwd(
     x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, tuned: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, d], w_gate_up [2f, d] ([gate; up]), w_down [d, f] → out [T, d], preact [T, 2f] (kept for backward)."""
+    """x [T, d], w_gate_up [2f, d] ([gate; up]), w_down [d, f] → out [T, d], preact [T, 2f] (kept for backward).
+    `tuned`: quack's autotuner instead of its default configs. Training never asks for it (it re-tunes
+    for minutes at every new token count); bench/gpu_mlp.py measures what it would gain."""
     gemm = _gemm()
     preact, postact = gemm.gemm_gated(x, w_gate_up.T, activation="swiglu", concat_layout=("B",), tuned=tuned)
     return gemm.gemm(postact, w_down.T, tuned=tuned), preact
