@@ -2,7 +2,9 @@
 
     python -m bench.gpu_mlp --shape llama3.2-1b --tokens 32768 [--json OUT.json]
 
-Both run as training runs them: fp32 master weights under bf16 autocast, inside torch.compile.
+Both run as training runs them: fp32 master weights under bf16 autocast, inside torch.compile. The
+fused MLP runs twice: with the GEMM configs pinned in train/assets/gemm_configs.json (what training
+uses; `python -m bench.gpu_gemm_tune --write` measures them) and with quack's default configs.
 Prints per-layer milliseconds (CUDA events, median after warm-up), the activation memory each keeps
 for its backward, the first call's time (kernel JIT), and the largest error of each against an fp32
 reference, relative to the reference's largest value.
@@ -11,16 +13,17 @@ reference, relative to the reference's largest value.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 from bench.gpu_ceilings import median_ms
 from bench.synthetic import SHAPES
+from train import swiglu
 from train.swiglu import swiglu_mlp, unavailable
 
 
@@ -81,7 +84,6 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
     parser.add_argument("--tokens", type=int, default=32768)
-    parser.add_argument("--tuned", action="store_true", help="also quack's autotuned GEMMs (minutes to tune)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     reason = unavailable(torch.device("cuda"))
@@ -91,13 +93,12 @@ def main() -> None:
     inputs = make_inputs(arch["hidden_size"], arch["intermediate_size"], args.tokens)
     ref = reference(*inputs)
     rows = [measure("stock (cuBLAS + compiled SwiGLU)", torch.compile(stock_mlp, dynamic=True), inputs, ref),
-            measure("fused SwiGLU, default configs", torch.compile(swiglu_mlp, dynamic=True), inputs, ref)]
-    if args.tuned:
-        tuned = torch.compile(functools.partial(swiglu_mlp, tuned=True), dynamic=True)
-        rows.append(measure("fused SwiGLU, autotuned", tuned, inputs, ref))
-        # The autotuner keys on exact shapes: a pack with another token count tunes again.
-        other = make_inputs(arch["hidden_size"], arch["intermediate_size"], args.tokens - 424)
-        rows.append(measure(f"  the same at {args.tokens - 424} tokens", tuned, other, reference(*other)))
+            measure("fused SwiGLU, pinned configs", torch.compile(swiglu_mlp, dynamic=True), inputs, ref)]
+    swiglu.pinned_config.cache_clear()
+    with mock.patch.object(swiglu, "_pinned_fields", dict):  # as if the file listed nothing
+        rows.append(measure("fused SwiGLU, quack's default configs", torch.compile(swiglu_mlp, dynamic=True),
+                            inputs, ref))
+    swiglu.pinned_config.cache_clear()
     layers = arch["num_hidden_layers"]
     print(f"\n{torch.cuda.get_device_name()}, {args.shape}, {args.tokens} tokens, one MLP fwd+bwd")
     print(f"{'path':36} {'ms':>7} {'x layers':>9} {'saved GiB':>10} {'first s':>8} {'max rel err':>12}")

@@ -24,8 +24,9 @@ class GpuSpec:
 # (torch's own varlen kernel is FlashAttention-2 too: same floor as flash_attn.)
 ATTENTION_MIN_CAPABILITY: dict[str, tuple[int, int]] = {"flash_attn": (8, 0), "fa4": (9, 0)}
 
-# The fused SwiGLU MLP's GEMMs (train/swiglu.py, quack's CuTe DSL kernels): Hopper and Blackwell.
-FUSED_MLP_CAPABILITY: tuple[tuple[int, int], tuple[int, int]] = ((9, 0), (10, 3))
+# quack's CuTe DSL kernels (the fused SwiGLU MLP's GEMMs in train/swiglu.py, the fused loss's
+# cross-entropy pass in train/loss.py): Hopper and Blackwell.
+QUACK_CAPABILITY: tuple[tuple[int, int], tuple[int, int]] = ((9, 0), (10, 3))
 
 
 def fused_mlp_blocker(on_gpu: bool, capability: tuple[int, int] | None, lora: bool, zero_stage: int | None) -> str | None:
@@ -37,7 +38,7 @@ def fused_mlp_blocker(on_gpu: bool, capability: tuple[int, int] | None, lora: bo
         return "DeepSpeed ZeRO-3 gathers a linear layer's weight only in that layer's own forward"
     if not on_gpu:
         return "it runs only on CUDA GPUs"
-    low, high = FUSED_MLP_CAPABILITY
+    low, high = QUACK_CAPABILITY
     if capability is not None and not low <= capability <= high:
         return (f"it needs Hopper or Blackwell (compute capability {low[0]}.{low[1]}-{high[0]}.{high[1]}; "
                 f"this GPU has {capability[0]}.{capability[1]})")

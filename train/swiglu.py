@@ -3,25 +3,42 @@ DSL kernels, Hopper and Blackwell; `quack-kernels` comes with flash-attn-4).
 
 Why: on the 1B shape the SwiGLU product and its gradient are separate elementwise passes over
 [tokens, ffn] tensors, about a tenth of a step at the memory-bandwidth roof (BENCHMARKS.md #13).
-Here the forward GEMM writes the gate/up pre-activation and the product in its epilogue, and the
+Here the forward's gate/up GEMM writes the pre-activation and the product in its epilogue, and the
 backward's first GEMM (dout @ W_down) applies the SwiGLU gradient and recomputes the product in
 its epilogue, so no elementwise kernel runs and the product is not kept for the backward.
 
+Only those two GEMMs are quack's; the other three (down projection, its weight gradient, and the
+gate/up input and weight gradients) are plain matmuls and run on cuBLAS, which is faster than
+quack's plain GEMM at its default configs. The two epilogue GEMMs run with configs pinned per GPU
+and shape (train/assets/gemm_configs.json, measured by `python -m bench.gpu_mlp --tune`): quack's
+autotuner would pick the same ones but keys on the exact token count, and packed rows change it
+nearly every step (minutes of tuning each time). Shapes not in the file use quack's defaults.
+
+quack's gated epilogue reads gate and up as interleaved columns (gate_0, up_0, gate_1, ...), so the
+gate and up weights are stacked row-interleaved per call (one small copy per layer, fused with the
+autocast cast) and their gradient is split the same way; the parameters stay separate, so
+checkpoints, sharding and export see the stock model.
+
 Like train/fa4.py, forward and backward are `torch.library.custom_op`s with fake implementations:
 the compiled decoder layer keeps each as one call and never traces into quack's Python launchers.
-The gate and up weights stay separate parameters (checkpoints, sharding and export see the stock
-model); they are concatenated [gate; up] per call, which costs one small copy per layer.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import json
+import logging
 import types
+from pathlib import Path
 
 import torch
 
 from contract.gpus import fused_mlp_blocker
+
+logger = logging.getLogger(__name__)
+
+GEMM_CONFIGS = Path(__file__).parent / "assets" / "gemm_configs.json"
 
 
 @functools.cache
@@ -36,7 +53,7 @@ def import_problem() -> str | None:
         gemm = _gemm()
     except ImportError as error:
         return f"quack-kernels is not installed or does not import ({error}; it comes with 'sft-launch[flash4]')"
-    for name in ("gemm", "gemm_gated", "gemm_dgated"):
+    for name in ("gemm_gated", "gemm_dgated"):
         if not hasattr(gemm, name):
             return f"this quack-kernels version has no quack.gemm_interface.{name}"
     return None
@@ -49,63 +66,84 @@ def unavailable(device: torch.device, lora: bool = False, zero_stage: int | None
     return fused_mlp_blocker(on_gpu, capability, lora, zero_stage) or import_problem()
 
 
+def config_key(capability: tuple[int, int], gemm: str, n: int, k: int) -> str:
+    """How gemm_configs.json names one GEMM: 'sm90 gated n=16384 k=2048' (N, K of the GEMM itself)."""
+    return f"sm{capability[0]}{capability[1]} {gemm} n={n} k={k}"
+
+
+@functools.cache
+def _pinned_fields() -> dict[str, dict]:
+    return {key: entry["config"] for key, entry in json.loads(GEMM_CONFIGS.read_text())["configs"].items()}
+
+
+@functools.cache
+def pinned_config(capability: tuple[int, int], gemm: str, n: int, k: int):
+    """quack's GemmConfig measured best for this GEMM on this GPU, or None (quack's default config)."""
+    fields = _pinned_fields().get(config_key(capability, gemm, n, k))
+    if fields is None:
+        return None
+    try:
+        return importlib.import_module("quack.gemm_config").GemmConfig(**fields)
+    except TypeError as error:  # a quack-kernels version whose GemmConfig has other fields
+        logger.warning("%s: %s does not fit this quack-kernels version (%s); using its default config",
+                       GEMM_CONFIGS.name, config_key(capability, gemm, n, k), error)
+        return None
+
+
+_capability = functools.cache(torch.cuda.get_device_capability)
+
+
+def _config(gemm: str, a: torch.Tensor, b: torch.Tensor):
+    return pinned_config(_capability(a.device), gemm, b.shape[-1], a.shape[-1])
+
+
 @torch.library.custom_op("sft::swiglu_mlp_fwd", mutates_args=(), device_types="cuda")
-def swiglu_mlp_fwd(
-    x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, tuned: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, d], w_gate_up [2f, d] ([gate; up]), w_down [d, f] → out [T, d], preact [T, 2f] (kept for backward).
-    `tuned`: quack's autotuner instead of its default configs. Training never asks for it (it re-tunes
-    for minutes at every new token count); bench/gpu_mlp.py measures what it would gain."""
-    gemm = _gemm()
-    preact, postact = gemm.gemm_gated(x, w_gate_up.T, activation="swiglu", concat_layout=("B",), tuned=tuned)
-    return gemm.gemm(postact, w_down.T, tuned=tuned), preact
+def swiglu_mlp_fwd(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, d], w_gate_up [2f, d] (gate and up rows interleaved), w_down [d, f] → out [T, d],
+    preact [T, 2f] (interleaved like w_gate_up; kept for the backward)."""
+    b = w_gate_up.T
+    preact, postact = _gemm().gemm_gated(x, b, activation="swiglu", tuned=False, config=_config("gated", x, b))
+    return postact @ w_down.T, preact
 
 
 @swiglu_mlp_fwd.register_fake
-def _swiglu_mlp_fwd_fake(x, w_gate_up, w_down, tuned):
+def _swiglu_mlp_fwd_fake(x, w_gate_up, w_down):
     return x.new_empty((x.shape[0], w_down.shape[0])), x.new_empty((x.shape[0], w_gate_up.shape[0]))
 
 
 @torch.library.custom_op("sft::swiglu_mlp_bwd", mutates_args=(), device_types="cuda")
 def swiglu_mlp_bwd(
     dout: torch.Tensor, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, preact: torch.Tensor,
-    tuned: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gemm = _gemm()
     dout = dout.contiguous()
     # dout @ W_down gives d(product); the epilogue turns it into d(preact) and recomputes the product.
-    dpreact, postact = gemm.gemm_dgated(dout, w_down, preact, activation="swiglu", dynamic_scheduler=True, tuned=tuned)
-    dw_down = gemm.gemm(dout.T, postact, dynamic_scheduler=True, tuned=tuned)
-    dx = gemm.gemm(dpreact, w_gate_up, concat_layout=("B",), dynamic_scheduler=True, tuned=tuned)
-    dw_gate_up = gemm.gemm(dpreact.T, x, concat_layout=("out",), dynamic_scheduler=True, tuned=tuned)
-    return dx, dw_gate_up, dw_down
+    dpreact, postact = _gemm().gemm_dgated(dout, w_down, preact, activation="swiglu", dynamic_scheduler=True,
+                                           tuned=False, config=_config("dgated", dout, w_down))
+    return dpreact @ w_gate_up, dpreact.T @ x, dout.T @ postact
 
 
 @swiglu_mlp_bwd.register_fake
-def _swiglu_mlp_bwd_fake(dout, x, w_gate_up, w_down, preact, tuned):
+def _swiglu_mlp_bwd_fake(dout, x, w_gate_up, w_down, preact):
     return torch.empty_like(x), torch.empty_like(w_gate_up), torch.empty_like(w_down)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, w_gate_up, w_down, ctx.tuned = inputs
-    ctx.save_for_backward(x, w_gate_up, w_down, output[1])
+    ctx.save_for_backward(*inputs, output[1])
 
 
 def _backward(ctx, dout, _dpreact):
-    x, w_gate_up, w_down, preact = ctx.saved_tensors
-    return *swiglu_mlp_bwd(dout, x, w_gate_up, w_down, preact, ctx.tuned), None
+    return swiglu_mlp_bwd(dout, *ctx.saved_tensors)
 
 
 swiglu_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-               tuned: bool = False) -> torch.Tensor:
+def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """down(silu(x @ gate.T) * (x @ up.T)) for x [..., d] in the autocast dtype (the weights' dtype
     without autocast); the weights may be fp32 masters, cast here as autocast would."""
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else gate.dtype
-    w_gate_up = torch.cat([gate, up]).to(dtype)
-    out, _ = swiglu_mlp_fwd(x.reshape(-1, x.shape[-1]).to(dtype), w_gate_up, down.to(dtype), tuned)
+    w_gate_up = torch.stack([gate, up], dim=1).flatten(0, 1).to(dtype)  # rows gate_0, up_0, gate_1, ...
+    out, _ = swiglu_mlp_fwd(x.reshape(-1, x.shape[-1]).to(dtype), w_gate_up, down.to(dtype))
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

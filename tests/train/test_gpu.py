@@ -109,6 +109,24 @@ def test_fused_loss_kernels_match_dense_value_and_grads(backend):
         assert ((g.float() - w.float()).norm() / w.float().norm()).item() < 2e-2
 
 
+def test_quack_cross_entropy_pass_matches_the_eager_pass():
+    """The fused loss's softmax/gradient pass on Hopper/Blackwell (quack's kernel, gradient written over
+    the logits) against the eager pass, on a Llama-3-sized vocabulary with ignored tokens."""
+    from train import loss
+
+    if loss.logit_grad_pass(torch.device("cuda")) != "quack":
+        pytest.skip("quack's cross-entropy kernel does not run here (needs Hopper/Blackwell and quack-kernels)")
+    torch.manual_seed(0)
+    logits = (torch.randn(1000, 128256, device="cuda") * 2).to(torch.bfloat16)
+    targets = torch.randint(0, 128256, (1000,), device="cuda")
+    targets[::9] = loss.IGNORE_INDEX
+    want_loss, want_grad = loss._ce_sum_and_logit_grad(logits, targets)
+    got_loss, got_grad = loss._quack_ce_in_place(logits.clone(), targets)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-4, atol=1e-2)
+    assert got_grad.dtype == torch.bfloat16 and not got_grad[::9].any(), "ignored tokens get no gradient"
+    torch.testing.assert_close(got_grad.float(), want_grad.float(), rtol=2e-2, atol=1e-4)
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_fused_swiglu_mlp_matches_stock_value_and_grads(compiled):
     """train/swiglu.py (quack GEMMs with SwiGLU in the epilogue) against the stock Llama MLP in fp64:

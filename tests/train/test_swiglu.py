@@ -4,12 +4,15 @@ kernels cannot run. The kernels themselves are checked against the stock MLP in 
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from bench.gpu_gemm_tune import PIN_MIN_GAIN
 from contract.config import TrainConfig
 from contract.schema import ConfigError
 from train import swiglu
@@ -21,10 +24,25 @@ def test_ops_are_opaque_to_tracing():
 
     with FakeTensorMode():
         x, w_gate_up, w_down = torch.empty(10, 64), torch.empty(2 * 96, 64), torch.empty(64, 96)
-        out, preact = swiglu.swiglu_mlp_fwd(x, w_gate_up, w_down, False)
+        out, preact = swiglu.swiglu_mlp_fwd(x, w_gate_up, w_down)
         assert out.shape == (10, 64) and preact.shape == (10, 2 * 96)
-        grads = swiglu.swiglu_mlp_bwd(torch.empty(10, 64), x, w_gate_up, w_down, preact, False)
+        grads = swiglu.swiglu_mlp_bwd(torch.empty(10, 64), x, w_gate_up, w_down, preact)
         assert [g.shape for g in grads] == [x.shape, w_gate_up.shape, w_down.shape]
+
+
+def test_pinned_gemm_configs_file_is_well_formed():
+    """train/assets/gemm_configs.json (written by bench/gpu_gemm_tune.py): every key names a GPU, one of
+    the two epilogue GEMMs and its N, K, and every config has the fields quack's GemmConfig takes."""
+    entries = json.loads(swiglu.GEMM_CONFIGS.read_text())["configs"]
+    for key, entry in entries.items():
+        assert re.fullmatch(r"sm\d+ (gated|dgated) n=\d+ k=\d+", key), key
+        assert {"tile_m", "tile_n", "cluster_m", "cluster_n", "pingpong"} <= set(entry["config"]), key
+        assert entry["ms"] <= (1 - PIN_MIN_GAIN) * entry["quack_default_ms"], f"{key}: not enough faster than the default"
+
+
+def test_shapes_without_a_pin_use_quacks_default():
+    assert swiglu.pinned_config((9, 0), "gated", 7, 7) is None
+    assert swiglu.config_key((9, 0), "dgated", 8192, 2048) == "sm90 dgated n=8192 k=2048"
 
 
 def test_only_stock_silu_mlps_are_swapped(tiny_model_config):
