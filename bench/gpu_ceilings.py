@@ -17,6 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
+from unittest import mock
+
 import torch
 
 from bench.synthetic import SHAPES
@@ -82,19 +84,24 @@ def step_matmuls(arch: dict, tokens: int, loss_chunk: int) -> list[dict]:
 
 
 def loss_ms(arch: dict, tokens: int) -> dict[str, float]:
-    """Forward + backward of the fused lm_head + cross-entropy per backend (train/loss.py), bf16."""
-    from train.loss import linear_cross_entropy_sum
+    """Forward + backward of the fused lm_head + cross-entropy per backend (train/loss.py), bf16; our
+    fused loss once with the softmax/gradient pass it picks here and once with the compiled pass."""
+    from train import loss
 
     d, vocab = arch["hidden_size"], arch["vocab_size"]
     hidden = torch.randn(1, tokens, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = (torch.randn(vocab, d, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
     labels = torch.randint(0, vocab, (1, tokens), device="cuda")
+    picked = loss.logit_grad_pass(hidden.device)
+    cases = {f"fused ({picked} pass)": ("fused", picked), "fused (compiled pass)": ("fused", "compiled"),
+             "liger": ("liger", picked)}
     times = {}
-    for backend in ("fused", "liger"):
+    for name, (backend, ce_pass) in cases.items():
         def run() -> None:
-            linear_cross_entropy_sum(hidden, weight, labels, backend=backend).backward()
+            loss.linear_cross_entropy_sum(hidden, weight, labels, backend=backend).backward()
         try:
-            times[backend] = median_ms(run, repeats=10)
+            with mock.patch.object(loss, "logit_grad_pass", lambda device, chosen=ce_pass: chosen):
+                times[name] = median_ms(run, repeats=10)
         except RuntimeError as err:  # liger not installed
             print(f"loss backend {backend}: {err}")
     return times
@@ -105,10 +112,16 @@ def main() -> None:
     parser.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--loss-only", action="store_true", help="only the loss backends' forward + backward")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench.gpu_ceilings measures a CUDA GPU's ceilings; no CUDA device here (skipped)")
     arch = SHAPES[args.shape]
+    if args.loss_only:
+        losses = loss_ms(arch, args.tokens)
+        print(f"\n{torch.cuda.get_device_name()}, lm_head + cross-entropy at {args.tokens} tokens, fwd + bwd: "
+              + ", ".join(f"{k} {v:.1f} ms" for k, v in losses.items()))
+        return
     bandwidth = copy_bandwidth_gbs()
     square = 2 * 8192**3 / matmul_ms(8192, 8192, 8192) / 1e9
     table = []

@@ -3,12 +3,16 @@
 With a 128k vocabulary, a 32k-token packed micro-batch has 32k x 128k logits: 8 GiB in bf16 and
 16 GiB more for the fp32 log-softmax. Fusing the lm_head matmul with the cross-entropy avoids that:
 - "fused" (the default on CUDA): chunks of FUSED_LOSS_CHUNK_TOKENS (contract.shape); each chunk's
-  logits give its loss and, in the same forward, the gradients of hidden and weight (one compiled
-  pass over the logits for softmax and gradient), so nothing vocabulary-sized outlives its chunk and
-  the lm_head matmul runs once. It is Liger Kernel's scheme with larger chunks and no host sync:
+  logits give its loss and, in the same forward, the gradients of hidden and weight (one pass over
+  the logits for softmax and gradient), so nothing vocabulary-sized outlives its chunk and the
+  lm_head matmul runs once. It is Liger Kernel's scheme with larger chunks and no host sync:
   Liger sizes chunks from V/d (1,024 tokens at 32k tokens and Llama-3's vocabulary), where cuBLAS
   runs the three lm_head matmuls ~10% slower than at 4,096 (bench/gpu_ceilings.py), and its
   backward reads grad_output back to the host every step. Measured +1.7% tokens/s (BENCHMARKS.md).
+  The softmax/gradient pass is quack's cross-entropy kernel on Hopper/Blackwell when quack-kernels
+  is installed (it comes with flash-attn-4): a thread-block cluster holds a whole 128k-entry row in
+  shared memory, so the logits are read once and their gradient overwrites them in place. Elsewhere
+  it is a torch.compile'd pass, which reads the logits twice and writes a new gradient tensor.
 - "liger": Liger Kernel's fused linear cross-entropy (Triton), when installed;
 - "chunked" (CPU default): each chunk's logits and loss under activation checkpointing (the lm_head
   matmul runs twice; no compiled kernel needed).
@@ -20,12 +24,14 @@ micro-batches and ranks (correct normalisation under gradient accumulation).
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from contract.gpus import QUACK_CAPABILITY
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 
 IGNORE_INDEX = -100
@@ -84,11 +90,40 @@ def _ce_sum_and_logit_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple
     return loss, grad.to(logits.dtype)
 
 
+def _quack_ce_in_place(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_ce_sum_and_logit_grad with quack's kernel: the gradient overwrites the logits."""
+    loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    importlib.import_module("quack.cross_entropy").cross_entropy_fwd_out(
+        logits, targets, None, loss, None, logits, None, ignore_index=IGNORE_INDEX)
+    return loss.sum(), logits
+
+
 @functools.cache
-def _compiled_ce(device_type: str):
-    if device_type != "cuda":
-        return _ce_sum_and_logit_grad
+def logit_grad_pass(device: torch.device) -> str:
+    """Which softmax/gradient pass the fused loss runs on `device`: "quack" or "compiled" (CUDA
+    without quack's kernel), "eager" (CPU)."""
+    if device.type != "cuda":
+        return "eager"
+    low, high = QUACK_CAPABILITY
+    if low <= torch.cuda.get_device_capability(device) <= high:
+        try:
+            importlib.import_module("quack.cross_entropy")
+            return "quack"
+        except ImportError:
+            pass
+    return "compiled"
+
+
+@functools.cache
+def _compiled_ce():
     return torch.compile(_ce_sum_and_logit_grad, dynamic=True)
+
+
+def _ce_pass(device: torch.device):
+    kind = logit_grad_pass(device)
+    if kind == "quack":
+        return _quack_ce_in_place
+    return _compiled_ce() if kind == "compiled" else _ce_sum_and_logit_grad
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -97,7 +132,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 chunk_tokens: int) -> torch.Tensor:
-        ce = _compiled_ce(hidden.device.type)
+        ce = _ce_pass(hidden.device)
         loss = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         # Only what autograd will ask for: a LoRA run's frozen lm_head needs no weight gradient.
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None

@@ -36,6 +36,7 @@ from contract import gpus
 from contract.config import TrainConfig
 from contract.schema import ConfigError
 from train import swiglu
+from train.loss import logit_grad_pass
 from train.metrics import peak_rss_mib
 from train.perf import compile_decoder_layers, decoder_layers, gather_lm_head_with_root, use_fused_loss
 
@@ -120,6 +121,8 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.train.fused_loss:  # no vocabulary-sized logits (train/loss.py)
         use_fused_loss(model, "auto" if cfg.train.fused_loss is True else cfg.train.fused_loss)
+        logger.info("fused loss %r; its softmax/gradient pass here: %s", cfg.train.fused_loss,
+                    logit_grad_pass(accelerator.device))
     if cfg.train.fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
     if cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train.loss import IGNORE_INDEX, fused_linear_cross_entropy_sum, linear_cross_entropy_sum, shift_labels
+from train.loss import (IGNORE_INDEX, fused_linear_cross_entropy_sum, linear_cross_entropy_sum, logit_grad_pass,
+                        shift_labels)
 
 
 def _dense_reference(hidden, weight, labels):
@@ -57,3 +58,9 @@ def test_fused_leaves_a_frozen_weight_without_gradient_and_eval_without_autograd
     torch.testing.assert_close(grad, torch.autograd.grad(ref, [hidden])[0])
     with torch.no_grad():
         torch.testing.assert_close(fused_linear_cross_entropy_sum(hidden, weight, targets, 16), ref.detach())
+
+
+def test_fused_loss_pass_on_cpu_is_eager():
+    """quack's in-place kernel (Hopper/Blackwell) and the compiled pass are CUDA-only; test_gpu checks
+    the kernel against the eager pass."""
+    assert logit_grad_pass(torch.device("cpu")) == "eager"
