@@ -38,8 +38,7 @@ from contract.schema import ConfigError
 from train import swiglu
 from train.loss import logit_grad_pass
 from train.metrics import peak_rss_mib
-from train.perf import (compile_decoder_layers, decoder_layers, fuse_qkv_projections, gather_lm_head_with_root,
-                        use_fused_loss)
+from train.perf import compile_decoder_layers, decoder_layers, gather_lm_head_with_root, use_fused_loss
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +125,6 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
                     logit_grad_pass(accelerator.device))
     if cfg.train.fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
-    if not cfg.lora.enabled and zero_stage(accelerator) != 3:
-        logger.info("q/k/v projections in one matmul: %d decoder layers", fuse_qkv_projections(decoder_layers(model)))
     if cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
         compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
     if cfg.lora.enabled:

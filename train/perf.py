@@ -1,5 +1,4 @@
-"""Speed features applied to a built model: fused lm_head + loss, q/k/v from one matmul,
-torch.compile per decoder layer.
+"""Speed features applied to a built model: fused lm_head + loss, torch.compile per decoder layer.
 
 Both act on one model *instance* (no class is patched) and leave parameter names untouched, so
 checkpoints, FSDP wrapping and the export see the same model as without them.
@@ -9,12 +8,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import types
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from train.loss import IGNORE_INDEX, linear_cross_entropy_sum
@@ -70,49 +67,6 @@ def gather_lm_head_with_root(model: torch.nn.Module) -> None:
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     register_external_parameter(model, base.lm_head.weight)
-
-
-def _fused_qkv_attention_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: tuple,
-                                 attention_mask: torch.Tensor | None = None, **kwargs: Any) -> tuple:
-    """LlamaAttention.forward for training, with q, k and v from one matmul against the stacked
-    weights: one GEMM of N = q + 2 kv features instead of three (the k/v GEMMs, N = 512 on the 1B
-    shape, run ~20% under cuBLAS's rate), and the input gradient in one GEMM instead of three plus
-    two adds. Everything after the projections is the stock forward, with the model's own helpers."""
-    for name in ("past_key_values", "past_key_value", "cache"):
-        if kwargs.pop(name, None) is not None:
-            raise RuntimeError("fused q/k/v projections are a training path; they take no KV cache")
-    kwargs.pop("cache_position", None)
-    modeling = sys.modules[type(self).__module__]
-    input_shape = hidden_states.shape[:-1]
-    projections = (self.q_proj, self.k_proj, self.v_proj)
-    qkv = F.linear(hidden_states, torch.cat([p.weight for p in projections]))
-    q, k, v = (t.view(*input_shape, -1, self.head_dim).transpose(1, 2)
-               for t in qkv.split([p.out_features for p in projections], dim=-1))
-    q, k = modeling.apply_rotary_pos_emb(q, k, *position_embeddings)
-    implementation = self.config._attn_implementation
-    attention = (modeling.eager_attention_forward if implementation == "eager"
-                 else modeling.ALL_ATTENTION_FUNCTIONS[implementation])
-    out, weights = attention(self, q, k, v, attention_mask, dropout=self.attention_dropout if self.training else 0.0,
-                             scaling=self.scaling, **kwargs)
-    return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
-
-
-def qkv_fusable(attention: torch.nn.Module) -> bool:
-    """Transformers' own LlamaAttention with plain bias-free q/k/v Linears (not LoRA-wrapped)."""
-    projections = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    return (type(attention).__name__ == "LlamaAttention" and type(attention).__module__.startswith("transformers.")
-            and all(type(p) is torch.nn.Linear and p.bias is None for p in projections))
-
-
-def fuse_qkv_projections(layers: list[torch.nn.Module]) -> int:
-    """Route each fusable decoder layer's attention through _fused_qkv_attention_forward (instance
-    methods, parameter names unchanged). The forward reads the weights outside their modules' own
-    forward, so LoRA (adapters would be skipped) and ZeRO-3 (weights gathered per module) keep the
-    stock path; the caller decides."""
-    fused = [layer.self_attn for layer in layers if qkv_fusable(layer.self_attn)]
-    for attention in fused:
-        attention.forward = types.MethodType(_fused_qkv_attention_forward, attention)
-    return len(fused)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
