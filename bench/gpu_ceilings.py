@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 from pathlib import Path
-
 from unittest import mock
 
 import torch
