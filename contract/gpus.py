@@ -29,6 +29,11 @@ ATTENTION_MIN_CAPABILITY: dict[str, tuple[int, int]] = {"flash_attn": (8, 0), "f
 QUACK_CAPABILITY: tuple[tuple[int, int], tuple[int, int]] = ((9, 0), (10, 3))
 
 
+def quack_runs_on(capability: tuple[int, int]) -> bool:
+    low, high = QUACK_CAPABILITY
+    return low <= capability <= high
+
+
 def fused_mlp_blocker(on_gpu: bool, capability: tuple[int, int] | None, lora: bool, zero_stage: int | None) -> str | None:
     """Why a job cannot use the fused SwiGLU MLP (train.fused_mlp), None when nothing here forbids it.
     `capability` None: a GPU this table does not know (the compute node checks the real device)."""
@@ -38,8 +43,8 @@ def fused_mlp_blocker(on_gpu: bool, capability: tuple[int, int] | None, lora: bo
         return "DeepSpeed ZeRO-3 gathers a linear layer's weight only in that layer's own forward"
     if not on_gpu:
         return "it runs only on CUDA GPUs"
-    low, high = QUACK_CAPABILITY
-    if capability is not None and not low <= capability <= high:
+    if capability is not None and not quack_runs_on(capability):
+        low, high = QUACK_CAPABILITY
         return (f"it needs Hopper or Blackwell (compute capability {low[0]}.{low[1]}-{high[0]}.{high[1]}; "
                 f"this GPU has {capability[0]}.{capability[1]})")
     return None

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from contract.gpus import QUACK_CAPABILITY
+from contract.gpus import quack_runs_on
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 
 IGNORE_INDEX = -100
@@ -104,8 +104,7 @@ def logit_grad_pass(device: torch.device) -> str:
     without quack's kernel), "eager" (CPU)."""
     if device.type != "cuda":
         return "eager"
-    low, high = QUACK_CAPABILITY
-    if low <= torch.cuda.get_device_capability(device) <= high:
+    if quack_runs_on(torch.cuda.get_device_capability(device)):
         try:
             importlib.import_module("quack.cross_entropy")
             return "quack"

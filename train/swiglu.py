@@ -10,7 +10,7 @@ its epilogue, so no elementwise kernel runs and the product is not kept for the 
 Only those two GEMMs are quack's; the other three (down projection, its weight gradient, and the
 gate/up input and weight gradients) are plain matmuls and run on cuBLAS, which is faster than
 quack's plain GEMM at its default configs. The two epilogue GEMMs run with configs pinned per GPU
-and shape (train/assets/gemm_configs.json, measured by `python -m bench.gpu_mlp --tune`): quack's
+and shape (train/assets/gemm_configs.json, measured by `python -m bench.gpu_gemm_tune --write`): quack's
 autotuner would pick the same ones but keys on the exact token count, and packed rows change it
 nearly every step (minutes of tuning each time). Shapes not in the file use quack's defaults.
 
