@@ -78,14 +78,14 @@ def test_cluster_file_errors_name_the_toml_line(tmp_path: Path) -> None:
                                        "(compute capability 9.0-10.3; this GPU has 7.0)")
 
 
-def test_dry_run_without_sbatch_prints_summary(tmp_path: Path) -> None:
+def test_dry_run_without_sbatch_prints_summary(roomy_tmp: Path) -> None:
     result = run_cli(["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100", "--model", "llama3-8b", "--nodes", "2",
                       "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "4", "--dry-run",
-                      "--output", str(tmp_path / "run")], tmp_path, env=_no_sbatch_env())
+                      "--output", str(roomy_tmp / "run")], roomy_tmp, env=_no_sbatch_env())
     assert result.returncode == 0, result.stderr
     assert "2 node(s) x 8 GPU (a100) = world size 16" in result.stdout
     assert "global batch 128" in result.stdout and "sbatch not found" in result.stdout
-    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    record = json.loads((roomy_tmp / "run" / "run.json").read_text())
     assert record["submissions"][-1]["command"][0] == "sft-launch" and record["job_ids"] == []
 
 
@@ -118,13 +118,13 @@ def test_same_command_reuses_the_same_run_dir(tmp_path: Path) -> None:
     assert len(record["submissions"]) in (1, 2)
 
 
-def test_secrets_in_the_environment_never_reach_rendered_files(tmp_path: Path) -> None:
+def test_secrets_in_the_environment_never_reach_rendered_files(roomy_tmp: Path) -> None:
     secrets = {"WANDB_API_KEY": "wandb-secret-9f8e7d", "HF_TOKEN": "hf_secret_1a2b3c"}
     result = run_cli(["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100", "--model", "llama3-8b", "--dry-run",
-                      "--report_to", "wandb", "--output", str(tmp_path / "run")], tmp_path,
+                      "--report_to", "wandb", "--output", str(roomy_tmp / "run")], roomy_tmp,
                      env=_no_sbatch_env(**secrets))
     assert result.returncode == 0, result.stderr
-    for path in (tmp_path / "run").rglob("*"):
+    for path in (roomy_tmp / "run").rglob("*"):
         if path.is_file():
             text = path.read_text()
             assert not any(value in text for value in secrets.values()), path

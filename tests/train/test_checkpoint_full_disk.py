@@ -9,7 +9,6 @@ small per-rank RNG files through but not the model / optimizer files of the next
 from __future__ import annotations
 
 import hashlib
-import os
 import resource
 import subprocess
 from pathlib import Path
@@ -20,6 +19,7 @@ from tests.train.run_helpers import REPO, launch_command, launch_env, read_log, 
 from contract.failure import first_failure
 from train.checkpoint import MARKER, PREFIX, TMP_PREFIX, complete_checkpoints, latest_checkpoint
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
+from tests.filesystems import tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -142,20 +142,10 @@ def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_chec
 
 @pytest.fixture
 def small_filesystem(tmp_path: Path):
-    """A real file system of a few MB (tmpfs) that the test can grow: `grow(bytes)` remounts it larger."""
-    if os.geteuid() != 0:
-        pytest.fail("this test mounts a tmpfs: run the suite as root (scripts/test.sh on CI does)")
+    """A real file system (tmpfs) that the test can shrink and grow: yields (mount point, resize)."""
     mount_point = tmp_path / "small-fs"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], check=True)
-
-    def resize(size: int) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size}", str(mount_point)], check=True)
-
-    try:
+    with tmpfs(mount_point, "64m") as resize:
         yield mount_point, resize
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_a_real_full_file_system_mid_save_loses_nothing_and_resumes_once_room_is_back(small_filesystem):
