@@ -9,6 +9,9 @@ does the search go below model_max_length (documents longer than the micro-batch
 the plan says so), and never when the user set model_max_length. Gradient accumulation is left as it
 is. A value the user fixed (flag or --set) is never changed.
 
+It takes the planner input (launcher/plan_input.py builds it from the launch) and a question, "did the
+user set this key?", and returns the choice; launcher/options.py applies it to the launch.
+
 The choice is written into train.toml (data.tokens_per_micro_batch, train.gradient_checkpointing,
 only when they change), run.json ("micro_batch") and the plan ("Micro" line). When nothing fits, the
 configuration stays as given and the plan's suggestions become the settings under which a micro-batch
@@ -19,15 +22,13 @@ Pure Python (no torch): it only asks the planner.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from launcher.memory import GIB
-from launcher.plan_input import plan_input_from_launch, suggestion_flags
+from launcher.plan_format import suggestion_flags
 from launcher.planner import PlanInput, Suggestion, make_plan, suggestions_for
-
-if TYPE_CHECKING:
-    from launcher.options import Launch, LaunchRequest
 
 MIN_MICRO_BATCH_TOKENS = 256  # below this a step is all communication; suggest more GPUs instead
 MICRO_BATCH_KEYS = ("data.tokens_per_micro_batch", "train.per_device_train_batch_size")
@@ -173,24 +174,16 @@ def _alternatives(inp: PlanInput, last: Trial, rules: Rules) -> list[tuple[Sugge
     return found
 
 
-def _user_set(request: LaunchRequest, key: str) -> bool:
-    section, name = key.split(".")
-    if section == "train" and name in request.train_flags:
-        return True
-    return any(item.partition("=")[0].strip() == key for item in request.sets)
-
-
-def fit_micro_batch(launch: Launch, request: LaunchRequest) -> MicroBatchChoice | None:
-    """Choose and apply the micro-batch (see the module docstring); None when the user fixed it or the
-    memory is unknown (no gpu_type / mem), so there is nothing to choose against."""
-    if any(_user_set(request, key) for key in MICRO_BATCH_KEYS):
+def fit_micro_batch(inp: PlanInput, model_max_length: int, user_set: Callable[[str], bool]) -> MicroBatchChoice | None:
+    """Choose the micro-batch for the planner input `inp` (see the module docstring); `user_set(key)`
+    says whether the user fixed a dotted key. None when the user fixed the micro-batch or the memory is
+    unknown (no gpu_type / mem), so there is nothing to choose against. The caller applies the choice."""
+    if any(user_set(key) for key in MICRO_BATCH_KEYS):
         return None
-    inp = plan_input_from_launch(launch)
     plan = make_plan(inp)
     if plan.fits is None or plan.gpu_usable_bytes is None:
         return None
-    rules = Rules(_user_set(request, CHECKPOINTING_KEY), launch.train.train.model_max_length,
-                  cut_documents=not _user_set(request, MAX_LENGTH_KEY))
+    rules = Rules(user_set(CHECKPOINTING_KEY), model_max_length, cut_documents=not user_set(MAX_LENGTH_KEY))
     trials = search(inp, rules)
     choice = MicroBatchChoice(inp.micro_batch_tokens, inp.gradient_checkpointing, "none",
                               plan.gpu_usable_bytes / GIB, rules, trials)
@@ -200,7 +193,4 @@ def fit_micro_batch(launch: Launch, request: LaunchRequest) -> MicroBatchChoice 
     chosen = trials[-1]
     choice.tokens, choice.checkpointing = chosen.tokens, chosen.checkpointing
     choice.source = "default" if len(trials) == 1 else "auto"
-    if chosen.tokens != inp.micro_batch_tokens:
-        launch.train.data.tokens_per_micro_batch = chosen.tokens
-    launch.train.train.gradient_checkpointing = chosen.checkpointing
     return choice

@@ -20,6 +20,8 @@ from contract import gpus
 from contract.config import TrainConfig, TrainSection
 from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
+from launcher.autofit import MicroBatchChoice, fit_micro_batch
+from launcher.plan_input import plan_input_from_launch
 from launcher.presets import Preset, resolve_model
 from launcher.profile import (
     ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
@@ -28,7 +30,6 @@ from launcher.profile import (
 
 if TYPE_CHECKING:
     from contract.datacheck import DataCheck
-    from launcher.autofit import MicroBatchChoice
 
 TRAIN_NAMESPACES = ("model", "data", "train", "lora", "run")
 DEFAULT_CLUSTER_FILE = "cluster.toml"
@@ -231,6 +232,25 @@ def check_combinations(launch: Launch) -> None:
                           f"({launch.profile.signal_lead_s} s)")
 
 
+def _user_set(request: LaunchRequest, key: str) -> bool:
+    """Did the user fix this dotted key (a training flag or --set)?"""
+    section, name = key.split(".")
+    if section == "train" and name in request.train_flags:
+        return True
+    return any(item.partition("=")[0].strip() == key for item in request.sets)
+
+
+def _fit_micro_batch(launch: Launch, request: LaunchRequest) -> MicroBatchChoice | None:
+    """launcher/autofit.py's choice for this launch, applied to its train.toml config."""
+    inp = plan_input_from_launch(launch)
+    choice = fit_micro_batch(inp, launch.train.train.model_max_length, lambda key: _user_set(request, key))
+    if choice is not None:
+        if choice.tokens != inp.micro_batch_tokens:
+            launch.train.data.tokens_per_micro_batch = choice.tokens
+        launch.train.train.gradient_checkpointing = choice.checkpointing
+    return choice
+
+
 def resolve(request: LaunchRequest) -> Launch:
     """Validate everything and decide the run directory; raises ConfigError (exit 2) on bad input."""
     if request.nodes < 1:
@@ -249,10 +269,8 @@ def resolve(request: LaunchRequest) -> Launch:
     launch = Launch(profile_name, profile, preset, train, request.nodes, strategy, time_limit_s, Path(),
                     "", request.executor, str(cluster.path) if cluster else None)
     check_combinations(launch)
-    from launcher.autofit import fit_micro_batch  # lazy: it asks the planner, whose launch view imports this
-
     # Before the run-directory hash: a different micro-batch is a different run, never resumed as this one.
-    launch.micro_batch = fit_micro_batch(launch, request)
+    launch.micro_batch = _fit_micro_batch(launch, request)
     digest = config_hash(profile_name, profile, train, request.nodes, strategy)
     if request.output:
         launch.run_dir = Path(request.output).expanduser().resolve()

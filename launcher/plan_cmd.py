@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from contract.schema import ConfigError
 from launcher.datasize import DataEstimate
 from launcher.memory import GIB
-from launcher.plan_format import format_plan
-from launcher.plan_input import data_estimate, plan_input_from_launch, suggestion_flags
+from launcher.plan_format import format_plan, suggestion_flags
+from launcher.plan_input import data_estimate, plan_input_from_launch
 from launcher.planner import Plan, make_plan, plan_to_dict
 from launcher.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
     run_writes

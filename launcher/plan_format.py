@@ -1,11 +1,12 @@
 """The planner's compact table: what `sft-launch plan` and every launch print (`--json` uses
-`planner.plan_to_dict` instead). Pure formatting of a `planner.Plan`; no model logic here."""
+`planner.plan_to_dict` instead), and a suggestion as the flags that apply it. Pure formatting of a
+`planner.Plan`; no model logic here."""
 
 from __future__ import annotations
 
 from contract.strategies import STRATEGIES
 from launcher.memory import GIB, MemoryBreakdown
-from launcher.planner import MAX_SUGGESTED_NODES, Plan
+from launcher.planner import MAX_SUGGESTED_NODES, Plan, Suggestion
 
 GIB_F = float(GIB)
 
@@ -83,3 +84,15 @@ def format_plan(plan: Plan) -> str:
     lines += _time_lines(plan)
     lines += [f"Warning {w}" for w in plan.warnings]
     return "\n".join(lines)
+
+
+def suggestion_flags(suggestion: Suggestion) -> str:
+    """The command-line flags that apply a planner suggestion."""
+    flags = {
+        "nodes": lambda v: f"--nodes {v}", "strategy": lambda v: f"--strategy {v}",
+        "gradient_checkpointing": lambda v: f"--gradient_checkpointing {str(v).lower()}",
+        "micro_batch_tokens": lambda v: f"--set data.tokens_per_micro_batch={v}",
+        "gradient_accumulation_steps": lambda v: f"--gradient_accumulation_steps {v}",
+        "cpu_offload": lambda v: f"--set profile.cpu_offload={str(v).lower()}", "lora": lambda v: "--lora",
+    }
+    return " ".join(flags[key](value) for key, value in suggestion.change.items() if key in flags)

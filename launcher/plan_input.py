@@ -1,26 +1,41 @@
 """A resolved launch as the planner sees it: `plan_input_from_launch` (profile, model, train.toml,
-time limit, dataset size -> `PlanInput`) and `suggestion_flags` (a planner suggestion -> the flags that
-apply it). One path from a launch to the planner, used by `sft-launch plan`, every launch, `--dry-run`
-and the micro-batch fit (launcher/autofit.py). Imports the launch only for its type.
+time limit, dataset size -> `PlanInput`). One path from a launch to the planner, used by `sft-launch
+plan`, every launch, `--dry-run` and the micro-batch fit (launcher/options.py -> launcher/autofit.py).
+It reads the launch through `LaunchView`, the fields it needs, so it never imports launcher/options.py
+(which calls it while resolving).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from contract.config import SHIPPED_DATA
+from contract.config import SHIPPED_DATA, TrainConfig
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 from launcher.datasize import DataEstimate, estimate_tokens
-from launcher.planner import PlanInput, Suggestion
-
-if TYPE_CHECKING:
-    from launcher.options import Launch
+from launcher.planner import PlanInput
+from launcher.presets import Preset
+from launcher.profile import ClusterProfile
 
 CPU_RAM_FRACTION = 0.9  # of a CPU node's RAM, shared by its processes (the OS and slurmstepd keep the rest)
 _MEM = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
 _UNIT_GIB = {"K": 1 / 1024**2, "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}  # SLURM's default unit is MB
+
+
+class LaunchView(Protocol):
+    """What the planner's view reads of a launch (launcher/options.py's `Launch` is one)."""
+
+    profile: ClusterProfile
+    preset: Preset
+    train: TrainConfig
+    nodes: int
+    strategy: str
+    time_limit_s: int
+    executor: str
+
+    @property
+    def mixed_precision(self) -> str: ...
 
 
 def mem_gib(mem: str) -> float | None:
@@ -31,7 +46,7 @@ def mem_gib(mem: str) -> float | None:
     return float(match["n"]) * _UNIT_GIB[match["unit"].upper()]
 
 
-def data_estimate(launch: Launch) -> DataEstimate | None:
+def data_estimate(launch: LaunchView) -> DataEstimate | None:
     """Tokens of the training file ("" = the shipped sample), minus the share split off for eval."""
     data = launch.train.data
     estimate = estimate_tokens(Path(data.path) if data.path else SHIPPED_DATA, launch.train.train.model_max_length)
@@ -42,11 +57,11 @@ def data_estimate(launch: Launch) -> DataEstimate | None:
                         f"{estimate.method}, {keep:.0%} after the eval split", estimate.exact_rows)
 
 
-def _precision(launch: Launch) -> str:
+def _precision(launch: LaunchView) -> str:
     return {"bf16": "bf16", "fp16": "fp16"}.get(launch.mixed_precision, "fp32")
 
 
-def _device_fields(launch: Launch) -> dict[str, Any]:
+def _device_fields(launch: LaunchView) -> dict[str, Any]:
     """GPU profiles: the GPU table decides memory. CPU profiles (gpus_per_node = 0): the processes shard
     with FSDP2 over gloo; planned as "ddp", a full replica each in its share of the node's RAM (an upper
     bound; unknown without `mem`)."""
@@ -60,7 +75,7 @@ def _device_fields(launch: Launch) -> dict[str, Any]:
             "gpu_memory_gib": share, "usable_gpu_fraction": CPU_RAM_FRACTION}
 
 
-def plan_input_from_launch(launch: Launch, data: DataEstimate | None = None) -> PlanInput:
+def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None) -> PlanInput:
     """The planner's view of a resolved launch (profile, model, train.toml, time limit, dataset size)."""
     cfg, t = launch.train, launch.train.train
     mean_doc = data.mean_tokens if data else None
@@ -81,15 +96,3 @@ def plan_input_from_launch(launch: Launch, data: DataEstimate | None = None) -> 
         time_limit_s=None if launch.executor == "local" else launch.time_limit_s,
         storage_write_gbps=launch.profile.storage_write_gbps,
     )
-
-
-def suggestion_flags(suggestion: Suggestion) -> str:
-    """The command-line flags that apply a planner suggestion."""
-    flags = {
-        "nodes": lambda v: f"--nodes {v}", "strategy": lambda v: f"--strategy {v}",
-        "gradient_checkpointing": lambda v: f"--gradient_checkpointing {str(v).lower()}",
-        "micro_batch_tokens": lambda v: f"--set data.tokens_per_micro_batch={v}",
-        "gradient_accumulation_steps": lambda v: f"--gradient_accumulation_steps {v}",
-        "cpu_offload": lambda v: f"--set profile.cpu_offload={str(v).lower()}", "lora": lambda v: "--lora",
-    }
-    return " ".join(flags[key](value) for key, value in suggestion.change.items() if key in flags)

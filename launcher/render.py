@@ -6,6 +6,7 @@ exists. jinja2 and tomli_w are imported lazily: `sft-launch --help` must stay in
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import shlex
 import subprocess
@@ -28,11 +29,12 @@ TEMPLATE_NAMES = {
     protocol.TRAIN_CONFIG: "train.toml.j2",
 }
 ALWAYS_RENDERED = (protocol.LAUNCH_SCRIPT, protocol.TRAIN_CONFIG)  # the strategy names the others
+PACKAGE_DIR = Path(str(importlib.resources.files("launcher"))).resolve()  # wherever this module sits in it
 
 
 def template_dir() -> Path:
     """Installed wheel: launcher/templates/; source checkout: the repo's templates/."""
-    for candidate in (Path(__file__).parent / "templates", Path(__file__).parent.parent / "templates"):
+    for candidate in (PACKAGE_DIR / "templates", PACKAGE_DIR.parent / "templates"):
         if (candidate / "launch.slurm.j2").is_file():
             return candidate
     raise FileNotFoundError("sft-launch templates not found (broken install?)")
@@ -143,7 +145,7 @@ def render_files(launch: Launch) -> dict[str, str]:
 
 def git_sha() -> str | None:
     """Commit of the sft-launch checkout this code runs from (None for an installed wheel)."""
-    root = Path(__file__).resolve().parent.parent
+    root = PACKAGE_DIR.parent
     if not (root / ".git").exists():
         return None
     try:

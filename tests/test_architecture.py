@@ -1,8 +1,9 @@
 """The one direction of dependency (docs/ARCHITECTURE.md): launcher -> contract <- train.
 
 Read from the source with `ast` (every import, also those inside functions: a late import is still
-a dependency; only `if TYPE_CHECKING:` imports, which never run, are left out), then checked in a
-fresh interpreter: importing the whole launcher and contract loads neither torch nor train.
+a dependency), then checked in a fresh interpreter: importing the whole launcher and contract loads
+neither torch nor train. `if TYPE_CHECKING:` imports never run: the direction check leaves them out,
+the cycle check counts them (a type-only import is still a module that must exist first).
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ def _type_only(tree: ast.AST) -> set[int]:
     return {id(inner) for node in guarded for stmt in node.body for inner in ast.walk(stmt)}
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """Every module `path` imports (submodules resolved where `from pkg import sub` names one)."""
+def _imports(path: Path, modules: dict[str, Path], type_only: bool = False) -> set[str]:
+    """Every module `path` imports (submodules resolved where `from pkg import sub` names one);
+    `if TYPE_CHECKING:` imports only with `type_only`."""
     names: set[str] = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = _type_only(tree)
+    skipped = set() if type_only else _type_only(tree)
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
@@ -62,9 +64,9 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return names
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_only: bool = False) -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(path, modules) for name, path in modules.items()}
+    return {name: _imports(path, modules, type_only) for name, path in modules.items()}
 
 
 def test_imports_follow_one_direction() -> None:
@@ -100,18 +102,19 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycles() -> None:
-    cycle = _cycle(_graph())
+def test_no_import_cycles_type_only_imports_included() -> None:
+    cycle = _cycle(_graph(type_only=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_the_checks_find_cycles_and_late_imports_but_not_type_only_ones(tmp_path: Path) -> None:
+def test_the_checks_find_cycles_late_imports_and_type_only_ones_on_request(tmp_path: Path) -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
     source = tmp_path / "m.py"
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
                       "def f():\n    import train.loop\n")
     assert _imports(source, {}) == {"typing", "train.loop"}
+    assert _imports(source, {}, type_only=True) == {"typing", "train.loop", "torch"}
 
 
 def test_launcher_and_contract_load_neither_torch_nor_train() -> None:

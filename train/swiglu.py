@@ -30,15 +30,15 @@ import importlib
 import json
 import logging
 import types
-from pathlib import Path
 
 import torch
 
+from contract.config import SHIPPED_ASSETS
 from contract.gpus import fused_mlp_blocker
 
 logger = logging.getLogger(__name__)
 
-GEMM_CONFIGS = Path(__file__).parent / "assets" / "gemm_configs.json"
+GEMM_CONFIGS = SHIPPED_ASSETS / "gemm_configs.json"
 
 
 @functools.cache
