@@ -3,7 +3,7 @@
 The tasks (a multiple-choice one and a generation one) are written per test with the JSONL's
 absolute path in `data_files`, so lm-eval loads them through `datasets`' json builder, offline.
 The run directory is rendered by the real CLI (`sft-launch --executor local --model tiny
---dry-run`); its export is a random tiny Llama saved the way train/export.py saves one (weights,
+--dry-run`); its export is a random tiny Llama saved the way train/engine/export.py saves one (weights,
 config, generation config, the shipped tiny tokenizer with its chat template).
 """
 

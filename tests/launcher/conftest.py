@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.options import Launch, LaunchRequest, resolve
-from launcher.render import render_files
+from launcher.resolve.options import Launch, LaunchRequest, resolve
+from launcher.execute.render import render_files
 from tests.filesystems import ROOMY, tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ CASES = [
     Case("a100-qwen-apptainer-fixed-port", "a100", "qwen2.5-7b",
          sets=("profile.container.kind=apptainer", "profile.container.image=/shared/img/sft.sif",
                'profile.container.mounts=["/shared:/shared"]', "profile.master_port=29400")),
-    # The headline commands (issue #11): the micro-batch is left to launcher/autofit.py.
+    # The headline commands (issue #11): the micro-batch is left to launcher/plan/autofit.py.
     Case("a100-llama-70b-2nodes-headline", "a100", "llama-70b", nodes=2),
     Case("a100-llama3-8b-1node-headline", "a100", "llama3-8b"),
 ]
