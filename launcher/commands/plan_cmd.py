@@ -17,11 +17,13 @@ from launcher.plan.datasize import DataEstimate
 from launcher.plan.memory import GIB
 from launcher.plan.plan_format import format_plan, suggestion_flags
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
+from launcher.resolve.plan_sources import source_table
 from launcher.plan.planner import Plan, make_plan, plan_to_dict
 from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
     run_writes
 
 if TYPE_CHECKING:
+    from contract.datacheck import DataCheck
     from launcher.plan.autofit import MicroBatchChoice
     from launcher.resolve.options import Launch
 
@@ -35,6 +37,7 @@ class LaunchPlan:
     micro_batch: MicroBatchChoice | None = None  # launcher/plan/autofit.py's choice, shown under the header
     checked: list[str] = field(default_factory=list)  # launcher/resolve/preflight.py's data verdicts, one line each
     disk: list[Filesystem] = field(default_factory=list)  # launcher/resolve/storage.py: what the run writes, where
+    sources: list[str] = field(default_factory=list)  # a mixture's table (launcher/resolve/plan_sources.py)
 
     @property
     def text(self) -> str:
@@ -43,7 +46,8 @@ class LaunchPlan:
         if self.micro_batch is not None:
             lines.insert(1, f"Micro   {self.micro_batch.describe()}")
         at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
-        lines[at:at] = [f"Checked {line}" for line in self.checked] + [f"Disk    {fs.describe()}" for fs in self.disk]
+        lines[at:at] = ([f"Checked {line}" for line in self.checked] + self.sources
+                        + [f"Disk    {fs.describe()}" for fs in self.disk])
         if data is None:
             return "\n".join(lines)
         rows = f"{'' if data.exact_rows else '~'}{data.rows:,} rows" if data.rows else "rows unknown"
@@ -52,6 +56,7 @@ class LaunchPlan:
 
     def to_json(self) -> str:
         extra = {"dataset": asdict(self.data) if self.data else None, "data_checked": self.checked,
+                 "data_sources": self.sources,
                  "micro_batch": self.micro_batch.record() if self.micro_batch else None,
                  "disk": [asdict(fs) | {"total": fs.total, "room": fs.room} for fs in self.disk]}
         return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
@@ -73,7 +78,16 @@ def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
 def data_lines(launch: Launch) -> list[str]:
     """One line per checked data file (empty when launcher/resolve/preflight.py has not run)."""
     allow = launch.train.data.allow_bad_rows
-    return [f"{Path(check.path).name}: {check.describe(allow)}" for check in launch.data_checks]
+    return [f"{_checked_name(launch, check)}: {check.describe(allow)}" for check in launch.data_checks]
+
+
+def _checked_name(launch: Launch, check: DataCheck) -> str:
+    """The file's name; with several sources, which source (and whether its eval data) it is."""
+    shown = Path(check.path).name if Path(check.path).is_absolute() else check.path  # a hub id in full
+    if not launch.train.data.sources:
+        return shown
+    label = f"{check.name}{' (eval)' if check.eval else ''}"
+    return label if shown == check.name else f"{label} {shown}"
 
 
 def plan_launch(launch: Launch) -> LaunchPlan:
@@ -85,7 +99,7 @@ def plan_launch(launch: Launch) -> LaunchPlan:
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
     disk = disk_needs(launch, plan, data)
     plan.warnings += room_warnings(disk)
-    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk)
+    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, source_table(launch, plan))
 
 
 def disk_needs(launch: Launch, plan: Plan, data: DataEstimate | None) -> list[Filesystem]:
