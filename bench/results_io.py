@@ -4,7 +4,7 @@ Every bench script writes its JSON through `write_result`, which adds a `provena
 commit (and whether the tree had uncommitted changes; where the tree was copied without .git, the
 commit comes from $BENCH_COMMIT and `dirty` is null), the exact command, the date, the GPU(s) and
 driver, and the versions of torch/transformers/accelerate/peft/deepspeed. A results file is never
-edited afterwards: tests/test_bench_results.py re-derives the derived numbers of every committed
+edited afterwards: tests/bench/test_results.py re-derives the derived numbers of every committed
 file (MFU, TFLOP/s, ratios to the named peer, token counts) from its raw fields with the functions
 below and fails on any difference beyond rounding.
 
