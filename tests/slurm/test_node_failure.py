@@ -72,9 +72,7 @@ def drive(runs: list[Run], faults: dict[str, Fault], fired: dict[str, tuple[str,
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[tuple[dict[str, Run], dict[str, tuple[str, float]]]]:
-    problem = sh.cluster_problem(min_idle_nodes=3)
-    if problem:
-        pytest.skip(f"{problem}; these tests need 3 nodes: tests/slurm/cluster.sh up --nodes 3")
+    sh.require_cluster(min_idle_nodes=3)
     root = Path(tempfile.mkdtemp(prefix="sft-nodefail-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
     common = ("--max_steps", str(STEPS), "--save_steps", str(SAVE_STEPS))
     fired: dict[str, tuple[str, float]] = {}

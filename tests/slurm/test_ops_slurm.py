@@ -82,9 +82,7 @@ def act(run: Run) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Run]:
-    problem = sh.cluster_problem()
-    if problem:
-        pytest.skip(problem)
+    sh.require_cluster()
     root = tmp_path_factory.mktemp("ops")
     started = [launch(root, "requeue", "--max_steps", "30"),
                launch(root, "cancel", "--max_steps", "2000"),
