@@ -120,6 +120,9 @@ def main() -> None:
         losses = loss_ms(arch, args.tokens)
         print(f"\n{torch.cuda.get_device_name()}, lm_head + cross-entropy at {args.tokens} tokens, fwd + bwd: "
               + ", ".join(f"{k} {v:.1f} ms" for k, v in losses.items()))
+        if args.json:
+            write_result(args.json, {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "tokens": args.tokens,
+                                     "loss_fwd_bwd_ms": losses})
         return
     bandwidth = copy_bandwidth_gbs()
     square = 2 * 8192**3 / matmul_ms(8192, 8192, 8192) / 1e9

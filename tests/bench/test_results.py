@@ -32,6 +32,7 @@ OTHER_KEYS = {
     "mlp": {"device", "shape", "tokens", "rows", "provenance"},
     "attention": {"device", "shape", "tokens", "docs", "rows", "provenance"},
     "strategies": {"environment", "args", "results", "provenance"},
+    "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/gpu_gemm_tune.py --json
     "multi": None,  # checked block by block below
 }
 
