@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.shellcheck import shellcheck
 from tests.launcher.conftest import REPO, write_stub
 from launcher.resolve.options import LaunchRequest, resolve
 from launcher.execute.render import write_run_dir
@@ -75,7 +76,7 @@ def _argv(path: Path) -> list[str]:
 
 def test_hostile_names_render_safely_and_nothing_executes(tmp_path: Path) -> None:
     run_dir = _render(tmp_path, HOSTILE.replace("\\n", "n"), [f"profile.env.WEIRD_VALUE={HOSTILE}"])
-    lint = subprocess.run(["shellcheck", str(run_dir / "launch.slurm")], capture_output=True, text=True)
+    lint = shellcheck(run_dir / "launch.slurm")
     assert lint.returncode == 0, lint.stdout
     result = _run_script(tmp_path, run_dir, "exit 0")
     assert result.returncode == 0, result.stderr

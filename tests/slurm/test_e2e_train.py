@@ -119,9 +119,7 @@ def send_preemptions(run: Run) -> None:
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, Run]]:
-    problem = sh.cluster_problem()
-    if problem:
-        pytest.skip(problem)
+    sh.require_cluster()
     # Not pytest's tmp_path: concurrent pytest sessions prune each other's older base dirs, and
     # these jobs run for minutes. Kept for inspection when a test fails.
     root = Path(tempfile.mkdtemp(prefix="sft-e2e-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
