@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from contract.schema import ConfigError
 from launcher.datasize import DataEstimate
 from launcher.memory import GIB
+from launcher.ops import slurm
 from launcher.plan_format import format_plan
 from launcher.plan_input import data_estimate, plan_input_from_launch, suggestion_flags
 from launcher.planner import Plan, make_plan, plan_to_dict
@@ -63,6 +64,11 @@ def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
     if launch.executor != "local" and profile.signal_lead_s < plan.signal_lead_s:
         warnings.append(f"signal_lead_s = {profile.signal_lead_s} s in the profile is below the {plan.signal_lead_s} s "
                         "the checkpoint save needs (set profile.signal_lead_s)")
+    grace = slurm.partition_grace_time(profile.partition) if launch.executor != "local" else None
+    if grace and grace < plan.signal_lead_s:  # 0: no GraceTime set, as on partitions without preemption
+        warnings.append(f"partition {profile.partition or '(default)'} has GraceTime={grace} s, below the "
+                        f"{plan.signal_lead_s} s the checkpoint save needs: if its jobs can be preempted, SLURM "
+                        "kills a preempted job mid-save and it resumes from its previous checkpoint")
     return warnings
 
 

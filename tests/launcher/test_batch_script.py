@@ -367,6 +367,10 @@ def test_a_failing_setup_line_is_recorded_with_its_exit_code(tmp_path: Path) -> 
     assert line.startswith("4242 0 ") and line.endswith(" 3 setup line `module_load_that_fails cuda/12`"), line
     assert "sft-launch: error: setup line `module_load_that_fails cuda/12` exited with 3" in \
         (run_dir / "logs" / "4242-r0.log").read_text()
+    from launcher.ops.status import run_status  # `sft-launch status` shows it, SLURM having forgotten the job
+
+    assert run_status(run_dir, query=lambda job_id: None)["error"] == \
+        "batch script of job 4242 restart 0: setup line `module_load_that_fails cuda/12` exited with 3"
 
 
 def test_budgets_count_this_submission_only(tmp_path: Path) -> None:

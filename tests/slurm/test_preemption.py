@@ -155,6 +155,8 @@ def test_plain_scancel_stays_cancelled_and_status_says_so(runs):
     after = runs["scancel_after"]
     assert after["JobState"] == "CANCELLED" and after["Restarts"] == "0", after
     assert not events(run, "requeue"), events(run, "requeue")
+    # The batch shell outlived the SIGTERM (its poll's `sleep` dies of it): no failure of its own.
+    assert not (run.dir / "logs" / "batch_failures.txt").exists(), (run.dir / "logs" / "batch_failures.txt").read_text()
     assert "CANCELLED" in status_text(run)
     finishes = events(run, "finish")
     assert not finishes or finishes[-1].get("outcome") == "cancelled", finishes
