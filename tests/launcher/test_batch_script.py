@@ -39,11 +39,13 @@ printf '%s\\0' "$@" > "$STUB_LOG/srun.argv"
 printf '%s' "${{WEIRD_VALUE-unset}}" > "$STUB_LOG/srun.env"
 {behaviour}
 """)
-    # scontrol: `show job` tells the job's PreemptTime ($STUB_PREEMPT_TIME, None by default);
+    # scontrol: `show node` gives a NodeAddr; `show job` tells the job's PreemptTime ($STUB_PREEMPT_TIME, None by default);
     # `requeue` fails the first $STUB_FAIL_REQUEUE times (a controller timing out).
     write_stub(bin_dir, "scontrol", """
 printf '%s\\0' "$@" >> "$STUB_LOG/scontrol.argv"
-if [[ "$1 $2" == "show job" ]]; then
+if [[ "$1 $2" == "show node" ]]; then
+  echo "NodeName=$4 Arch=x86_64 NodeAddr=10.0.0.${4#node} NodeHostName=$4"
+elif [[ "$1 $2" == "show job" ]]; then
   echo "JobId=4242 JobState=RUNNING PreemptTime=${STUB_PREEMPT_TIME:-None} ExcNodeList=(null)"
 elif [[ "$1" == show ]]; then
   printf 'node1\\nnode2\\n'
@@ -100,7 +102,8 @@ def test_hostile_names_render_safely_and_nothing_executes(tmp_path: Path) -> Non
     assert argv[-1] == str(run_dir / "train.toml")
     command = next(a for a in argv if "accelerate launch" in a)
     assert '--machine_rank "$SLURM_NODEID"' in command and '--num_machines "$SLURM_NNODES"' in command
-    assert argv[argv.index("_") + 2 : argv.index("_") + 5] == ["4", "node1", str(20000 + 4242 % 10000)]
+    # MASTER_ADDR: the first node's NodeAddr, the address SLURM itself reaches it at (not its name).
+    assert argv[argv.index("_") + 2 : argv.index("_") + 5] == ["4", "10.0.0.1", str(20000 + 4242 % 10000)]
     assert (tmp_path / "stublog" / "srun.env").read_text() == HOSTILE
     log = (run_dir / "logs" / "4242-r0.log").read_text()
     assert "training exited with 0" in log
@@ -291,7 +294,7 @@ def test_sigterm_checkpoints_and_never_requeues(tmp_path: Path) -> None:
     behaviour = STOP_AND_WAIT.replace("-USR1", "-TERM") + CHECKPOINT + "exit 1"
     result = _run_script(tmp_path, run_dir, behaviour)
     assert result.returncode == 0 and _requeues(tmp_path) == 0
-    assert "cancelled (SIGTERM), checkpointed; not requeueing" in (run_dir / "logs" / "4242-r0.log").read_text()
+    assert "cancelled (SIGTERM) at a complete checkpoint; not requeueing" in (run_dir / "logs" / "4242-r0.log").read_text()
     assert (_events(run_dir)[-1]["event"], _events(run_dir)[-1]["outcome"]) == ("finish", "cancelled")
 
 

@@ -65,6 +65,34 @@ def status_text(run: Run) -> str:
     return proc.stdout + proc.stderr
 
 
+def fresh_stop_checkpoint(run: Run) -> bool:
+    """A complete checkpoint newer than the stop request: the training answered it."""
+    stop = run.dir / "STOP_REQUESTED"
+    markers = (run.dir / "checkpoints").glob("step-*/COMPLETE")
+    return stop.exists() and any(m.stat().st_mtime >= stop.stat().st_mtime for m in markers)
+
+
+def phase1_tick(run: Run, facts: dict[str, object]) -> None:
+    """scancel after 5 steps; USR1 while the setup lines run (the script's first seconds); USR1 after 5
+    steps, then TERM once the checkpoint answering it is complete; USR1 after 5 steps to the flaky one."""
+    done = facts.setdefault("done", set())
+    if run.name in done:  # type: ignore[operator]
+        return
+    if run.name == "scancel" and restart0_steps(run) >= 5:
+        sh.cancel(run.job_id)
+        facts["cancelled_at"] = time.time()
+    elif run.name == "signal-in-setup" and (run.dir / "logs" / f"{run.job_id}-r0.log").exists():
+        sh.signal_batch(run.job_id)
+    elif run.name in ("signal-after-marker", "flaky-scontrol") and restart0_steps(run) >= 5:
+        sh.signal_batch(run.job_id)
+        if run.name == "signal-after-marker":
+            sh.wait_until(lambda: fresh_stop_checkpoint(run), 60, "the stop checkpoint", interval=0.05)
+            sh.signal_batch(run.job_id, "TERM")
+    else:
+        return
+    done.add(run.name)  # type: ignore[union-attr]
+
+
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, object]]:
     problem = sh.cluster_problem()
@@ -75,15 +103,14 @@ def runs() -> Iterator[dict[str, object]]:
     started: list[Run] = []
     facts: dict[str, object] = {"root": root}
     try:
-        # Phase 1: the uninterrupted baseline; a run that a plain scancel ends after a few steps.
+        # Phase 1: the uninterrupted baseline; a run that a plain scancel ends after a few steps; a
+        # signal at each point of the batch script; a controller that refuses the first requeues.
         started += [launch("baseline", root, "cpu", *common),
-                    launch("scancel", root, "cpu", "--max_steps", "100000", "--save_steps", "50")]
-
-        def cancel_after_steps(run: Run) -> None:
-            if run.name == "scancel" and "cancelled_at" not in facts and restart0_steps(run) >= 5:
-                sh.cancel(run.job_id)
-                facts["cancelled_at"] = time.time()
-        until_finished(started, cancel_after_steps, PHASE_TIMEOUT_S, interval_s=0.2)
+                    launch("scancel", root, "cpu", "--max_steps", "100000", "--save_steps", "50"),
+                    launch("signal-in-setup", root, "cpu-slow-setup", *common),
+                    launch("signal-after-marker", root, "cpu", *common),
+                    launch("flaky-scontrol", root, "cpu-flaky-scontrol", *common)]
+        until_finished(started, lambda run: phase1_tick(run, facts), PHASE_TIMEOUT_S, interval_s=0.2)
         time.sleep(15)  # a requeue would have made the cancelled job pending again by now
         facts["scancel_after"] = sh.show_job(started[1].job_id)
 
@@ -160,3 +187,29 @@ def test_plain_scancel_stays_cancelled_and_status_says_so(runs):
     assert "CANCELLED" in status_text(run)
     finishes = events(run, "finish")
     assert not finishes or finishes[-1].get("outcome") == "cancelled", finishes
+
+
+def test_usr1_during_the_setup_lines_requeues_without_starting_training(runs):
+    run, baseline = runs["runs"]["signal-in-setup"], runs["runs"]["baseline"]
+    assert run.job.get("JobState") == "COMPLETED" and run.job.get("Restarts") == "1", run.job
+    assert "SIGUSR1 before training started; not starting it" in log_text(run, 0)
+    assert 0 not in steps_by_restart(run.dir), "training ran in the attempt that was stopped during setup"
+    assert [e.get("kind") for e in events(run, "requeue")] == ["preemption"]
+    assert_same_weights(run, baseline)
+
+
+def test_sigterm_after_the_stop_checkpoint_does_not_undo_it(runs):
+    run, baseline = runs["runs"]["signal-after-marker"], runs["runs"]["baseline"]
+    assert run.job.get("JobState") == "COMPLETED" and run.job.get("Restarts") == "1", run.job
+    assert [e.get("kind") for e in events(run, "requeue")] == ["preemption"]
+    steps = steps_by_restart(run.dir)
+    assert steps[1][0] - 1 == steps[0][-1], "the restart did not resume from the stop checkpoint"
+    assert_same_weights(run, baseline)
+
+
+def test_a_controller_refusing_requeue_twice_is_retried(runs):
+    run, baseline = runs["runs"]["flaky-scontrol"], runs["runs"]["baseline"]
+    assert run.job.get("JobState") == "COMPLETED" and run.job.get("Restarts") == "1", run.job
+    log = log_text(run, 0)
+    assert log.count("sft-launch: scontrol requeue") == 2 and "failed; trying again" in log, log[-2000:]
+    assert_same_weights(run, baseline)
