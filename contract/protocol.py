@@ -45,6 +45,7 @@ HEARTBEAT_DIR = "heartbeats"
 # node's launcher (accelerate/torchrun) stderr (launcher_log_name). The main log keeps local rank 0's
 # progress and the one failure line; tracebacks and other ranks' follow-on errors stay here.
 RANK_LOGS_DIR = "ranks"
+SRUN_LOG = "srun.log"  # RANK_LOGS_DIR/<attempt>/: srun's own messages (the batch log shows them on failure)
 LOCAL_ATTEMPT_PREFIX = "local-"
 # Defaults of the [run] keys that name files (contract.config.RunSection).
 STOP_FILE = "STOP_REQUESTED"

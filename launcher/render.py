@@ -114,6 +114,8 @@ def context(launch: Launch) -> dict[str, Any]:
         "attempt_file": f"{protocol.LOGS_DIR}/{protocol.ATTEMPT_FILE}",
         "batch_failures_file": f"{protocol.LOGS_DIR}/{protocol.BATCH_FAILURES_FILE}",
         "helpers_dir": protocol.BATCH_HELPERS_DIR,
+        "srun_log": '"' + protocol.rank_logs_dir("$RUN_DIR", protocol.attempt_name("${SLURM_JOB_ID}", "${RESTART}"))
+        + "/" + protocol.SRUN_LOG + '"',
         "files": {"accelerate": protocol.ACCELERATE_CONFIG, "train": protocol.TRAIN_CONFIG,
                   "run": protocol.RUN_RECORD, "logs": protocol.LOGS_DIR},
         "master_port": {"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN},

@@ -39,14 +39,15 @@ printf '%s\\0' "$@" > "$STUB_LOG/srun.argv"
 printf '%s' "${{WEIRD_VALUE-unset}}" > "$STUB_LOG/srun.env"
 {behaviour}
 """)
-    # scontrol: `show node` gives a NodeAddr; `show job` tells the job's PreemptTime ($STUB_PREEMPT_TIME, None by default);
+    # scontrol: `show node` gives a NodeAddr; `show job` tells the job's state ($STUB_JOB_STATE, RUNNING)
+    # and PreemptTime ($STUB_PREEMPT_TIME, None by default);
     # `requeue` fails the first $STUB_FAIL_REQUEUE times (a controller timing out).
     write_stub(bin_dir, "scontrol", """
 printf '%s\\0' "$@" >> "$STUB_LOG/scontrol.argv"
 if [[ "$1 $2" == "show node" ]]; then
   echo "NodeName=$4 Arch=x86_64 NodeAddr=10.0.0.${4#node} NodeHostName=$4"
 elif [[ "$1 $2" == "show job" ]]; then
-  echo "JobId=4242 JobState=RUNNING PreemptTime=${STUB_PREEMPT_TIME:-None} ExcNodeList=(null)"
+  echo "JobId=4242 JobState=${STUB_JOB_STATE:-RUNNING} PreemptTime=${STUB_PREEMPT_TIME:-None} ExcNodeList=(null)"
 elif [[ "$1" == show ]]; then
   printf 'node1\\nnode2\\n'
 elif [[ "$1" == requeue ]]; then
@@ -292,10 +293,22 @@ def test_sigterm_checkpoints_and_never_requeues(tmp_path: Path) -> None:
     # A plain scancel: SIGTERM to the batch shell (and the steps); training checkpoints; torchrun says 1.
     run_dir = _render(tmp_path, "run", [])
     behaviour = STOP_AND_WAIT.replace("-USR1", "-TERM") + CHECKPOINT + "exit 1"
-    result = _run_script(tmp_path, run_dir, behaviour)
+    result = _run_script(tmp_path, run_dir, behaviour, STUB_JOB_STATE="CANCELLED")
     assert result.returncode == 0 and _requeues(tmp_path) == 0
     assert "cancelled (SIGTERM) at a complete checkpoint; not requeueing" in (run_dir / "logs" / "4242-r0.log").read_text()
     assert (_events(run_dir)[-1]["event"], _events(run_dir)[-1]["outcome"]) == ("finish", "cancelled")
+
+
+def test_sigterm_of_a_node_failure_leaves_the_decision_and_the_evidence_to_slurm(tmp_path: Path) -> None:
+    # SLURM ends the job because a node died (NODE_FAIL, it requeues the job itself): no requeue, no
+    # outcome here, and logs/attempt.txt stays so that the restart blames the node.
+    run_dir = _render(tmp_path, "run", [])
+    behaviour = STOP_AND_WAIT.replace("-USR1", "-TERM") + "exit 1"
+    result = _run_script(tmp_path, run_dir, behaviour, STUB_JOB_STATE="NODE_FAIL")
+    assert result.returncode == 1 and _requeues(tmp_path) == 0
+    assert "SIGTERM while SLURM ends the job (NODE_FAIL); not requeueing" in (run_dir / "logs" / "4242-r0.log").read_text()
+    assert [e["event"] for e in _events(run_dir)] == ["start"]
+    assert (run_dir / "logs" / "attempt.txt").read_text().startswith("4242 0 ")
 
 
 def test_a_second_signal_after_the_checkpoint_does_not_undo_it(tmp_path: Path) -> None:
@@ -314,7 +327,7 @@ def test_a_signal_during_the_setup_lines_is_not_lost(tmp_path: Path, signal: str
     # Before training starts (module loads, venv activation): the trap is already there; training is not
     # started at all, and the newest complete checkpoint stands.
     run_dir = _render(tmp_path, "run", [f'profile.setup=["kill -{signal} $$; sleep 0.2"]'])
-    result = _run_script(tmp_path, run_dir, "exit 0")
+    result = _run_script(tmp_path, run_dir, "exit 0", STUB_JOB_STATE="RUNNING" if signal == "USR1" else "CANCELLED")
     assert result.returncode == 0, (run_dir / "logs" / "4242-r0.log").read_text()
     assert not (tmp_path / "stublog" / "srun.argv").exists()
     assert _requeues(tmp_path) == (1 if signal == "USR1" else 0)
