@@ -117,14 +117,19 @@ def send_preemptions(run: Run) -> None:
             run.signals_sent += 1
 
 
-@pytest.fixture(scope="module")
-def runs() -> Iterator[dict[str, Run]]:
+def runs_root(prefix: str) -> Path:
+    """Skip unless the cluster is up; else a fresh folder for a module's run directories. Not pytest's
+    tmp_path: concurrent pytest sessions prune each other's older base dirs, and these jobs run for
+    minutes. Kept for inspection when a test fails."""
     problem = sh.cluster_problem()
     if problem:
         pytest.skip(problem)
-    # Not pytest's tmp_path: concurrent pytest sessions prune each other's older base dirs, and
-    # these jobs run for minutes. Kept for inspection when a test fails.
-    root = Path(tempfile.mkdtemp(prefix="sft-e2e-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[dict[str, Run]]:
+    root = runs_root("sft-e2e-")
     common = ("--max_steps", str(STEPS), "--save_steps", str(SAVE_STEPS))
     started = [
         launch("baseline", root, "cpu", *common),

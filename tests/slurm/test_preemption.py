@@ -20,11 +20,9 @@ scancel run and the signal runs first, side by side; then both preempted runs, p
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +31,7 @@ import pytest
 
 from tests.faults import fault_env
 from tests.slurm import slurm_harness as sh
-from tests.slurm.test_e2e_train import (Run, assert_same_weights, events, launch, log_text, metrics,
+from tests.slurm.test_e2e_train import (Run, assert_same_weights, events, launch, log_text, metrics, runs_root,
                                         steps_by_restart, until_finished)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -97,10 +95,7 @@ def phase1_tick(run: Run, facts: dict[str, object]) -> None:
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, object]]:
-    problem = sh.cluster_problem()
-    if problem:
-        pytest.skip(problem)
-    root = Path(tempfile.mkdtemp(prefix="sft-preempt-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
+    root = runs_root("sft-preempt-")
     common = ("--max_steps", str(STEPS), "--save_steps", str(SAVE_STEPS))
     started: list[Run] = []
     facts: dict[str, object] = {"root": root}
