@@ -21,6 +21,7 @@ from launcher.resolve.plan_sources import source_table
 from launcher.plan.planner import Plan, make_plan, plan_to_dict
 from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
     run_writes
+from launcher.ops import slurm
 
 if TYPE_CHECKING:
     from contract.datacheck import DataCheck
@@ -72,6 +73,15 @@ def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
     if launch.executor != "local" and profile.signal_lead_s < plan.signal_lead_s:
         warnings.append(f"signal_lead_s = {profile.signal_lead_s} s in the profile is below the {plan.signal_lead_s} s "
                         "the checkpoint save needs (set profile.signal_lead_s)")
+    requeues = plan.time.requeues
+    if launch.executor != "local" and requeues is not None and requeues > profile.max_timeouts:
+        warnings.append(f"the run needs ~{requeues} time-limit requeues but max_timeouts = {profile.max_timeouts}: "
+                        "it stops early (raise profile.max_timeouts or --time)")
+    grace = slurm.partition_grace_time(profile.partition) if launch.executor != "local" else None
+    if grace and grace < plan.signal_lead_s:  # 0: no GraceTime set, as on partitions without preemption
+        warnings.append(f"partition {profile.partition or '(default)'} has GraceTime={grace} s, below the "
+                        f"{plan.signal_lead_s} s the checkpoint save needs: if its jobs can be preempted, SLURM "
+                        "kills a preempted job mid-save and it resumes from its previous checkpoint")
     return warnings
 
 

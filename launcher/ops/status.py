@@ -101,13 +101,14 @@ def _updated(run_dir: Path, logs: list[rundir.LogFile]) -> str | None:
 
 
 def failure_line(run_dir: Path, run: dict[str, Any], state: str) -> str | None:
-    """The first failing rank's first error line of the newest attempt (contract/failure.py); None while active."""
+    """The first failing rank's first error line of the newest attempt, else the batch shell's own failure
+    line (a setup line, scontrol: contract/failure.py); None while active."""
     if state in ACTIVE_STATES:
         return None
     starts = [e["time"] for e in run.get("events", []) if e.get("event") == "start" and e.get("time")]
     since = datetime.datetime.fromisoformat(starts[-1]).timestamp() if starts else 0.0
     record = failure.first_failure(run_dir, since)
-    return failure.describe(record) if record else None
+    return failure.describe(record) if record else failure.batch_failure(run_dir, since)
 
 
 def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, Any]:

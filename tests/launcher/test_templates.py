@@ -81,7 +81,7 @@ def test_train_toml_reads_back_with_train_config(case: Case, tmp_path: Path) -> 
     assert loaded.run.dir == str((tmp_path / "run").resolve())
     assert loaded.model == launch.train.model and loaded.train == launch.train.train
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
-        ["launch.slurm", "accelerate.yaml", "train.toml", "run.json", "logs"]
+        ["launch.slurm", "accelerate.yaml", "train.toml", "run.json", "logs", ".batch-helpers"]
         + (["deepspeed.json"] if launch.strategy in ("zero2", "zero3") else []))
 
 

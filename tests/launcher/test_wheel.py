@@ -60,7 +60,10 @@ def test_wheel_installs_into_fresh_venv_and_renders_a_run(tmp_path: Path) -> Non
                             timeout=120)
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in (outside / "run").iterdir())
-    assert names == ["accelerate.yaml", "launch.slurm", "logs", "run.json", "train.toml"]
+    assert names == [".batch-helpers", "accelerate.yaml", "launch.slurm", "logs", "run.json", "train.toml"]
+    # The batch shell's stdlib-only helpers, copied from the installed wheel.
+    assert (outside / "run" / ".batch-helpers" / "contract" / "blame.py").is_file()
+    assert (outside / "run" / ".batch-helpers" / "launcher" / "runrecord.py").is_file()
     models = subprocess.run([str(venv / "bin" / "sft-launch"), "models"], cwd=outside, env=env, capture_output=True,
                             text=True, timeout=60)
     assert models.returncode == 0 and "llama3-70b" in models.stdout
