@@ -46,6 +46,7 @@ class LaunchRequest:
     output: str | None = None
     strategy: str | None = None
     lora: bool = False
+    qlora: bool = False  # --qlora: LoRA over an NF4-quantized base (lora.quant = "nf4")
     time: str | None = None
     job_name: str | None = None
     executor: str = "sbatch"
@@ -166,7 +167,8 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
     data: dict[str, Any] = {
         "model": {"name": preset.name, "path": preset.hf_id, "layer_class": preset.layer_class},
         "train": dict(preset.train_defaults),
-        "lora": {"enabled": True} if request.lora else {},
+        "lora": ({"enabled": True} if request.lora or request.qlora else {})
+                | ({"quant": "nf4"} if request.qlora else {}),
         # run.dir "." = the folder holding train.toml, so the run directory stays relocatable.
         "run": {"dir": ".", "gpu_type": profile.gpu_type, "hang_timeout_s": profile.hang_timeout_s,
                 "collective_timeout_s": profile.collective_timeout_s},
