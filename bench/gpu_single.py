@@ -47,6 +47,9 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "ours-stockmlp": {"train": {"compile": True, "gradient_checkpointing": False, "fused_mlp": False}},
     "ours-liger": {"train": {"compile": True, "gradient_checkpointing": False, "fused_loss": "liger"}},
     "ours-lora": {"train": {"compile": True, "gradient_checkpointing": False}, "lora": {"enabled": True}},
+    # As the TRL QLoRA peer: r 16 on all linear layers, no dropout (compile applies to the dequantization only)
+    "ours-qlora": {"train": {"compile": True, "gradient_checkpointing": False},
+                   "lora": {"enabled": True, "quant": "nf4", "dropout": 0.0}},
 }
 # Peers: name -> command-line arguments of their script.
 PEERS: dict[str, list[str]] = {
@@ -55,6 +58,7 @@ PEERS: dict[str, list[str]] = {
     "trl-compile": ["-m", "bench.peer_trl", "--compile"],
     "trl-lora": ["-m", "bench.peer_trl", "--lora"],
     "trl-lora-compile": ["-m", "bench.peer_trl", "--lora", "--compile"],
+    "trl-qlora": ["-m", "bench.peer_trl", "--qlora"],
 }
 
 

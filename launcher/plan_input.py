@@ -71,7 +71,7 @@ def plan_input_from_launch(launch: Launch, data: DataEstimate | None = None) -> 
         # The trained arch (--set model.arch.* overrides included), not only the preset's.
         arch=dict(cfg.model.arch or launch.preset.arch), nodes=launch.nodes, **_device_fields(launch),
         lora=cfg.lora.enabled, lora_r=cfg.lora.r, lora_target_modules=list(cfg.lora.target_modules),
-        lora_dropout=cfg.lora.dropout, gradient_checkpointing=t.gradient_checkpointing,
+        lora_dropout=cfg.lora.dropout, quant=cfg.lora.quant, gradient_checkpointing=t.gradient_checkpointing,
         micro_batch_tokens=cfg.micro_batch_tokens, gradient_accumulation_steps=t.gradient_accumulation_steps,
         precision=_precision(launch),  # type: ignore[arg-type]
         loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS if t.fused_loss else 0,
@@ -91,5 +91,9 @@ def suggestion_flags(suggestion: Suggestion) -> str:
         "micro_batch_tokens": lambda v: f"--set data.tokens_per_micro_batch={v}",
         "gradient_accumulation_steps": lambda v: f"--gradient_accumulation_steps {v}",
         "cpu_offload": lambda v: f"--set profile.cpu_offload={str(v).lower()}", "lora": lambda v: "--lora",
+        "quant": lambda v: "--qlora",
     }
-    return " ".join(flags[key](value) for key, value in suggestion.change.items() if key in flags)
+    change = suggestion.change
+    if change.get("quant", "none") != "none":  # --qlora is --lora with the quantized base
+        change = {key: value for key, value in change.items() if key != "lora"}
+    return " ".join(flags[key](value) for key, value in change.items() if key in flags)

@@ -15,8 +15,9 @@ model skeleton on the meta device; module by module, global rank 0 copies the bf
 the checkpoint and broadcasts them one at a time (a random init for ``model.arch`` is drawn on every
 rank from the same seed instead), and every rank quantizes the targeted linear weights as they
 arrive. No rank ever holds the
-whole bf16 model on a GPU; before ``fully_shard`` each rank holds the whole model in NF4 (~0.52
-byte/parameter), which FSDP2 then cuts to 1/world. Accelerate's own rank-0 broadcast
+whole bf16 model on a GPU: with several ranks each module goes to host memory once quantized (the
+whole model in NF4, ~0.52 byte/parameter, per rank), and ``fully_shard`` moves one unit at a time
+to the GPU and keeps 1/world of it. Accelerate's own rank-0 broadcast
 (``cpu_ram_efficient_loading``) is turned off for such a model (``prepare_for_sharding``): the
 weights are already on every rank.
 
@@ -79,6 +80,9 @@ def build_quantized_model(cfg: TrainConfig, config: PretrainedConfig, accelerato
     with init_empty_weights(include_buffers=False):  # parameters on meta, buffers (RoPE) real
         model = AutoModelForCausalLM.from_config(config, **kwargs)
     device, world = accelerator.device, accelerator.num_processes
+    # Where the finished modules wait: with several ranks in host memory, from where fully_shard moves
+    # one unit at a time to the GPU (the GPU never holds more than a layer of the unsharded model).
+    home = device if world == 1 else torch.device("cpu")
     targets, done, quantized = set(cfg.lora.target_modules), set(), 0
     source_state = source.state_dict() if source is not None else {}
     for name, module in model.named_modules():
@@ -98,9 +102,8 @@ def build_quantized_model(cfg: TrainConfig, config: PretrainedConfig, accelerato
                                                requires_grad=False)
             module.forward = types.MethodType(_nf4_linear_forward, module)
             quantized += 1
-    for buffer_owner in model.modules():
-        for bname, buffer in list(buffer_owner.named_buffers(recurse=False)):
-            setattr(buffer_owner, bname, buffer.to(device))
+        module.to(home)
+    model.to(home)  # the buffers (RoPE)
     model.tie_weights()
     logger.info("QLoRA: %d linear weights in NF4 (block %d, double-quantized scales per %d blocks) on rank %d",
                 quantized, BLOCK_SIZE, SCALER_BLOCK_SIZE, accelerator.process_index)
