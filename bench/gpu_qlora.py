@@ -89,8 +89,9 @@ def part_single(args: argparse.Namespace) -> list[dict[str, Any]]:
     data, lengths = data_for(args.out, args.docs, args.budget, gpu_single.SHAPES[shape]["vocab_size"])
     results = [gpu_single.run_peer("trl-qlora", args.out, data, shape, args.budget)]
     print(json.dumps(results[-1]), flush=True)
-    results.append(gpu_single.run_ours("ours-qlora", args.out, data, gpu_single.SHAPES[shape], args.budget))
-    print(json.dumps(results[-1]), flush=True)
+    for variant in ("ours-qlora", "ours-qlora-compile"):
+        results.append(gpu_single.run_ours(variant, args.out, data, gpu_single.SHAPES[shape], args.budget))
+        print(json.dumps(results[-1]), flush=True)
     args.shape = shape
     gpu_single.report(results, gpu_single.SHAPES[shape], lengths, args)
     return results
@@ -100,7 +101,7 @@ def part_match(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The same QLoRA job on 2 GPUs (FSDP2) and on 1 GPU with twice the accumulation: loss per step."""
     arch = TINY_QLORA if args.cpu_smoke else LLAMA_1B
     data, _ = data_for(args.out, args.docs, args.budget, arch["vocab_size"])
-    train = {"max_steps": args.steps, "logging_steps": 1, "learning_rate": 2e-4, "compile": True,
+    train = {"max_steps": args.steps, "logging_steps": 1, "learning_rate": 2e-4, "compile": "auto",
              "gradient_checkpointing": True}
     two = launch("qlora-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
     one = launch("qlora-1gpu", args.out, data, arch, args.budget, 1,
@@ -138,7 +139,7 @@ def planned(arch: dict, gpus: int, budget: int, gpu_type: str) -> dict[str, floa
 def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
     arch = TINY_QLORA if args.cpu_smoke else LLAMA_70B
     data, _ = data_for(args.out, args.docs, args.budget, arch["vocab_size"])
-    train = {"max_steps": args.steps, "logging_steps": 2, "learning_rate": 1e-4, "compile": True,
+    train = {"max_steps": args.steps, "logging_steps": 2, "learning_rate": 1e-4, "compile": "auto",
              "gradient_checkpointing": True}
     row = launch("qlora-llama70b-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
     row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "budget": args.budget,

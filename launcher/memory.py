@@ -419,4 +419,17 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
     }
     if peak["gradients"] < state["gradients"]:
         breakdown.notes["gradients"] = f"not yet allocated in {phase} (state: {state['gradients'] / GIB:.2f} GiB)"
-    return breakdown
+    loading = _quantized_loading(shape, opts, context)
+    return loading if loading is not None and loading.total > breakdown.total else breakdown
+
+
+def _quantized_loading(shape: ModelShape, opts: MemoryOptions, context: int) -> MemoryBreakdown | None:
+    """QLoRA on several GPUs: until fully_shard cuts it, every GPU holds the whole NF4 model and the
+    fp32 adapters (train/qlora.py); the slack is the bf16 module being quantized and to_nf4's temporaries."""
+    if opts.quant == "none" or opts.world_size == 1:
+        return None
+    low = low_bytes(opts)
+    whole = frozen_base_bytes(shape, opts, low) + 4 * trainable_params(shape, opts)
+    return MemoryBreakdown(whole, 0, 0, 0, 0, 0, 0, 0, allocator_slack=2 * dequantize_buffer(shape, opts, low),
+                           cuda_context_nccl=context, peak_phase="load/quantize",
+                           notes={"parameters": "the whole NF4 model + adapters, before fully_shard shards it"})

@@ -128,8 +128,9 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
                     logit_grad_pass(accelerator.device))
     if cfg.train.fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
-    if cfg.lora.quant != "none" and cfg.train.compile is not False:
-        logger.info("torch.compile of the decoder layers off under QLoRA (NF4 weights); the dequantization is compiled")
+    if cfg.lora.quant != "none" and cfg.train.compile == "auto":
+        logger.info("torch.compile of the decoder layers off under QLoRA (auto; true asks for it); "
+                    "the dequantization is compiled")
     elif cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
         compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
     if cfg.lora.enabled:

@@ -15,9 +15,10 @@ model skeleton on the meta device; module by module, global rank 0 copies the bf
 the checkpoint and broadcasts them one at a time (a random init for ``model.arch`` is drawn on every
 rank from the same seed instead), and every rank quantizes the targeted linear weights as they
 arrive. No rank ever holds the
-whole bf16 model on a GPU: with several ranks each module goes to host memory once quantized (the
-whole model in NF4, ~0.52 byte/parameter, per rank), and ``fully_shard`` moves one unit at a time
-to the GPU and keeps 1/world of it. Accelerate's own rank-0 broadcast
+whole bf16 model on a GPU; until ``fully_shard`` cuts it to 1/world each GPU holds the whole model
+in NF4 (~0.52 byte/parameter; the planner counts this loading peak). The modules are quantized
+straight onto the GPU: fully_shard would move a CPU tensor subclass by wrapping it in a fresh
+``nn.Parameter``, which requires grad (torch 2.11), and then fails to shard it. Accelerate's own rank-0 broadcast
 (``cpu_ram_efficient_loading``) is turned off for such a model (``prepare_for_sharding``): the
 weights are already on every rank.
 
@@ -80,9 +81,6 @@ def build_quantized_model(cfg: TrainConfig, config: PretrainedConfig, accelerato
     with init_empty_weights(include_buffers=False):  # parameters on meta, buffers (RoPE) real
         model = AutoModelForCausalLM.from_config(config, **kwargs)
     device, world = accelerator.device, accelerator.num_processes
-    # Where the finished modules wait: with several ranks in host memory, from where fully_shard moves
-    # one unit at a time to the GPU (the GPU never holds more than a layer of the unsharded model).
-    home = device if world == 1 else torch.device("cpu")
     targets, done, quantized = set(cfg.lora.target_modules), set(), 0
     source_state = source.state_dict() if source is not None else {}
     for name, module in model.named_modules():
@@ -102,8 +100,9 @@ def build_quantized_model(cfg: TrainConfig, config: PretrainedConfig, accelerato
                                                requires_grad=False)
             module.forward = types.MethodType(_nf4_linear_forward, module)
             quantized += 1
-        module.to(home)
-    model.to(home)  # the buffers (RoPE)
+    for owner in model.modules():  # the buffers (RoPE); not model.to(): it would re-wrap the NF4 parameters
+        for name, buffer in list(owner.named_buffers(recurse=False)):
+            setattr(owner, name, buffer.to(device))
     model.tie_weights()
     logger.info("QLoRA: %d linear weights in NF4 (block %d, double-quantized scales per %d blocks) on rank %d",
                 quantized, BLOCK_SIZE, SCALER_BLOCK_SIZE, accelerator.process_index)
@@ -199,9 +198,11 @@ def check_quantized(model: torch.nn.Module, expected: int) -> None:
     """Fail when sharding (or anything else) turned an NF4 weight back into a plain tensor: the
     peers' silent failure (Params4bit under FSDP2) becomes a one-line error here."""
     nf4_tensor, _ = nf4_api()
-    found = sum(isinstance(local_weight(p), nf4_tensor) for p in model.parameters())
-    if found != expected:
-        raise RuntimeError(f"QLoRA: {found} of {expected} NF4 weights are still NF4 after sharding")
+    weights = [p for p in model.parameters() if isinstance(local_weight(p), nf4_tensor)]
+    if len(weights) != expected:
+        raise RuntimeError(f"QLoRA: {len(weights)} of {expected} NF4 weights are still NF4 after sharding")
+    if any(p.requires_grad for p in weights):
+        raise RuntimeError("QLoRA: NF4 base weights require grad after sharding; they must stay frozen")
 
 
 def count_quantized(model: torch.nn.Module) -> int:
