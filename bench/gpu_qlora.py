@@ -89,7 +89,7 @@ def part_single(args: argparse.Namespace) -> list[dict[str, Any]]:
     data, lengths = data_for(args.out, args.docs, args.budget, gpu_single.SHAPES[shape]["vocab_size"])
     results = [gpu_single.run_peer("trl-qlora", args.out, data, shape, args.budget)]
     print(json.dumps(results[-1]), flush=True)
-    for variant in ("ours-qlora", "ours-qlora-compile"):
+    for variant in ("ours-qlora-nocompile", "ours-qlora"):
         results.append(gpu_single.run_ours(variant, args.out, data, gpu_single.SHAPES[shape], args.budget))
         print(json.dumps(results[-1]), flush=True)
     args.shape = shape
@@ -161,7 +161,7 @@ def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
 def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if args.results:
         args.results.mkdir(parents=True, exist_ok=True)
-        (args.results / f"qlora-{result['path']}.json").write_text(json.dumps(result, indent=1))
+        (args.results / f"{result['path']}.json").write_text(json.dumps(result, indent=1))
 
 
 def main() -> None:

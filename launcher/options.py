@@ -209,6 +209,19 @@ def check_attention(backend: str, gpus_per_node: int, spec: gpus.GpuSpec | None)
                           f"{spec.name} has {major}.{minor}")
 
 
+def check_quantized_base(launch: Launch) -> None:
+    """QLoRA (lora.quant) runs under FSDP2 only, with the NF4 weights on the GPUs (train/qlora.py)."""
+    quant = launch.train.lora.quant
+    if quant == "none":
+        return
+    if launch.strategy != "fsdp":
+        raise ConfigError(f"--qlora: lora.quant = {quant!r} needs --strategy fsdp (FSDP2 shards torchao's NF4 "
+                          f"weights), not {launch.strategy}")
+    if launch.profile.cpu_offload:
+        raise ConfigError(f"profile.cpu_offload: not with lora.quant = {quant!r} (--qlora): FSDP2 would move the "
+                          "NF4 weights to the host and back as new trainable parameters; the 4-bit base is the saving")
+
+
 def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
@@ -219,6 +232,7 @@ def check_combinations(launch: Launch) -> None:
     if profile.cpu_offload and launch.strategy_spec.no_cpu_offload:
         raise ConfigError(f"profile.cpu_offload: {launch.strategy_spec.no_cpu_offload}")
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
+    check_quantized_base(launch)
     if launch.train.train.fused_mlp is True:
         blocker = gpus.fused_mlp_blocker(profile.gpus_per_node > 0, spec.compute_capability if spec else None,
                                          launch.train.lora.enabled, launch.strategy_spec.zero_stage)

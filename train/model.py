@@ -128,9 +128,11 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
                     logit_grad_pass(accelerator.device))
     if cfg.train.fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
-    if cfg.lora.quant != "none" and cfg.train.compile == "auto":
-        logger.info("torch.compile of the decoder layers off under QLoRA (auto; true asks for it); "
-                    "the dequantization is compiled")
+    if cfg.lora.quant != "none" and cfg.train.compile == "auto" and accelerator.num_processes > 1:
+        # Measured on 2 H100s (BENCHMARKS.md, QLoRA): the compiled llama-70b layers had not finished 22
+        # steps in 200 s, the eager ones took ~60 s; on one GPU compiling gave 1.53x. compile = true still compiles.
+        logger.info("torch.compile of the decoder layers off: QLoRA sharded over %d ranks (auto)",
+                    accelerator.num_processes)
     elif cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
         compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
     if cfg.lora.enabled:
