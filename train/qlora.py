@@ -83,6 +83,7 @@ def build_quantized_model(cfg: TrainConfig, config: PretrainedConfig, accelerato
     device, world = accelerator.device, accelerator.num_processes
     targets, done, quantized = set(cfg.lora.target_modules), set(), 0
     source_state = source.state_dict() if source is not None else {}
+    pretrained = bool(cfg.model.path)  # every rank: rank 0 has the source, the others receive from it
     for name, module in model.named_modules():
         own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in done]
         if not own:
@@ -91,7 +92,8 @@ def build_quantized_model(cfg: TrainConfig, config: PretrainedConfig, accelerato
         for pname, _ in own:
             param = getattr(module, pname)
             done.add(id(param))
-            _fill(param.data, f"{name}.{pname}" if name else pname, source_state, config, accelerator)
+            _fill(param.data, f"{name}.{pname}" if name else pname, source_state if pretrained else None, config,
+                  accelerator)
         if _is_target(name, module, targets):
             blocker = quantizable(module.weight.shape, world)
             if blocker:
@@ -110,12 +112,12 @@ def build_quantized_model(cfg: TrainConfig, config: PretrainedConfig, accelerato
 
 
 @torch.no_grad()
-def _fill(tensor: torch.Tensor, name: str, source_state: dict[str, torch.Tensor], config: PretrainedConfig,
+def _fill(tensor: torch.Tensor, name: str, source_state: dict[str, torch.Tensor] | None, config: PretrainedConfig,
           accelerator: Accelerator) -> None:
     """A checkpoint's tensor: rank 0 copies it from its CPU model and broadcasts it. A random init:
     every rank draws the same values from the same seed (no traffic; and every rank's RNG advances
     alike, so the LoRA adapters created next start equal on every rank and at every world size)."""
-    if source_state:
+    if source_state is not None:  # a checkpoint: only rank 0's dict has the tensors
         if accelerator.is_main_process:
             tensor.copy_(source_state[name])
         if accelerator.num_processes > 1:

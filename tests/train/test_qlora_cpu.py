@@ -6,11 +6,14 @@ generates, and one rank gives the same loss curve as two."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tests.train.run_helpers import exported_tensors, metrics, read_log, run_training, write_run
+from tests.train.conftest import TINY_TOKENIZER_DIR
+from tests.train.run_helpers import REPO, exported_tensors, launch_env, metrics, read_log, run_training, write_run
 
 from contract.protocol import EXIT_REQUEUE
 from tests.faults import STOP_AT_STEP_ENV
@@ -88,3 +91,34 @@ def test_qlora_one_rank_matches_two(tmp_path, reference):
     one, two = losses(run_dir), losses(reference)
     assert one.keys() == two.keys()
     assert max(abs(one[s] - two[s]) for s in one) < 1e-2, (one, two)
+
+
+def _chat(model_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "train.chat_cli", "--model", str(model_dir), "--prompt", "hello",
+                           "--max_new_tokens", "4"], cwd=REPO, env=launch_env(), capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_chat_on_the_merged_export(reference):
+    proc = _chat(reference / "export")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_pretrained_base_loaded_by_rank0_and_the_adapter_export_chats(tmp_path):
+    """model.path: rank 0 reads the checkpoint and broadcasts it tensor by tensor, every rank quantizes;
+    the adapter-only export names that base and from_pretrained (chat, lm-eval's HF backend) loads both."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    base = tmp_path / "base"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**QLORA_ARCH)).save_pretrained(base)
+    AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR).save_pretrained(base)
+    overrides = {"model": {"path": str(base), "arch": {}}, "lora": {**QLORA["lora"], "merge_on_export": False},
+                 "train": QLORA["train"]}
+    run_dir = write_run(tmp_path / "run", overrides)
+    assert run_training(run_dir) == 0, read_log(run_dir)
+    assert "linear weights in NF4" in read_log(run_dir)
+    adapter = json.loads((run_dir / "export" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(base)
+    proc = _chat(run_dir / "export")
+    assert proc.returncode == 0, proc.stderr[-2000:]
