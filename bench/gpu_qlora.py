@@ -83,6 +83,15 @@ def data_for(out: Path, docs: int, budget: int, vocab: int) -> tuple[Path, list[
     return path, lengths
 
 
+def qlora_job(args: argparse.Namespace, arch: dict, logging_steps: int,
+              learning_rate: float) -> tuple[dict, Path, dict[str, Any]]:
+    """(arch, documents, [train] overrides) of a multi-process QLoRA run: checkpointing, compile auto."""
+    arch = TINY_QLORA if args.cpu_smoke else arch
+    data, _ = data_for(args.out, args.docs, args.budget, arch["vocab_size"])
+    return arch, data, {"max_steps": args.steps, "logging_steps": logging_steps, "learning_rate": learning_rate,
+                        "compile": "auto", "gradient_checkpointing": True}
+
+
 def part_single(args: argparse.Namespace) -> list[dict[str, Any]]:
     """8B QLoRA on one GPU: ours vs TRL + PEFT + bitsandbytes, same documents."""
     shape = "llama3-8b"
@@ -99,10 +108,7 @@ def part_single(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def part_match(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The same QLoRA job on 2 GPUs (FSDP2) and on 1 GPU with twice the accumulation: loss per step."""
-    arch = TINY_QLORA if args.cpu_smoke else LLAMA_1B
-    data, _ = data_for(args.out, args.docs, args.budget, arch["vocab_size"])
-    train = {"max_steps": args.steps, "logging_steps": 1, "learning_rate": 2e-4, "compile": "auto",
-             "gradient_checkpointing": True}
+    arch, data, train = qlora_job(args, LLAMA_1B, logging_steps=1, learning_rate=2e-4)
     two = launch("qlora-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
     one = launch("qlora-1gpu", args.out, data, arch, args.budget, 1,
                  {**QLORA, "train": {**train, "gradient_accumulation_steps": 2}})
@@ -137,10 +143,7 @@ def planned(arch: dict, gpus: int, budget: int, gpu_type: str) -> dict[str, floa
 
 
 def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
-    arch = TINY_QLORA if args.cpu_smoke else LLAMA_70B
-    data, _ = data_for(args.out, args.docs, args.budget, arch["vocab_size"])
-    train = {"max_steps": args.steps, "logging_steps": 2, "learning_rate": 1e-4, "compile": "auto",
-             "gradient_checkpointing": True}
+    arch, data, train = qlora_job(args, LLAMA_70B, logging_steps=2, learning_rate=1e-4)
     row = launch("qlora-llama70b-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
     row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "budget": args.budget,
             "plan": planned(arch, 2, args.budget, "h100")}
