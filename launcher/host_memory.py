@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from contract.shape import ModelShape
-from launcher.memory import (GIB, MemoryOptions, ceil_div, frozen_base_bytes, low_bytes, shard_degree,
-                             trainable_params)
+from launcher.memory import GIB, MemoryOptions, ceil_div, low_bytes, shard_degree, trainable_params
 
 PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
 
@@ -16,8 +15,7 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     weights (trainable upcast to fp32, frozen in bf16); otherwise every local rank does. ZeRO-3 under
     `zero.Init` streams one copy; ZeRO-2/DDP load a full copy per rank. Offload keeps each local rank's
     share of the state on the host (pinned): FSDP params+grads+moments; ZeRO fp32 master + moments +
-    fp32 grad partitions (+ bf16 params for ZeRO-3). QLoRA on several ranks: rank 0's bf16 copy, plus
-    every local rank's whole NF4 model in host memory until fully_shard moves its share to the GPU.
+    fp32 grad partitions (+ bf16 params for ZeRO-3).
     """
     low = low_bytes(opts)
     trainable = trainable_params(shape, opts)
@@ -27,8 +25,6 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     if spec.engine == "fsdp":
         full = 4 * trainable + low * frozen
         loading = full if opts.cpu_ram_efficient_loading else local * full
-        if opts.quant != "none" and opts.world_size > 1:  # + each rank's NF4 model waiting for fully_shard
-            loading = full + local * (4 * trainable + frozen_base_bytes(shape, opts, low))
         offload = local * ceil_div(16 * trainable + low * frozen, p) if opts.cpu_offload else 0
     elif spec.zero_stage == 3:
         loading = low * (trainable + frozen)
