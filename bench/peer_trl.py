@@ -111,7 +111,8 @@ def main() -> None:
     trainer.train()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - trainer.t0
-    name = "peer-trl" + ("-qlora" if args.qlora else "-lora" if args.lora else "") + ("-compile" if args.compile else "")
+    kind = "-qlora" if args.qlora else "-lora" if args.lora else ""
+    name = "peer-trl" + kind + ("-compile" if args.compile else "")
     print(json.dumps({
         "path": name, "real_tokens": trainer.real_tokens, "seconds": elapsed, "steps": trainer.step_count,
         "real_tokens_per_s": trainer.real_tokens / elapsed, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,

@@ -82,7 +82,8 @@ def _merged_copy(peft_model: torch.nn.Module, state_dict: dict[str, torch.Tensor
     return merged.merge_and_unload()
 
 
-def _merged_dequantized(base: PreTrainedModel, peft_config: Any, state_dict: dict[str, torch.Tensor]) -> PreTrainedModel:
+def _merged_dequantized(base: PreTrainedModel, peft_config: Any,
+                        state_dict: dict[str, torch.Tensor]) -> PreTrainedModel:
     """QLoRA's merged model in the compute dtype, built on meta and given the dequantized weights (no
     random init and no fp32 copy: a 70B merge needs one bf16 model of RAM)."""
     from accelerate import init_empty_weights

@@ -107,7 +107,8 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
                                   dtype=weights_dtype(cfg, uniform=is_fsdp1(accelerator)))
     rss_before, started = peak_rss_mib(), time.perf_counter()
     if cfg.lora.quant == "nf4":
-        model = build_quantized_model(cfg, config, accelerator, kwargs, quantization_source(cfg, config, accelerator, kwargs))
+        source = quantization_source(cfg, config, accelerator, kwargs)
+        model = build_quantized_model(cfg, config, accelerator, kwargs, source)
     elif not cfg.model.path:
         model = random_init(config, accelerator, kwargs)
     elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):

@@ -65,7 +65,8 @@ def quantizable(shape: torch.Size, world: int) -> str | None:
     each shard must hold whole double-quantization blocks."""
     numel = shape.numel()
     if numel % (QUANT_UNIT * world) or shape[0] % world:
-        return f"{tuple(shape)} is not a multiple of {QUANT_UNIT} x {world} ranks elements with rows divisible by {world}"
+        return (f"{tuple(shape)} is not a multiple of {QUANT_UNIT} x {world} ranks elements with rows "
+                f"divisible by {world}")
     return None
 
 

@@ -50,7 +50,8 @@ def test_full_fine_tuning_that_does_not_fit_names_qlora(tmp_path: Path) -> None:
 def test_lora_that_does_not_fit_one_gpu_names_qlora_in_the_refusal(tmp_path: Path) -> None:
     cluster = _two_h100(tmp_path)
     result = run_cli(["--cluster", str(cluster), "--model", "llama-70b", "--lora", "--set", "profile.gpus_per_node=1",
-                      "--dry-run", "--output", str(tmp_path / "run")], tmp_path, env=cli_env(PATH=path_without("sbatch")))
+                      "--dry-run", "--output", str(tmp_path / "run")], tmp_path,
+                     env=cli_env(PATH=path_without("sbatch")))
     assert result.returncode == 2, result.stderr
     assert "--qlora" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "run").exists()
@@ -61,7 +62,8 @@ def test_lora_that_does_not_fit_one_gpu_names_qlora_in_the_refusal(tmp_path: Pat
     (["--strategy", "fsdp1"], False, "needs --strategy fsdp"),
     ([], True, "profile.cpu_offload: not with lora.quant"),
 ])
-def test_qlora_refuses_other_strategies_and_offload(tmp_path: Path, flags: list[str], offload: bool, words: str) -> None:
+def test_qlora_refuses_other_strategies_and_offload(tmp_path: Path, flags: list[str], offload: bool,
+                                                    words: str) -> None:
     result = _plan(tmp_path, "--qlora", *flags, offload=offload)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -92,7 +94,8 @@ def test_nf4_base_is_about_a_quarter_of_bf16_and_loading_is_the_peak_on_two_gpus
     shape = ModelShape.from_arch(LLAMA70B)
     targets = shape.target_params(list(LoraSection().target_modules))
     assert 0.9 * shape.total_params < targets < shape.total_params  # every linear but lm_head
-    sharded = {quant: state_bytes(shape, memory_options(_inp(quant=quant)))["parameters"][0] for quant in ("none", "nf4")}
+    sharded = {quant: state_bytes(shape, memory_options(_inp(quant=quant)))["parameters"][0]
+               for quant in ("none", "nf4")}
     assert 0.25 < sharded["nf4"] / sharded["none"] < 0.3  # 0.516 of 2 bytes for ~97% of the weights
     qlora = make_plan(_inp(quant="nf4"))
     # Measured on 2 H100s (bench/results/h100/qlora-llama70b-2gpu.json): 52.0 GiB allocated, at loading.
