@@ -53,6 +53,11 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "ours-stockmlp": {"train": {"compile": True, "gradient_checkpointing": False, "fused_mlp": False}},
     "ours-liger": {"train": {"compile": True, "gradient_checkpointing": False, "fused_loss": "liger"}},
     "ours-lora": {"train": {"compile": True, "gradient_checkpointing": False}, "lora": {"enabled": True}},
+    # As the TRL QLoRA peer: r 16 on all linear layers, no dropout
+    "ours-qlora": {"train": {"compile": True, "gradient_checkpointing": False},
+                   "lora": {"enabled": True, "quant": "nf4", "dropout": 0.0}},
+    "ours-qlora-nocompile": {"train": {"compile": False, "gradient_checkpointing": False},
+                             "lora": {"enabled": True, "quant": "nf4", "dropout": 0.0}},
 }
 # Peers: name -> command-line arguments of their script.
 PEERS: dict[str, list[str]] = {
@@ -61,6 +66,7 @@ PEERS: dict[str, list[str]] = {
     "trl-compile": ["-m", "bench.peer_trl", "--compile"],
     "trl-lora": ["-m", "bench.peer_trl", "--lora"],
     "trl-lora-compile": ["-m", "bench.peer_trl", "--lora", "--compile"],
+    "trl-qlora": ["-m", "bench.peer_trl", "--qlora"],
 }
 
 

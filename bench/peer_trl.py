@@ -4,7 +4,8 @@ BFD packing with padding-free batches (one row of up to --max-length tokens, pos
 document), flex_attention (transformers builds the document mask from position_ids), Liger kernels
 (fused RMSNorm/RoPE/SwiGLU and the fused linear cross-entropy), bf16 autocast over fp32 weights,
 fused AdamW, no gradient checkpointing; optionally torch.compile, optionally LoRA through PEFT
-(r 16, all linear layers, base weights in bf16 as TRL's speed recipes load them).
+(r 16, all linear layers, base weights in bf16 as TRL's speed recipes load them), or QLoRA: the same
+LoRA over bitsandbytes' NF4 base (double quantization, bf16 compute and storage).
 
     python -m bench.peer_trl --data DATA.jsonl --shape llama3.2-1b [--compile] [--lora]
 
@@ -37,12 +38,35 @@ class TimedSFTTrainer(TimedSteps, SFTTrainer):
         return int((inputs["input_ids"] != self.processing_class.pad_token_id).sum())
 
 
-def build_model(shape: str, lora: bool) -> torch.nn.Module:
+def build_model(shape: str, lora: bool, qlora: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     config = LlamaConfig(**SHAPES[shape], use_cache=False)
-    dtype = torch.bfloat16 if lora else torch.float32
+    dtype = torch.bfloat16 if lora or qlora else torch.float32
     with torch.device("cuda"):  # random init on the GPU (minutes on the CPU for 8B), as ours does
-        return LlamaForCausalLM._from_config(config, attn_implementation="flex_attention", dtype=dtype)
+        model = LlamaForCausalLM._from_config(config, attn_implementation="flex_attention", dtype=dtype)
+    return quantize_bnb(model) if qlora else model
+
+
+def quantize_bnb(model: torch.nn.Module) -> torch.nn.Module:
+    """QLoRA's base as bitsandbytes builds it for `BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bf16,
+    bnb_4bit_quant_storage=bf16)`: every linear layer but lm_head becomes a `Linear4bit` (a random
+    model cannot go through from_pretrained's quantizer without a checkpoint on disk)."""
+    import bitsandbytes as bnb
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, torch.nn.Linear) or name == "lm_head":
+                continue
+            layer = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4",
+                                      quant_storage=torch.bfloat16, device="meta")
+            layer.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, compress_statistics=True,
+                                             quant_type="nf4", quant_storage=torch.bfloat16,
+                                             module=layer)._quantize(child.weight.device)
+            setattr(parent, name, layer)
+    torch.cuda.empty_cache()
+    return model
 
 
 def main() -> None:
@@ -52,13 +76,14 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=32768)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--qlora", action="store_true", help="LoRA over a bitsandbytes NF4 base (double quant, bf16)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/peer_trl"))
     args = parser.parse_args()
 
     rows = Dataset.from_dict({"input_ids": read_token_jsonl(args.data)})
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True)
     peft_config = None
-    if args.lora:
+    if args.lora or args.qlora:
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
@@ -70,12 +95,14 @@ def main() -> None:
         warmup_steps=0.03, weight_decay=0.0, gradient_checkpointing=False, torch_compile=args.compile,
         logging_steps=1000, save_strategy="no", report_to=[], seed=0, dataset_num_proc=1,
     )
-    trainer = TimedSFTTrainer(model=build_model(args.shape, args.lora), args=config, train_dataset=rows,
+    trainer = TimedSFTTrainer(model=build_model(args.shape, args.lora, args.qlora), args=config, train_dataset=rows,
                               processing_class=tokenizer, peft_config=peft_config)
     torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    name = "peer-trl" + ("-lora" if args.lora else "") + ("-compile" if args.compile else "")
+    kind = "-qlora" if args.qlora else "-lora" if args.lora else ""
+    name = "peer-trl" + kind + ("-compile" if args.compile else "")
     print(json.dumps(trainer.result(name)))
+
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,7 @@ from contract.sources import DataFormat, DataSource, check_unique_names
 AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
 Scheduler = Literal["cosine", "linear", "constant"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]
+LoraQuant = Literal["none", "nf4"]
 
 # The shipped tiny assets live in train/assets/; found by path (`contract` and `train` are sibling
 # packages in a checkout and in the wheel), so the launcher can read the sample data without importing train.
@@ -149,9 +150,14 @@ class LoraSection:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     merge_on_export: bool = False
+    # QLoRA (--qlora): "nf4" = the frozen base's target linears in 4-bit NormalFloat with double-quantized
+    # block scales (torchao's NF4Tensor, train/engine/qlora.py); the adapters stay fp32, compute bf16.
+    quant: LoraQuant = "none"
 
     def validate(self) -> None:
         require(self.r >= 1, "lora.r", "must be >= 1")
+        require(self.quant == "none" or self.enabled, "lora.quant",
+                f"{self.quant!r} quantizes the frozen base of a LoRA run: set lora.enabled = true (or use --qlora)")
 
 
 @dataclass

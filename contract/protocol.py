@@ -85,6 +85,12 @@ MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 10000
 
 
+def is_exported_model(path: Path) -> bool:
+    """A directory `from_pretrained` loads: a full model (config.json) or a LoRA adapter in PEFT's format
+    (adapter_config.json naming its base model; transformers loads the base, then the adapter)."""
+    return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+
+
 def free_port() -> int:
     """A free TCP port on this host, for a rendezvous that stays on this machine (local runs)."""
     with socket.socket() as sock:

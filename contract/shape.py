@@ -104,15 +104,21 @@ class ModelShape:
         weights = 6 * self.matmul_params if lora_params is None else 4 * self.matmul_params + 6 * lora_params
         return float(weights + 6 * self.layers * self.q_dim * mean_doc_len)
 
-    def lora_params(self, r: int, targets: list[str]) -> int:
-        """r x (in + out) per adapted linear per layer."""
+    def linear_dims(self, targets: list[str]) -> list[tuple[int, int]]:
+        """(in, out) of each named linear of one decoder layer."""
         d, q, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
         dims = {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
                 "gate_proj": (d, i), "up_proj": (d, i), "down_proj": (i, d)}
-        total = 0
         for name in targets:
             if name not in dims:
                 raise ConfigError(f"lora_target_modules: unknown module {name!r}; valid: {', '.join(LORA_TARGETS)}",
                                   "lora_target_modules")
-            total += r * sum(dims[name])
-        return self.layers * total
+        return [dims[name] for name in targets]
+
+    def lora_params(self, r: int, targets: list[str]) -> int:
+        """r x (in + out) per adapted linear per layer."""
+        return self.layers * sum(r * (n_in + n_out) for n_in, n_out in self.linear_dims(targets))
+
+    def target_params(self, targets: list[str]) -> int:
+        """Weights of the targeted linears in the whole model (what QLoRA quantizes)."""
+        return self.layers * sum(n_in * n_out for n_in, n_out in self.linear_dims(targets))

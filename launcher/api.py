@@ -76,14 +76,14 @@ def attach(run_dir: str | Path) -> RunHandle:
 
 def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: str | None = None,
            executor: str = "submitit", output: str | None = None, data: str | list[str] | None = None,
-           strategy: str | None = None, lora: bool = False, time: str | None = None,
+           strategy: str | None = None, lora: bool = False, qlora: bool = False, time: str | None = None,
            job_name: str | None = None, sets: list[str] | None = None, **train_flags: Any) -> RunHandle:
     """Validate, render and submit a run; train_flags are [train] keys (max_steps=60, learning_rate=1e-5)."""
     if executor not in DETACHED:
         raise ValueError(f"executor={executor!r}: the API submits with {' or '.join(map(repr, DETACHED))}")
 
     request = LaunchRequest(model=model, nodes=nodes, cluster=cluster, profile=profile, data=data, output=output,
-                            strategy=strategy, lora=lora, time=time, job_name=job_name, executor=executor,
+                            strategy=strategy, lora=lora, qlora=qlora, time=time, job_name=job_name, executor=executor,
                             sets=list(sets or []), train_flags=dict(train_flags))
     launch = resolve(request)
     from launcher.resolve.preflight import check_launch

@@ -14,7 +14,7 @@ import sys
 from importlib import metadata
 
 ROOT = "sft-launch"
-EXTRAS = ("train", "dev", "deepspeed", "submitit", "eval")
+EXTRAS = ("train", "dev", "deepspeed", "submitit", "eval", "qlora")  # as scripts/setup.sh installs
 # ourselves; the installer; torch, which scripts/setup.sh pins itself (SFT_TORCH_VERSION) so that a site's own
 # CUDA build, installed first on a GPU cluster, is kept
 NOT_PINNED = {"sft-launch", "pip", "torch"}

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contract.protocol import is_exported_model
+
 GENERATE_FLAGS = ("max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "num_beams")
 
 
@@ -93,8 +95,9 @@ def interactive(chat: Chat) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not (Path(args.model) / "config.json").is_file():
-        print(f"sft-launch chat: error: --model {args.model}: no config.json (not an exported model)", file=sys.stderr)
+    if not is_exported_model(Path(args.model)):
+        print(f"sft-launch chat: error: --model {args.model}: no config.json or adapter_config.json "
+              "(not an exported model)", file=sys.stderr)
         return 2
     import torch
 

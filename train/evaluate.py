@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contract.protocol import is_exported_model
+
 INSTALL_HINT = "lm-eval is not installed: pip install 'sft-launch[eval]' (or pip install lm-eval)"
 log = logging.getLogger("sft-launch.eval")
 
@@ -113,8 +115,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="sft-launch eval: %(message)s")
     args = build_parser().parse_args(argv)
-    if not (Path(args.model) / "config.json").is_file():
-        print(f"sft-launch eval: error: --model {args.model}: no config.json (not an exported model)", file=sys.stderr)
+    if not is_exported_model(Path(args.model)):
+        print(f"sft-launch eval: error: --model {args.model}: no config.json or adapter_config.json "
+              "(not an exported model)", file=sys.stderr)
         return 2
     try:
         import lm_eval  # noqa: F401

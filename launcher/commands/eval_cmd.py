@@ -126,7 +126,7 @@ def model_source(run_dir: Path, checkpoint: str | None) -> tuple[Path, Path | No
                           f"(complete: {steps})")
     step, path = chosen[0]
     model_dir = evalresults.checkpoint_export_dir(run_dir, step)
-    return model_dir, None if (model_dir / "config.json").is_file() else path
+    return model_dir, None if protocol.is_exported_model(model_dir) else path
 
 
 def eval_request(args: argparse.Namespace, pinned: Path | None = None) -> EvalRequest:

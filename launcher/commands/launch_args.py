@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", metavar="DIR", help="run directory (default: <storage_root>/<profile>-<model>-<hash>)")
     parser.add_argument("--strategy", choices=LAUNCHABLE, help="sharding (default: the profile's, else fsdp = FSDP2)")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
+    parser.add_argument("--qlora", action="store_true",
+                        help="QLoRA: --lora over a frozen base quantized to 4-bit NF4 (= --lora --set lora.quant=nf4)")
     parser.add_argument("--time", metavar="D-HH:MM:SS", help="time limit (default: the profile's)")
     parser.add_argument("--job-name", metavar="NAME", help="SLURM job name (default: sft-<run dir name>)")
     parser.add_argument("--executor", choices=tuple(EXECUTORS), default="sbatch",
@@ -75,5 +77,5 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
             flags[name] = [str(v) for v in value] if isinstance(value, list) else parse_value(value)
     return LaunchRequest(
         model=args.model, nodes=args.nodes, cluster=args.cluster, profile=args.profile, data=args.data,
-        output=args.output, strategy=args.strategy, lora=args.lora, time=args.time, job_name=args.job_name,
+        output=args.output, strategy=args.strategy, lora=args.lora, qlora=args.qlora, time=args.time, job_name=args.job_name,
         executor=args.executor, dry_run=args.dry_run, sets=args.sets, train_flags=flags)

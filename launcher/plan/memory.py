@@ -15,7 +15,9 @@ it by the shard degree P), adapted to what the stacks we render really allocate:
   (`grad_accum_dtype` defaults to the model dtype), fp32 master (4 B) + moments (8 B) partitions.
 * LoRA: the frozen base stays in its loaded dtype (bf16, 2 B, sharded like the params; fp32 under
   FSDP1, whose FlatParameter has one dtype) with no grads or optimizer state; only the adapters pay
-  16 B/param.
+  16 B/param. QLoRA (`quant = "nf4"`, FSDP2 only): the targeted linears cost NF4_BYTES_PER_PARAM
+  (sharded, and all-gathered a layer at a time in NF4), the embedding, lm_head and norms stay bf16,
+  and each matmul dequantizes one weight into a bf16 buffer.
 
 Activations are counted from the tensors autograd saves in `LlamaDecoderLayer` (transformers 5,
 flash/SDPA attention, so no T x T matrix); see `layer_activation_bytes_per_token`.
@@ -98,6 +100,7 @@ class MemoryOptions:
     gradient_accumulation_steps: int = 1  # > 1: gradients stay allocated between micro-batches
     adamw_impl: str = "fused"  # fused (train/engine/optim.py) or foreach (torch's default: fp32 sqrt(v) temporaries)
     device: str = "gpu"  # "cpu": CPU processes (gloo) have no CUDA context or NCCL buffers
+    quant: str = "none"  # QLoRA: "nf4" = the targeted frozen linears in 4-bit NF4 (train/engine/qlora.py)
 
     @property
     def spec(self) -> StrategySpec:
@@ -145,6 +148,31 @@ def shard_degree(opts: MemoryOptions) -> int:
     return {"none": 1, "node": opts.gpus_per_node, "world": opts.world_size}[opts.spec.shards]
 
 
+# NF4 (train/engine/qlora.py): 4-bit codes, an int8 absmax per 64 weights, one bf16 factor per 256 of those.
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 2 / (64 * 256)
+
+
+def frozen_base_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """The frozen base of a LoRA run, unsharded: `elem` bytes per weight, NF4 for QLoRA's targets."""
+    if opts.quant == "none":
+        return elem * shape.total_params
+    quantized = shape.target_params(opts.lora_target_modules)
+    return int(NF4_BYTES_PER_PARAM * quantized) + elem * (shape.total_params - quantized)
+
+
+def quantized_layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """One decoder layer as FSDP all-gathers it: NF4 targets + `elem`-byte norms/untargeted weights."""
+    quantized = shape.target_params(opts.lora_target_modules) // shape.layers
+    return int(NF4_BYTES_PER_PARAM * quantized) + elem * (shape.layer_params - quantized)
+
+
+def dequantize_buffer(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """QLoRA's matmul dequantizes one weight at a time into the compute dtype (train/engine/qlora.py)."""
+    if opts.quant == "none":
+        return 0
+    return elem * max(n_in * n_out for n_in, n_out in shape.linear_dims(opts.lora_target_modules))
+
+
 def trainable_params(shape: ModelShape, opts: MemoryOptions) -> int:
     """Parameters that get gradients and optimizer state: the LoRA adapters, or the whole model."""
     return shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
@@ -180,8 +208,11 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
         # their copies to the host finish at the end of backward (136M on an H100: +0.29 GiB).
         fsdp1 = opts.spec.fsdp_version == 1
         frozen_bytes = 4 if fsdp1 else low
-        gpu_params = 0 if off else ceil_div(4 * trainable + frozen_bytes * frozen, p)
+        base = frozen_base_bytes(shape, opts, frozen_bytes) if frozen else 0
+        gpu_params = 0 if off else ceil_div(4 * trainable + base, p)
         what = f"fp32 adapters + {frozen_bytes}B frozen base" if frozen else "fp32 (= master)"
+        if frozen and opts.quant != "none":
+            what = f"fp32 adapters + {opts.quant} frozen linears ({NF4_BYTES_PER_PARAM:.3f}B)"
         grads = ceil_div(low * trainable, p) if off else ceil_div(4 * (trainable + (frozen if fsdp1 else 0)), p)
         return {
             "parameters": (gpu_params, f"{what}, /{p}" + (" (on CPU)" if off else "")),
@@ -259,7 +290,7 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     """
     low = low_bytes(opts)
     d, spec = shape.hidden, opts.spec
-    layer = low * shape.layer_params
+    layer = quantized_layer_bytes(shape, opts, low) if opts.quant != "none" else low * shape.layer_params
     layer_grad = low * (shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
                         if opts.lora else shape.layer_params)
     lm_head = low * shape.vocab * d
@@ -267,8 +298,9 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     if spec.engine == "fsdp":
         fsdp1 = spec.fsdp_version == 1
         root = lm_head * (2 if (fsdp1 and not shape.tied) else 1)
-        layers_bwd = 2 * layer + layer_grad + (root if fsdp1 else 0)
-        return {"forward": root + (layer if not fsdp1 else 0), "head_backward": root + lm_grad,
+        dequantized = dequantize_buffer(shape, opts, low)
+        layers_bwd = 2 * layer + layer_grad + (root if fsdp1 else 0) + dequantized
+        return {"forward": root + (layer if not fsdp1 else 0) + dequantized, "head_backward": root + lm_grad,
                 "layers_backward": layers_bwd}
     buckets = 2 * low * d * d
     if spec.zero_stage == 3:
@@ -387,4 +419,19 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
     }
     if peak["gradients"] < state["gradients"]:
         breakdown.notes["gradients"] = f"not yet allocated in {phase} (state: {state['gradients'] / GIB:.2f} GiB)"
-    return breakdown
+    loading = _quantized_loading(shape, opts, context)
+    return loading if loading is not None and loading.total > breakdown.total else breakdown
+
+
+def _quantized_loading(shape: ModelShape, opts: MemoryOptions, context: int) -> MemoryBreakdown | None:
+    """QLoRA on several GPUs: every GPU holds the whole NF4 model and the fp32 adapters (train/engine/qlora.py),
+    and Accelerate's prepare keeps that unsharded state dict alive until the last unit is sharded, so
+    the shards come on top (llama-70b on 2 H100s: 52.0 GiB measured, BENCHMARKS.md). The slack is the
+    bf16 module being quantized and to_nf4's temporaries."""
+    if opts.quant == "none" or opts.world_size == 1:
+        return None
+    low = low_bytes(opts)
+    whole = frozen_base_bytes(shape, opts, low) + 4 * trainable_params(shape, opts)
+    return MemoryBreakdown(whole + ceil_div(whole, shard_degree(opts)), 0, 0, 0, 0, 0, 0, 0,
+                           allocator_slack=2 * dequantize_buffer(shape, opts, low), cuda_context_nccl=context,
+                           peak_phase="load/shard", notes={"parameters": "whole NF4 model + adapters, and its shards"})

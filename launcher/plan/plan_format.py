@@ -94,5 +94,9 @@ def suggestion_flags(suggestion: Suggestion) -> str:
         "micro_batch_tokens": lambda v: f"--set data.tokens_per_micro_batch={v}",
         "gradient_accumulation_steps": lambda v: f"--gradient_accumulation_steps {v}",
         "cpu_offload": lambda v: f"--set profile.cpu_offload={str(v).lower()}", "lora": lambda v: "--lora",
+        "quant": lambda v: "--qlora",
     }
-    return " ".join(flags[key](value) for key, value in suggestion.change.items() if key in flags)
+    change = suggestion.change
+    if change.get("quant", "none") != "none":  # --qlora is --lora with the quantized base
+        change = {key: value for key, value in change.items() if key != "lora"}
+    return " ".join(flags[key](value) for key, value in change.items() if key in flags)

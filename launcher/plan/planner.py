@@ -67,6 +67,7 @@ class PlanInput:
     lora_r: int = 16
     lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
     lora_dropout: float = 0.05
+    quant: Literal["none", "nf4"] = "none"  # QLoRA: LoRA over an NF4 base (FSDP2 only)
     gradient_checkpointing: bool = True
     micro_batch_tokens: int = 8192  # packed tokens per micro-batch per GPU
     gradient_accumulation_steps: int = 1
@@ -98,6 +99,8 @@ class PlanInput:
                 f"needs a sharded strategy ({', '.join(sharded)}), not {self.strategy}")
         require(self.expected_mfu is None or 0 < self.expected_mfu <= 1, "expected_mfu", "must be in (0, 1]")
         require(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be -1 or > 0")
+        require(self.quant == "none" or (self.lora and self.spec.engine == "fsdp" and self.spec.fsdp_version != 1),
+                "quant", f"{self.quant!r} needs lora with FSDP2 (strategy fsdp or hsdp), not {self.strategy}")
         ModelShape.from_arch(self.arch)  # raises naming the arch key
 
     @property
@@ -246,6 +249,8 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
         candidates.append(_try(inp, "enable CPU offload (slow)", cpu_offload=True))
     if not inp.lora:
         candidates.append(_try(inp, "train LoRA adapters instead of all weights", lora=True))
+    if inp.quant == "none" and inp.spec.engine == "fsdp" and inp.spec.fsdp_version != 1 and inp.device == "gpu":
+        candidates.append(_try(inp, "QLoRA: LoRA adapters over a 4-bit NF4 base", lora=True, quant="nf4"))
     found = [c for c in candidates if c is not None]
     if not found and not inp.gradient_checkpointing:
         found = [s for s in [_smallest_nodes(inp, gradient_checkpointing=True)] if s]

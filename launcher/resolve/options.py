@@ -48,6 +48,7 @@ class LaunchRequest:
     output: str | None = None
     strategy: str | None = None
     lora: bool = False
+    qlora: bool = False  # --qlora: LoRA over an NF4-quantized base (lora.quant = "nf4")
     time: str | None = None
     job_name: str | None = None
     executor: str = "sbatch"
@@ -159,7 +160,8 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
     data: dict[str, Any] = {
         "model": {"name": preset.name, "path": preset.hf_id, "layer_class": preset.layer_class},
         "train": dict(preset.train_defaults),
-        "lora": {"enabled": True} if request.lora else {},
+        "lora": ({"enabled": True} if request.lora or request.qlora else {})
+                | ({"quant": "nf4"} if request.qlora else {}),
         # run.dir "." = the folder holding train.toml, so the run directory stays relocatable.
         "run": {"dir": ".", "gpu_type": profile.gpu_type, "hang_timeout_s": profile.hang_timeout_s,
                 "collective_timeout_s": profile.collective_timeout_s},
@@ -203,6 +205,19 @@ def check_attention(backend: str, gpus_per_node: int, spec: gpus.GpuSpec | None)
                           f"{spec.name} has {major}.{minor}")
 
 
+def check_quantized_base(launch: Launch) -> None:
+    """QLoRA (lora.quant) runs under FSDP2 only, with the NF4 weights on the GPUs (train/engine/qlora.py)."""
+    quant = launch.train.lora.quant
+    if quant == "none":
+        return
+    if launch.strategy != "fsdp":
+        raise ConfigError(f"--qlora: lora.quant = {quant!r} needs --strategy fsdp (FSDP2 shards torchao's NF4 "
+                          f"weights), not {launch.strategy}")
+    if launch.profile.cpu_offload:
+        raise ConfigError(f"profile.cpu_offload: not with lora.quant = {quant!r} (--qlora): FSDP2 would move the "
+                          "NF4 weights to the host and back as new trainable parameters; the 4-bit base is the saving")
+
+
 def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
@@ -213,6 +228,7 @@ def check_combinations(launch: Launch) -> None:
     if profile.cpu_offload and launch.strategy_spec.no_cpu_offload:
         raise ConfigError(f"profile.cpu_offload: {launch.strategy_spec.no_cpu_offload}")
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
+    check_quantized_base(launch)
     if launch.train.train.fused_mlp is True:
         blocker = gpus.fused_mlp_blocker(profile.gpus_per_node > 0, spec.compute_capability if spec else None,
                                          launch.train.lora.enabled, launch.strategy_spec.zero_stage)

@@ -92,7 +92,7 @@ def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None)
         # The trained arch (--set model.arch.* overrides included), not only the preset's.
         arch=dict(cfg.model.arch or launch.preset.arch), nodes=launch.nodes, **_device_fields(launch),
         lora=cfg.lora.enabled, lora_r=cfg.lora.r, lora_target_modules=list(cfg.lora.target_modules),
-        lora_dropout=cfg.lora.dropout, gradient_checkpointing=t.gradient_checkpointing,
+        lora_dropout=cfg.lora.dropout, quant=cfg.lora.quant, gradient_checkpointing=t.gradient_checkpointing,
         micro_batch_tokens=cfg.micro_batch_tokens, gradient_accumulation_steps=t.gradient_accumulation_steps,
         precision=_precision(launch),  # type: ignore[arg-type]
         loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS if t.fused_loss else 0,

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from contract.config import TrainConfig
+from train.engine.qlora import dequantized_state
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ def export_model(
         _set_special_tokens(_base_model(unwrapped), tokenizer)
         if cfg.lora.enabled and cfg.lora.merge_on_export:
             unwrapped.save_pretrained(out / "adapter", state_dict=state_dict)
-            _merged_copy(unwrapped, state_dict).save_pretrained(out)
+            _merged_copy(unwrapped, state_dict, quantized=cfg.lora.quant != "none").save_pretrained(out)
         else:
             unwrapped.save_pretrained(out, state_dict=state_dict)
         tokenizer.save_pretrained(out)
@@ -61,15 +63,39 @@ def _set_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
     model.config.use_cache = True  # the exported model is for inference
 
 
-def _merged_copy(peft_model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> PreTrainedModel:
-    """Merged full model built on CPU from the consolidated state dict (works for sharded training too)."""
+def _merged_copy(peft_model: torch.nn.Module, state_dict: dict[str, torch.Tensor],
+                 quantized: bool = False) -> PreTrainedModel:
+    """Merged full model built on CPU from the consolidated state dict (works for sharded training too).
+    QLoRA (`quantized`): the NF4 base weights are dequantized and the merged model is bf16 (fp32 on a
+    CPU run, whose compute dtype that is), the model the adapters were trained against."""
     from peft import get_peft_model
 
     base = _base_model(peft_model)
     # The class's constructor, not from_config: under ZeRO-3 from_config builds inside zero.Init and
     # would hand back a partitioned (empty) model. fp32 on the CPU, as from_config would.
+    if quantized:
+        return _merged_dequantized(base, peft_model.peft_config["default"], state_dict)
     fresh = type(base)(base.config).float()
     fresh.generation_config = base.generation_config
     merged = get_peft_model(fresh, peft_model.peft_config["default"])
     merged.load_state_dict(state_dict)
     return merged.merge_and_unload()
+
+
+def _merged_dequantized(base: PreTrainedModel, peft_config: Any,
+                        state_dict: dict[str, torch.Tensor]) -> PreTrainedModel:
+    """QLoRA's merged model in the compute dtype, built on meta and given the dequantized weights (no
+    random init and no fp32 copy: a 70B merge needs one bf16 model of RAM)."""
+    from accelerate import init_empty_weights
+    from peft import get_peft_model
+
+    dtype = base.get_input_embeddings().weight.dtype  # the compute dtype (train/engine/model.py weights_dtype)
+    with init_empty_weights():
+        fresh = type(base)._from_config(base.config, dtype=dtype)
+    fresh.generation_config = base.generation_config
+    merged = get_peft_model(fresh, peft_config)
+    merged.load_state_dict({k: v.to(dtype) for k, v in dequantized_state(state_dict, dtype).items()},
+                           assign=True)
+    unloaded = merged.merge_and_unload()
+    unloaded.tie_weights()
+    return unloaded

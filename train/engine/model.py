@@ -39,6 +39,7 @@ from train.kernels import swiglu
 from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import peak_rss_mib
 from train.kernels.perf import compile_decoder_layers, decoder_layers, gather_lm_head_with_root, use_fused_loss
+from train.engine.qlora import build_quantized_model
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,10 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation,
                                   dtype=weights_dtype(cfg, uniform=is_fsdp1(accelerator)))
     rss_before, started = peak_rss_mib(), time.perf_counter()
-    if not cfg.model.path:
+    if cfg.lora.quant == "nf4":
+        source = quantization_source(cfg, config, accelerator, kwargs)
+        model = build_quantized_model(cfg, config, accelerator, kwargs, source)
+    elif not cfg.model.path:
         model = random_init(config, accelerator, kwargs)
     elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         model = _load_on_rank0_and_broadcast(cfg.model.path, config, accelerator, kwargs)
@@ -125,13 +129,27 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
                     logit_grad_pass(accelerator.device))
     if cfg.train.fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
-    if cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
+    if cfg.lora.quant != "none" and cfg.train.compile == "auto" and accelerator.num_processes > 1:
+        # Measured on 2 H100s (BENCHMARKS.md, QLoRA): the compiled llama-70b layers had not finished 22
+        # steps in 200 s, the eager ones took ~60 s; on one GPU compiling gave 1.53x. compile = true still compiles.
+        logger.info("torch.compile of the decoder layers off: QLoRA sharded over %d ranks (auto)",
+                    accelerator.num_processes)
+    elif cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
         compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
     if cfg.train.fused_loss and zero_stage(accelerator) == 3:
         gather_lm_head_with_root(model)
     return model
+
+
+def quantization_source(cfg: TrainConfig, config: PretrainedConfig, accelerator: Accelerator,
+                        kwargs: dict[str, Any]) -> PreTrainedModel | None:
+    """QLoRA's weights: global rank 0 reads the checkpoint into CPU memory (bf16), the others read
+    nothing; None for a random init (train/engine/qlora.py)."""
+    if not cfg.model.path or not accelerator.is_main_process:
+        return None
+    return AutoModelForCausalLM.from_pretrained(cfg.model.path, config=config, **kwargs)
 
 
 def apply_fused_mlp(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelerator) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from contract.config import TrainConfig
+from train.engine import qlora
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -27,7 +28,10 @@ def prepare_for_training(accelerator: Accelerator, model: torch.nn.Module, cfg: 
     """Optimizer and schedule around `model`, prepared as training and the checkpoint export both need
     them (load_state restores exactly these objects). Returns (model, optimizer, scheduler)."""
     optimizer = build_optimizer(model, cfg)
+    quantized = qlora.before_prepare(accelerator, model) if cfg.lora.quant != "none" else 0
     model, optimizer = accelerator.prepare(model, optimizer)
+    if quantized:
+        qlora.check_quantized(model, quantized)
     # On the prepared optimizer: DeepSpeed regroups the parameters (and with optimizer offload
     # Accelerate swaps in DeepSpeedCPUAdam), so the schedule must drive the groups that really step.
     # Not prepare()d itself: AcceleratedScheduler would step it once per process.

@@ -1,0 +1,187 @@
+"""QLoRA on GPUs (issue #26): one call per part, a table printed last and one JSON per run.
+
+    python -m bench.gpu_qlora single --results bench/results/h100     # 1 GPU: 8B ours vs TRL + PEFT QLoRA
+    python -m bench.gpu_qlora match --results bench/results/h100      # 2 GPUs vs 1 GPU, same job: loss curves
+    python -m bench.gpu_qlora llama70b --results bench/results/h100   # llama-70b shape on 2 GPUs, peak vs plan
+    python -m bench.gpu_qlora match --cpu-smoke                       # tiny shape on CPU (gloo): the script runs
+
+`single` runs bench/gpu_single.py's `ours-qlora` variant and the `trl-qlora` peer (bitsandbytes NF4,
+double quantization, bf16 compute and storage; LoRA r 16 on every linear layer, no dropout, no
+checkpointing) on the same documents. `match` and `llama70b` start `accelerate launch` with an FSDP2
+config as the launcher renders it (bf16) over `python -m train`; the model is random (built per
+module on the meta device and quantized as it is drawn: a 140 GB checkpoint does not fit the disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import gpu_single
+from bench.synthetic import LLAMA_1B, sample_lengths, write_token_jsonl
+from contract.protocol import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_70B = dict(  # the llama-70b preset (Llama-2-70B shape)
+    hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+    intermediate_size=28672, vocab_size=32000, tie_word_embeddings=False, max_position_embeddings=4096,
+)
+QLORA = {"lora": {"enabled": True, "quant": "nf4"}}
+# --cpu-smoke: every target weight a multiple of 64 x 256 elements per rank (train/engine/qlora.py)
+TINY_QLORA = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=512, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
+
+
+def accelerate_yaml(run_dir: Path, processes: int, precision: str) -> Path:
+    """FSDP2 as templates/accelerate.yaml.j2 renders it for one node."""
+    path = run_dir / "accelerate.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nuse_cpu: false\nnum_machines: 1\n"
+        f"num_processes: {processes}\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\n"
+        f"main_process_port: {free_port()}\nmixed_precision: '{precision}'\nrdzv_backend: static\n"
+        "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+        "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+        "  fsdp_reshard_after_forward: true\n  fsdp_cpu_ram_efficient_loading: true\n")
+    return path
+
+
+def launch(name: str, out: Path, data: Path, arch: dict, budget: int, processes: int,
+           overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One `accelerate launch -m train` run; its metrics as a result row."""
+    run_dir = out / name
+    toml = gpu_single.write_train_toml(run_dir, data, arch, budget, overrides)
+    precision = "no" if os.environ.get("BENCH_CPU") else "bf16"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(accelerate_yaml(run_dir, processes, precision)), "-m", "train", "--config", str(toml)]
+    log = run_dir / "train.log"
+    with log.open("w") as f:
+        try:
+            proc = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=gpu_single.RUN_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "4"})
+        except subprocess.TimeoutExpired:
+            return {"path": name, "error": f"timeout {gpu_single.RUN_TIMEOUT_S} s"}
+    if proc.returncode != 0:
+        print(log.read_text()[-4000:])
+        return {"path": name, "error": f"exit {proc.returncode}"}
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    return {"path": name, "gpu_count": processes, **gpu_single.steady_state(run_dir / "metrics.jsonl"),
+            "losses": {r["step"]: r["loss"] for r in steps}, "grad_norms": {r["step"]: r["grad_norm"] for r in steps},
+            "tokens_per_s_per_gpu": steps[-1].get("tokens_per_s_per_gpu"), "mfu_last": steps[-1].get("mfu"),
+            "load_log": [line for line in log.read_text().splitlines() if "peak RSS" in line or "NF4" in line][:6]}
+
+
+def data_for(out: Path, docs: int, budget: int, vocab: int) -> tuple[Path, list[int]]:
+    lengths = sample_lengths(docs, seed=0, hi=min(4096, budget))
+    path = out / "docs.jsonl"
+    write_token_jsonl(path, lengths, vocab)
+    return path, lengths
+
+
+def qlora_job(args: argparse.Namespace, arch: dict, logging_steps: int,
+              learning_rate: float) -> tuple[dict, Path, dict[str, Any]]:
+    """(arch, documents, [train] overrides) of a multi-process QLoRA run: checkpointing, compile auto."""
+    arch = TINY_QLORA if args.cpu_smoke else arch
+    data, _ = data_for(args.out, args.docs, args.budget, arch["vocab_size"])
+    return arch, data, {"max_steps": args.steps, "logging_steps": logging_steps, "learning_rate": learning_rate,
+                        "compile": "auto", "gradient_checkpointing": True}
+
+
+def part_single(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """8B QLoRA on one GPU: ours vs TRL + PEFT + bitsandbytes, same documents."""
+    shape = "llama3-8b"
+    data, lengths = data_for(args.out, args.docs, args.budget, gpu_single.SHAPES[shape]["vocab_size"])
+    results = [gpu_single.run_peer("trl-qlora", args.out, data, shape, args.budget)]
+    print(json.dumps(results[-1]), flush=True)
+    for variant in ("ours-qlora-nocompile", "ours-qlora"):
+        results.append(gpu_single.run_ours(variant, args.out, data, gpu_single.SHAPES[shape], args.budget))
+        print(json.dumps(results[-1]), flush=True)
+    args.shape = shape
+    gpu_single.report(results, gpu_single.SHAPES[shape], lengths, args)
+    return results
+
+
+def part_match(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The same QLoRA job on 2 GPUs (FSDP2) and on 1 GPU with twice the accumulation: loss per step."""
+    arch, data, train = qlora_job(args, LLAMA_1B, logging_steps=1, learning_rate=2e-4)
+    two = launch("qlora-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
+    one = launch("qlora-1gpu", args.out, data, arch, args.budget, 1,
+                 {**QLORA, "train": {**train, "gradient_accumulation_steps": 2}})
+    result = {"path": "qlora-1gpu-vs-2gpu", "shape": "tiny" if args.cpu_smoke else "llama3.2-1b",
+              "budget": args.budget, "steps": args.steps, "two": two, "one": one}
+    if "error" not in one and "error" not in two:
+        diffs = [abs(one["losses"][s] - two["losses"][s]) for s in two["losses"]]
+        result |= {"max_loss_diff": max(diffs), "target": 1e-2, "met": max(diffs) <= 1e-2}
+    print(f"| run | steps | first loss | last loss | max |diff| |\n|---|---|---|---|---|")
+    for row in (two, one):
+        if "error" in row:
+            print(f"| {row['path']} | error: {row['error']} | | | |")
+        else:
+            losses = list(row["losses"].values())
+            print(f"| {row['path']} | {len(losses)} | {losses[0]:.4f} | {losses[-1]:.4f} | "
+                  f"{result.get('max_loss_diff', float('nan')):.2e} |")
+    write(args, result)
+    return [result]
+
+
+def planned(arch: dict, gpus: int, budget: int, gpu_type: str) -> dict[str, float]:
+    """What the planner predicts for the llama-70b run (GiB per GPU)."""
+    from contract.shape import FUSED_LOSS_CHUNK_TOKENS
+    from launcher.plan.planner import PlanInput, make_plan
+
+    plan = make_plan(PlanInput(arch=arch, nodes=1, gpus_per_node=gpus, gpu_type=gpu_type, lora=True, quant="nf4",
+                               micro_batch_tokens=budget, gradient_checkpointing=True,
+                               loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS, max_steps=20))
+    gib = 2**30
+    return {"allocated_gib": plan.gpu.allocated / gib, "reserved_gib": plan.gpu.reserved / gib,
+            "total_gib": plan.gpu.total / gib, "peak_phase": plan.gpu.peak_phase, "verdict": plan.verdict}
+
+
+def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
+    arch, data, train = qlora_job(args, LLAMA_70B, logging_steps=2, learning_rate=1e-4)
+    row = launch("qlora-llama70b-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
+    row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "budget": args.budget,
+            "plan": planned(arch, 2, args.budget, "h100")}
+    if "error" not in row:
+        measured, predicted = row["peak_mem_gib"] or 0.0, row["plan"]["allocated_gib"]
+        row["plan_error"] = (predicted - measured) / measured if measured else None
+        error = "n/a" if row["plan_error"] is None else f"{row['plan_error']:+.1%}"
+        print(f"| run | steps | tokens/s/GPU | last loss | peak GiB (allocated) | plan GiB | plan error |\n"
+              f"|---|---|---|---|---|---|---|\n| {row['path']} | {len(row['losses'])} | "
+              f"{row['tokens_per_s_per_gpu'] or 0:,.0f} | {list(row['losses'].values())[-1]:.4f} | {measured:.2f} | "
+              f"{predicted:.2f} | {error} |")
+    else:
+        print(f"| {row['path']} | error: {row['error']} |")
+    write(args, row)
+    return [row]
+
+
+def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    if args.results:
+        args.results.mkdir(parents=True, exist_ok=True)
+        (args.results / f"{result['path']}.json").write_text(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("part", choices=("single", "match", "llama70b"))
+    parser.add_argument("--docs", type=int, default=400)
+    parser.add_argument("--budget", type=int, default=8192, help="packed tokens per micro-batch")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench-qlora"))
+    parser.add_argument("--results", type=Path, default=None, help="folder for one JSON per run")
+    parser.add_argument("--cpu-smoke", action="store_true")
+    args = parser.parse_args()
+    if args.cpu_smoke:
+        os.environ["BENCH_CPU"] = "1"
+        args.docs, args.budget, args.steps = 96, 512, 4
+    {"single": part_single, "match": part_match, "llama70b": part_llama70b}[args.part](args)
+
+
+if __name__ == "__main__":
+    main()
