@@ -2,18 +2,24 @@
 
 An executor is a module with two functions:
 
-    check(launch) -> str        dry run: what it can verify without starting anything (the text to print)
-    start(launch) -> Started    submit or run the rendered run directory
+    check(launch, rendered) -> str   dry run: what it can verify without starting anything, given the
+                                     files rendered into the directory `rendered` (the text to print)
+    start(launch) -> Started         submit or run the rendered run directory
 
 registered by name in EXECUTORS (imported only when used: the CLI must stay instant). `execute`
-renders the run directory, then either checks or starts, and records a job id in run.json. To add
-an executor: a module with check/start and one line in EXECUTORS (`--executor` lists its keys).
+renders the run directory, then either checks or starts, and records a job id in run.json. A dry
+run renders into a temporary directory and leaves the run directory alone (launcher/dryrun.py); a
+real one holds the run directory's launch lock from before rendering until the job is recorded, and
+is refused while a job of the run still lives (launcher/ownership.py). To add an executor: a module
+with check/start and one line in EXECUTORS (`--executor` lists its keys).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -35,7 +41,7 @@ class Started:
 
 
 class Executor(Protocol):
-    def check(self, launch: Launch) -> str: ...
+    def check(self, launch: Launch, rendered: Path) -> str: ...
 
     def start(self, launch: Launch) -> Started: ...
 
@@ -46,13 +52,19 @@ def get(name: str) -> Executor:
 
 def execute(launch: Launch, command: list[str], dry_run: bool) -> Started:
     """Render the run directory, then check it (dry run) or start it with the launch's executor."""
+    from launcher.ownership import owned
     from launcher.render import record_submission, write_run_dir
 
-    run_dir = write_run_dir(launch, command)
     executor = get(launch.executor)
     if dry_run:
-        return Started(0, executor.check(launch))
-    started = executor.start(launch)
-    if started.job_id is not None:
-        record_submission(run_dir, started.job_id)
+        from launcher.dryrun import dry_run as check_rendered
+
+        return Started(0, check_rendered(launch, executor.check))
+    with owned(launch.run_dir, launch.executor) as warning:
+        if warning:
+            print(f"sft-launch: warning: {warning}", file=sys.stderr)
+        run_dir = write_run_dir(launch, command)
+        started = executor.start(launch)
+        if started.job_id is not None:
+            record_submission(run_dir, started.job_id)
     return started

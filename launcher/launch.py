@@ -39,6 +39,10 @@ def main(argv: list[str]) -> int:
     from launcher.plan_cmd import plan_launch, refuse_unless_fits
     from launcher.preflight import check_launch
 
+    if not args.dry_run:  # a run directory a live job owns: refused before anything else is said
+        from launcher.ownership import precheck
+
+        precheck(launch.run_dir)
     check_launch(launch)  # data rows, model dir, container image, run dir: exit 2 before anything is written
     report = plan_launch(launch)
     print(summary(launch, report.text), flush=True)

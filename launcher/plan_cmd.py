@@ -2,7 +2,10 @@
 
 The launch reaches the planner through `launcher/plan_input.py`, for the `plan` subcommand, every
 launch and `--dry-run`. A launch whose plan does not fit is refused (exit 2) unless `--force`;
-an unknown GPU type or memory size only warns. Pure Python, no torch: the CLI must stay instant.
+an unknown GPU type or memory size only warns. Where SLURM answers, the job is also checked against
+its partition (`launcher/partition.py`): a job the partition can never run is refused, `--force` or
+not. `sft-launch plan` prints the plan and exits EXIT_DOES_NOT_FIT (3) when the job does not fit
+(memory or partition), 0 when it does. Pure Python, no torch: the CLI must stay instant.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING
 from contract.schema import ConfigError
 from launcher.datasize import DataEstimate
 from launcher.memory import GIB
+from launcher.partition import ClusterCheck, check_cluster
 from launcher.plan_format import format_plan
 from launcher.plan_input import data_estimate, plan_input_from_launch, suggestion_flags
 from launcher.planner import Plan, make_plan, plan_to_dict
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
     from launcher.options import Launch
 
 MAX_NAMED = 3  # suggestions named in a refusal's one line
+EXIT_DOES_NOT_FIT = 3  # `sft-launch plan`: the plan was made and says the job does not fit
 
 
 @dataclass
@@ -32,6 +37,12 @@ class LaunchPlan:
     data: DataEstimate | None
     micro_batch: MicroBatchChoice | None = None  # launcher/autofit.py's choice, shown under the header
     checked: list[str] = field(default_factory=list)  # launcher/preflight.py's data verdicts, one line each
+    cluster: ClusterCheck | None = None  # launcher/partition.py: the job against its partition
+
+    @property
+    def fits(self) -> bool:
+        """False when memory or the partition says the job cannot run (unknown memory counts as fitting)."""
+        return self.plan.fits is not False and not (self.cluster and self.cluster.problems)
 
     @property
     def text(self) -> str:
@@ -41,6 +52,8 @@ class LaunchPlan:
             lines.insert(1, f"Micro   {self.micro_batch.describe()}")
         at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
         lines[at:at] = [f"Checked {line}" for line in self.checked]
+        if self.cluster is not None:
+            lines[at:at] = [f"Cluster {self.cluster.line}", *(f"  {p}" for p in self.cluster.problems)]
         if data is None:
             return "\n".join(lines)
         rows = f"{'' if data.exact_rows else '~'}{data.rows:,} rows" if data.rows else "rows unknown"
@@ -49,7 +62,8 @@ class LaunchPlan:
 
     def to_json(self) -> str:
         extra = {"dataset": asdict(self.data) if self.data else None, "data_checked": self.checked,
-                 "micro_batch": self.micro_batch.record() if self.micro_batch else None}
+                 "micro_batch": self.micro_batch.record() if self.micro_batch else None,
+                 "cluster": asdict(self.cluster) if self.cluster else None, "job_fits": self.fits}
         return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
 
 
@@ -79,12 +93,15 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     plan.warnings += _launch_warnings(launch, plan)
     if launch.micro_batch is not None and launch.micro_batch.source == "none":
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
-    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch))
+    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), check_cluster(launch))
 
 
 def refuse_unless_fits(report: LaunchPlan, force: bool) -> None:
-    """Exit 2 (ConfigError) with one line naming the best suggestions when the plan does not fit."""
+    """Exit 2 (ConfigError) with one line naming the best suggestions when the plan does not fit,
+    or the partition's limit the job breaks (whatever --force says: such a job would pend forever)."""
     plan = report.plan
+    if report.cluster and report.cluster.problems:
+        raise ConfigError(f"{report.cluster.problems[0]}; the job would pend forever")
     if plan.fits is not False or force:
         return
     usage = f"{plan.gpu.total / GIB:.1f} GiB per {'GPU' if plan.input.device == 'gpu' else 'process'}"
@@ -105,7 +122,9 @@ def main(argv: list[str]) -> int:
 
     parser = build_parser()
     parser.prog = "sft-launch plan"
-    parser.description = "Plan a launch (memory per GPU, verdict, time, cost, signal lead); writes nothing."
+    parser.description = ("Plan a launch (memory per GPU, verdict, time, cost, signal lead, the partition's "
+                          f"limits); writes nothing. Exit 0: fits; {EXIT_DOES_NOT_FIT}: does not fit; "
+                          "2: bad flags or configuration.")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (for tools)")
     args = parser.parse_args(argv)
     launch = resolve(request_from_args(args))
@@ -114,4 +133,4 @@ def main(argv: list[str]) -> int:
     check_launch(launch)
     report = plan_launch(launch)
     print(report.to_json() if args.json else report.text)
-    return 0
+    return 0 if report.fits else EXIT_DOES_NOT_FIT

@@ -7,7 +7,9 @@ Protocol (sbatch and submitit executors alike):
    stop file) or, for submitit jobs, `scancel --signal=USR1 JOB` (submitit's handler in the tasks);
 3. wait (bounded) for a COMPLETE checkpoint newer than the request, or for the job to leave RUNNING;
 4. `scancel JOB`, wait for SLURM to report it finished, record `cancel` in run.json, remove the file.
-`--now` skips 2-3. A pending job has nothing to save and is cancelled at once.
+`--now` skips 2-3 and writes no checkpoint: `scancel --signal=KILL JOB` kills the job's steps (the
+training processes, which cannot trap SIGKILL) before step 4, whose SIGTERM would otherwise reach the
+batch shell's trap and ask for a checkpoint. A pending job has nothing to save and is cancelled at once.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def cancel_run(run_dir: Path, now: bool = False, wait_s: float = DEFAULT_WAIT_S)
         step = wait_for_final_checkpoint(run_dir, job_id, since, wait_s)
         print(f"sft-launch: final checkpoint step {step}" if step is not None
               else "sft-launch: no final checkpoint came; cancelling anyway", flush=True)
+    if now and state == "RUNNING":
+        slurm.scancel("--signal=KILL", job_id)  # the steps only (not the batch shell): no trap, no checkpoint
     if not _finished(_state(job_id)):
         slurm.scancel(job_id)
     final_state = _wait_finished(job_id)

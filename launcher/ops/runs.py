@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from contract.schema import ConfigError
 from launcher.ops import evalresults, rundir, slurm, status
+from launcher.options import DEFAULT_CLUSTER_FILE
 from launcher.usage import Parser
 
 
@@ -47,6 +49,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     root = rundir.storage_root(args)
     runs = list_runs(root)
+    if not runs and not args.root and not args.cluster and not Path(DEFAULT_CLUSTER_FILE).is_file():
+        # As a launch does: without a cluster file there is no storage root to look in (only the
+        # embedded local profile's, which holds no runs either).
+        raise ConfigError(f"no ./{DEFAULT_CLUSTER_FILE}: pass --cluster FILE or --root DIR "
+                          f"(no local runs under {root} either)")
     if not runs:
         print(f"no runs under {root}")
         return 0
