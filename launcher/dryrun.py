@@ -1,8 +1,9 @@
 """`--dry-run`: render into a temporary directory, let the executor check it there, and say what a
 launch would change in the run directory, which it leaves exactly as it was (or does not create).
 
-The temporary directory is kept for reading (`launch.slurm`, `train.toml`, ...) and named in the
-output; it is outside the storage root, so `sft-launch runs` never lists it.
+The temporary directory is kept for reading (`launch.slurm`, `train.toml`, ... and `run.json` with
+what a launch would record about itself) and named in the output; it is outside the storage root, so
+`sft-launch runs` never lists it.
 """
 
 from __future__ import annotations
@@ -51,5 +52,6 @@ def dry_run(launch: Launch, check: Callable[[Launch, Path], str]) -> str:
     files = render_files(launch)
     rendered = Path(tempfile.mkdtemp(prefix=f"sft-launch-dry-run-{launch.run_dir.name}-"))
     write_files(rendered, files)
+    runrecord.write_atomic(rendered / protocol.RUN_RECORD, {**record_fields(launch), "dry_run_of": str(launch.run_dir)})
     return "\n".join([check(launch, rendered), f"dry run: rendered into {rendered} (the run directory is untouched)",
                       *changes(launch, files)])

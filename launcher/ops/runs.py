@@ -14,7 +14,8 @@ from launcher.usage import Parser
 def list_runs(root: Path) -> list[dict[str, Any]]:
     """Status of every run directory directly under `root`, newest update first.
 
-    One `squeue` call answers for every job; jobs it does not list fall back to run.json.
+    One `squeue` call answers for every job; jobs it does not list fall back to run.json (not one
+    `sacct` call per run: `status RUN` asks accounting).
     """
     try:
         states = slurm.job_states()
@@ -24,7 +25,7 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
     def query(job_id: str) -> dict[str, str] | None:
         return {"JobState": states[job_id]} if job_id in states else None
 
-    runs = [status.run_status(path, query) for path in sorted(root.iterdir()) if rundir.is_run_dir(path)] \
+    runs = [status.run_status(path, query, lambda _: None) for path in sorted(root.iterdir()) if rundir.is_run_dir(path)] \
         if root.is_dir() else []
     return sorted(runs, key=lambda r: r["updated"] or "", reverse=True)
 

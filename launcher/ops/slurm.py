@@ -76,3 +76,34 @@ def scancel(*args: str) -> None:
     proc = run(["scancel", *args])
     if proc.returncode != 0:
         raise RuntimeError(f"scancel {' '.join(args)}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
+
+
+def parse_sacct(text: str) -> dict[str, str] | None:
+    """The newest record of `sacct -X -n -P -o JobID,State,ExitCode,Reason` output as scontrol-like
+    fields (JobState, ExitCode, Reason); None when it has none. "CANCELLED by 0" -> CANCELLED."""
+    rows = [line.split("|") for line in text.splitlines() if line.count("|") >= 3]
+    if not rows:
+        return None
+    _, state, exit_code, reason = rows[-1][:4]
+    return {"JobState": state.split()[0] if state.strip() else "UNKNOWN", "ExitCode": exit_code, "Reason": reason}
+
+
+def accounting_fields(job_id: str) -> dict[str, str] | None:
+    """What SLURM's accounting (`sacct`) recorded about a job slurmctld no longer knows; None where
+    the cluster keeps no accounting ("accounting storage is disabled"), sacct is missing or the job
+    is not in it."""
+    if shutil.which("sacct") is None:
+        return None
+    try:
+        proc = run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "JobID,State,ExitCode,Reason"])
+    except SlurmUnavailable:
+        return None
+    return parse_sacct(proc.stdout) if proc.returncode == 0 else None
+
+
+def job_steps(job_id: str) -> list[str]:
+    """The job's srun steps ("JOB.0", ...; not .batch or .extern), from `squeue -s`."""
+    if shutil.which("squeue") is None:
+        raise SlurmUnavailable("squeue not found")
+    proc = run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i"])
+    return [step for step in proc.stdout.split() if step.rpartition(".")[2].isdigit()]

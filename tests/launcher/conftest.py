@@ -68,6 +68,15 @@ def case(request: pytest.FixtureRequest) -> Case:
     return request.param
 
 
+def write_run(args: list[str]) -> Path:
+    """The run directory a launch with these flags renders (no checks, nothing started): for tests
+    that drive training themselves. A --dry-run writes no run directory."""
+    from launcher.launch_args import build_parser, request_from_args
+    from launcher.render import write_run_dir
+
+    return write_run_dir(resolve(request_from_args(build_parser().parse_args(args))), ["sft-launch", *args])
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """Environment for CLI subprocesses: the repo importable, no real sbatch unless a stub is added."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}

@@ -17,7 +17,7 @@ TEST_CLUSTER = ("PartitionName=cpu AllowGroups=ALL AllowAccounts=ALL AllowQos=AL
                 "MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED Nodes=node[1-3] PriorityJobFactor=1 "
                 "PriorityTier=1 RootOnly=NO ReqResv=NO OverSubscribe=NO OverTimeLimit=NONE PreemptMode=OFF State=UP "
                 "TotalCPUs=48 TotalNodes=3 SelectTypeParameters=NONE JobDefaults=(null) DefMemPerNode=UNLIMITED "
-                "MaxMemPerNode=UNLIMITED TRES=cpu=48,mem=3000M,node=3,billing=48")
+                "MaxMemPerNode=UNLIMITED TRES=cpu=48,mem=192G,node=3,billing=48")
 GPU_PARTITION = TEST_CLUSTER.replace("PartitionName=cpu", "PartitionName=gpu").replace(
     "MaxNodes=UNLIMITED", "MaxNodes=4").replace("MaxTime=UNLIMITED", "MaxTime=2-00:00:00").replace(
     "TotalNodes=3", "TotalNodes=64")

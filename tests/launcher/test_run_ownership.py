@@ -150,3 +150,20 @@ def test_a_live_local_run_owns_its_directory(tmp_path: Path) -> None:
     finally:
         first.send_signal(signal.SIGUSR1)
         assert first.wait(timeout=120) == 75
+
+
+def test_report_to_wandb_keeps_metrics_jsonl_for_status_and_plot(tmp_path: Path) -> None:
+    """`--report_to wandb` adds wandb (disabled here: no network); metrics.jsonl is still written. Each
+checkpoint is one line of ours (accelerate's INFO lines about each file it saves are silenced)."""
+    run = tmp_path / "run"
+    trained = run_cli(["--executor", "local", "--model", "tiny", "--max_steps", "4", "--logging_steps", "1",
+                       "--save_steps", "2", "--report_to", "wandb", "--output", str(run)], tmp_path,
+                      env=cli_env(WANDB_MODE="disabled"), timeout=300)
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-2000:]
+    saves = [line for line in trained.stdout.splitlines() if "checkpoint saved" in line]
+    assert len(saves) == len(list((run / "checkpoints").glob("step-*"))) >= 1, saves
+    assert " INFO accelerate" not in trained.stdout, "accelerate's own save narration is silenced"
+    status = run_cli(["status", str(run), "--json"], tmp_path)
+    assert status.returncode == 0 and json.loads(status.stdout)["step"] == 4, status.stdout + status.stderr
+    plot = run_cli(["plot", str(run)], tmp_path)
+    assert plot.returncode == 0 and (run / "metrics.png").stat().st_size > 0, plot.stderr

@@ -14,7 +14,7 @@ import pytest
 
 from bench.strategy_checks import compare_exports, export_loads
 from contract.protocol import free_port
-from tests.launcher.conftest import cli_env
+from tests.launcher.conftest import cli_env, write_run
 from tests.train.run_helpers import REPO
 
 pytest.importorskip("deepspeed", reason="deepspeed not installed (extra: deepspeed)")
@@ -29,13 +29,14 @@ SETS = ["train.max_steps=4", "train.save_steps=2", "train.gradient_accumulation_
 
 def render(tmp_path: Path, run_dir: Path, strategy: str, lora: bool) -> None:
     (tmp_path / "cluster.toml").write_text(PROFILE.format(root=tmp_path))
-    args = ["--executor", "local", "--dry-run", "--cluster", str(tmp_path / "cluster.toml"), "--profile", "gpu1",
+    args = ["--executor", "local", "--cluster", str(tmp_path / "cluster.toml"), "--profile", "gpu1",
             "--model", "tiny", "--strategy", strategy, "--output", str(run_dir)] + (["--lora"] if lora else [])
     for item in SETS:
         args += ["--set", item]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=cli_env(),
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args, "--dry-run"], cwd=REPO, env=cli_env(),
                           capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stderr  # the launch's checks; a dry run writes no run directory
+    write_run(args)
 
 
 def train_on_cpu(run_dir: Path) -> str:
