@@ -4,7 +4,10 @@ and train.metrics on the GPU count the same N the same way.
 
 Model FLOPs per trained token (forward + backward = 3 × forward, 2 FLOPs per multiply-add)::
 
-    flops_per_token = 6·N + 6·L·a·s̄        (LoRA: 4·N, the frozen weights get no weight gradients)
+    flops_per_token = 6·N + 6·L·a·s̄                 full fine-tuning
+    flops_per_token = 4·N + 6·N_lora + 6·L·a·s̄      LoRA / QLoRA: the frozen weights get no weight
+                                                      gradients (forward + input gradients only); the
+                                                      adapters N_lora are trained in full
 
 * N — every matmul weight: per layer q, k, v, o and the three MLP projections, plus the lm_head
   (counted whether or not it is tied to the embedding, since it is a real matmul); the embedding
@@ -95,9 +98,10 @@ class ModelShape:
         """N of the MFU formula: every matmul weight incl. lm_head (tied or not), no embedding lookup."""
         return self.layers * (self.layer_params - 2 * self.hidden) + self.vocab * self.hidden
 
-    def flops_per_token(self, mean_doc_len: float, lora: bool = False) -> float:
-        """6·N (4·N with LoRA) + 6·L·a·s̄; see the module docstring."""
-        weights = (4 if lora else 6) * self.matmul_params
+    def flops_per_token(self, mean_doc_len: float, lora_params: int | None = None) -> float:
+        """6·N + 6·L·a·s̄; with LoRA (`lora_params`: the adapters' count) 4·N + 6·N_lora + 6·L·a·s̄.
+        The one count of model FLOPs: train.metrics, the planner and bench/ all call it."""
+        weights = 6 * self.matmul_params if lora_params is None else 4 * self.matmul_params + 6 * lora_params
         return float(weights + 6 * self.layers * self.q_dim * mean_doc_len)
 
     def lora_params(self, r: int, targets: list[str]) -> int:

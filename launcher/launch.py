@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     launch = resolve(request_from_args(args))  # ConfigError -> exit 2 in cli.main; nothing written yet
     from launcher.executors import execute
-    from launcher.plan_cmd import plan_launch, refuse_unless_fits
+    from launcher.plan_cmd import plan_launch, refuse_unless_fits, refuse_unless_room
     from launcher.preflight import check_launch
 
     if not args.dry_run:  # a run directory a live job owns: refused before anything else is said
@@ -47,6 +47,7 @@ def main(argv: list[str]) -> int:
     report = plan_launch(launch)
     print(summary(launch, report.text), flush=True)
     refuse_unless_fits(report, force=args.force)  # does not fit: exit 2 before anything is written
+    refuse_unless_room(report, force=args.force)  # the disk cannot hold what the run writes: the same
     started = execute(launch, ["sft-launch", *argv], dry_run=args.dry_run)
     if started.message:
         print(started.message)

@@ -22,6 +22,8 @@ from launcher.partition import ClusterCheck, check_cluster
 from launcher.plan_format import format_plan
 from launcher.plan_input import data_estimate, plan_input_from_launch, suggestion_flags
 from launcher.planner import Plan, make_plan, plan_to_dict
+from launcher.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
+    run_writes
 
 if TYPE_CHECKING:
     from launcher.autofit import MicroBatchChoice
@@ -37,6 +39,7 @@ class LaunchPlan:
     data: DataEstimate | None
     micro_batch: MicroBatchChoice | None = None  # launcher/autofit.py's choice, shown under the header
     checked: list[str] = field(default_factory=list)  # launcher/preflight.py's data verdicts, one line each
+    disk: list[Filesystem] = field(default_factory=list)  # launcher/storage.py: what the run writes, where
     cluster: ClusterCheck | None = None  # launcher/partition.py: the job against its partition
 
     @property
@@ -51,7 +54,7 @@ class LaunchPlan:
         if self.micro_batch is not None:
             lines.insert(1, f"Micro   {self.micro_batch.describe()}")
         at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
-        lines[at:at] = [f"Checked {line}" for line in self.checked]
+        lines[at:at] = [f"Checked {line}" for line in self.checked] + [f"Disk    {fs.describe()}" for fs in self.disk]
         if self.cluster is not None:
             lines[at:at] = [f"Cluster {self.cluster.line}", *(f"  {p}" for p in self.cluster.problems)]
         if data is None:
@@ -63,6 +66,7 @@ class LaunchPlan:
     def to_json(self) -> str:
         extra = {"dataset": asdict(self.data) if self.data else None, "data_checked": self.checked,
                  "micro_batch": self.micro_batch.record() if self.micro_batch else None,
+                 "disk": [asdict(fs) | {"total": fs.total, "room": fs.room} for fs in self.disk],
                  "cluster": asdict(self.cluster) if self.cluster else None, "job_fits": self.fits}
         return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
 
@@ -93,7 +97,25 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     plan.warnings += _launch_warnings(launch, plan)
     if launch.micro_batch is not None and launch.micro_batch.source == "none":
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
-    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), check_cluster(launch))
+    disk = disk_needs(launch, plan, data)
+    plan.warnings += room_warnings(disk)
+    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, check_cluster(launch))
+
+
+def disk_needs(launch: Launch, plan: Plan, data: DataEstimate | None) -> list[Filesystem]:
+    """Checkpoints (K kept + 1 being written), the export and the tokenized cache, by file system."""
+    cfg, lora = launch.train, launch.train.lora
+    exported = plan.params_total if not lora.enabled else plan.params_trainable + plan.params_total * lora.merge_on_export
+    sizes = {"checkpoints": plan.checkpoint_bytes * (cfg.train.save_total_limit + 1),
+             "export": exported * EXPORT_BYTES_PER_PARAM if cfg.run.export_dir else 0,
+             "cache": data.tokens * CACHE_BYTES_PER_TOKEN if data else 0}
+    return run_writes(launch.run_dir, cfg.run.checkpoint_dir, cfg.run.export_dir, cfg.data.cache_dir, sizes)
+
+
+def refuse_unless_room(report: LaunchPlan, force: bool) -> None:
+    """Exit 2 (ConfigError) naming the file system, bytes needed and free, when the run cannot fit there."""
+    if not force:
+        require_room(report.disk)
 
 
 def refuse_unless_fits(report: LaunchPlan, force: bool) -> None:

@@ -15,6 +15,7 @@ after the new one has its marker, so there is always one to resume from.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from contract import protocol
+from contract.failure import first_line
 from train.hooks import HOOKS
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,16 @@ MARKER = protocol.CHECKPOINT_MARKER
 PREFIX = protocol.CHECKPOINT_PREFIX
 TMP_PREFIX = protocol.CHECKPOINT_TMP_PREFIX
 STATE_FILE = "train_state.json"
+# A write that fails for want of room: a full disk, a quota, a file-size limit. By errno where the error
+# keeps it, else by its words (safetensors says "os error 28"; torch's zip writer reports only the short
+# write, "unexpected pos").
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+SPACE_WORDS = ("no space left", "disk quota exceeded", "file too large", "unexpected pos",
+               *(f"os error {code}" for code in SPACE_ERRNOS))
+
+
+class CheckpointSpaceError(RuntimeError):
+    """A checkpoint save ran out of room; the partial save is removed, the last complete one kept."""
 
 
 @dataclass
@@ -85,7 +97,9 @@ def remove_stale(root: Path, accelerator: Accelerator) -> None:
 def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, keep: int) -> Path:
     """Collective: every rank calls it. Returns the complete checkpoint dir.
 
-    Errors (full disk, I/O) propagate: the caller exits 1 and the previous checkpoint stays intact.
+    A save that finds no room (full disk, quota, file-size limit) removes its partial directory and
+    raises CheckpointSpaceError, one line saying where, how much is free and how much a checkpoint
+    needs; other errors propagate. Either way the caller exits 1 and the previous checkpoint stays.
     """
     tmp = root / protocol.checkpoint_name(state.step, TMP_PREFIX)
     final = root / protocol.checkpoint_name(state.step)
@@ -95,10 +109,17 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
         if tmp.exists():
             shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    if accelerator.is_main_process:
-        _write_json(tmp / STATE_FILE, asdict(state))
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            _write_json(tmp / STATE_FILE, asdict(state))
+        accelerator.wait_for_everyone()
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        # Every rank removes what it can before anyone records why: the failure records need room too.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(err, KeyboardInterrupt | SystemExit) and out_of_space(err):
+            raise space_error(root, tmp, err) from err
+        raise
     if HOOKS.before_checkpoint_publish is not None:
         HOOKS.before_checkpoint_publish(state.step)
     if accelerator.is_main_process:
@@ -110,6 +131,39 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
         size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file()) / 1e9
         logger.info("checkpoint saved: %s (%.2f GB in %.1f s, %.2f GB/s)", final, size, seconds, size / seconds)
     return final
+
+
+def out_of_space(err: BaseException) -> bool:
+    """Whether `err`, its causes, or (DCP) any rank's wrapped error is a write that found no room."""
+    todo: list[object] = [err]
+    seen: set[int] = set()
+    while todo:
+        exc = todo.pop()
+        if not isinstance(exc, BaseException) or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        text = str(exc).lower()
+        if getattr(exc, "errno", None) in SPACE_ERRNOS or any(words in text for words in SPACE_WORDS):
+            return True
+        failures = getattr(exc, "failures", None)  # CheckpointException: rank -> (exception, traceback)
+        wrapped = [f[0] if isinstance(f, tuple) else f for f in failures.values()] if isinstance(failures, dict) else []
+        todo += [exc.__cause__, exc.__context__, *wrapped]
+    return False
+
+
+def space_error(root: Path, tmp: Path, err: BaseException) -> CheckpointSpaceError:
+    """One line: where, how much room is left, how much a checkpoint needs, what was kept, what to do."""
+    free = shutil.disk_usage(root).free
+    previous = latest_checkpoint(root)
+    if previous is None:
+        kept, need = "no complete checkpoint exists yet", ""
+    else:
+        size = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file())
+        kept, need = f"{previous.name} is kept", f"; a checkpoint needs ~{size / 1e9:.3f} GB (as {previous.name})"
+    return CheckpointSpaceError(
+        f"checkpoint save to {tmp} ran out of room ({first_line(str(err))[:160]}): {free / 1e9:.3f} GB free "
+        f"there{need}; the partial save was removed and {kept}: free space or lower train.save_total_limit, "
+        "then run the same command to resume")
 
 
 def _write_json(path: Path, data: dict) -> None:

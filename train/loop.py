@@ -36,7 +36,7 @@ from train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, rem
 from train.data import build_datasets, load_tokenizer
 from train.export import export_model
 from train.hooks import HOOKS
-from train.metrics import MetricsSink, Stopwatch, attended_length, peak_flops_per_gpu, step_record
+from train.metrics import MetricsSink, Stopwatch, attended_length, lora_params, peak_flops_per_gpu, step_record
 from train.model import build_model, log_model_ready, log_placement
 from train.optim import prepare_for_training
 from train.packing import collate_packed, collate_padded, plan_micro_batches
@@ -220,6 +220,7 @@ class Loop:
         self.accumulation = cfg.train.gradient_accumulation_steps
         self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type)
         self.arch = accelerator.unwrap_model(model).config.to_dict()
+        self.lora_params = lora_params(self.arch, cfg)  # MFU counts a frozen base at 4·N
         self.recompiles = RecompileWatch()
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
@@ -316,7 +317,7 @@ class Loop:
             grad_norm=window.grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
             seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
             packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s,
-            compiled_graphs=self.recompiles.check(state.step))
+            compiled_graphs=self.recompiles.check(state.step), lora_params=self.lora_params)
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -30,9 +30,16 @@ from contract.shape import ModelShape
 logger = logging.getLogger(__name__)
 
 
-def flops_per_token(arch: dict[str, Any], mean_doc_len: float) -> float:
-    """6·N + 6·L·a·s̄ (contract/shape.py)."""
-    return ModelShape.from_arch(arch).flops_per_token(mean_doc_len)
+def flops_per_token(arch: dict[str, Any], mean_doc_len: float, lora_params: int | None = None) -> float:
+    """6·N + 6·L·a·s̄, with LoRA 4·N + 6·N_lora + 6·L·a·s̄ (contract/shape.py)."""
+    return ModelShape.from_arch(arch).flops_per_token(mean_doc_len, lora_params)
+
+
+def lora_params(arch: dict[str, Any], cfg: TrainConfig) -> int | None:
+    """The adapters' parameter count when cfg trains LoRA adapters, else None (full fine-tuning)."""
+    if not cfg.lora.enabled:
+        return None
+    return ModelShape.from_arch(arch).lora_params(cfg.lora.r, cfg.lora.target_modules)
 
 
 def attended_length(doc_lengths: list[int]) -> float:
@@ -70,13 +77,13 @@ def peak_gpu_reserved_gib() -> float | None:
 def step_record(
     *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, tokens: int, doc_len_sq: float,
     seconds: float, world_size: int, arch: dict[str, Any], peak_flops: float | None,
-    packing_efficiency: float, elapsed_s: float, compiled_graphs: int = 0,
+    packing_efficiency: float, elapsed_s: float, compiled_graphs: int = 0, lora_params: int | None = None,
 ) -> dict[str, Any]:
     """One metrics.jsonl record for the steps since the last log (tokens/docs summed over all ranks)."""
     tokens_per_s = tokens / seconds if seconds > 0 else 0.0
     per_gpu = tokens_per_s / world_size
     mean_doc = doc_len_sq / tokens if tokens else 0.0
-    tflops = flops_per_token(arch, mean_doc) * per_gpu / 1e12
+    tflops = flops_per_token(arch, mean_doc, lora_params) * per_gpu / 1e12
     return {
         "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
         "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu, "tflops_per_gpu": tflops,

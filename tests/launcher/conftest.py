@@ -12,10 +12,18 @@ import pytest
 
 from launcher.options import Launch, LaunchRequest, resolve
 from launcher.render import render_files
+from tests.filesystems import ROOMY, tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_CLUSTER = REPO / "cluster.example.toml"
 GOLDEN_DIR = REPO / "tests" / "golden"
+
+
+@pytest.fixture
+def roomy_tmp(tmp_path: Path):
+    """tmp_path on a file system with a cluster's room: a 70B run's checkpoints pass the disk check."""
+    with tmpfs(tmp_path, ROOMY):
+        yield tmp_path
 
 
 @dataclass(frozen=True)

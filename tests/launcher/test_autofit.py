@@ -101,8 +101,8 @@ def test_nothing_fits_down_to_the_floor() -> None:
 # --------------------------------------------------------------------------- the headline commands
 
 
-def test_headline_70b_on_two_a100_nodes_fits_and_states_its_micro_batch(tmp_path: Path) -> None:
-    result = _cli(HEADLINE_70B, tmp_path)
+def test_headline_70b_on_two_a100_nodes_fits_and_states_its_micro_batch(roomy_tmp: Path) -> None:
+    result = _cli(HEADLINE_70B, roomy_tmp)
     assert result.returncode == 0, result.stderr
     assert "Verdict fits" in result.stdout and "dry run: nothing submitted" in result.stdout
     assert "Micro   2048 tokens (auto: largest that fits in 76.0 GiB" in result.stdout
@@ -116,8 +116,8 @@ def test_headline_70b_on_two_a100_nodes_fits_and_states_its_micro_batch(tmp_path
     assert [t["tokens"] for t in choice["trials"]] == [16384, 8192, 4096, 2048]
 
 
-def test_headline_8b_on_one_a100_node_keeps_its_default(tmp_path: Path) -> None:
-    result = _cli(HEADLINE_8B, tmp_path)
+def test_headline_8b_on_one_a100_node_keeps_its_default(roomy_tmp: Path) -> None:
+    result = _cli(HEADLINE_8B, roomy_tmp)
     assert result.returncode == 0, result.stderr
     assert "Verdict fits" in result.stdout and "Micro   32768 tokens (auto: the default" in result.stdout
     train, run = _written(result)
@@ -133,23 +133,23 @@ def test_plan_json_carries_the_choice(tmp_path: Path) -> None:
     assert data["micro_batch"]["source"] == "auto" and data["micro_batch"]["tokens"] == 2048
 
 
-def test_a_user_fixed_micro_batch_is_never_changed_and_its_refusal_names_what_fits(tmp_path: Path) -> None:
+def test_a_user_fixed_micro_batch_is_never_changed_and_its_refusal_names_what_fits(roomy_tmp: Path) -> None:
     for fixed in (["--set", "data.tokens_per_micro_batch=4096"], ["--per_device_train_batch_size", "1"]):
-        result = _cli([*HEADLINE_70B, *fixed], tmp_path)
+        result = _cli([*HEADLINE_70B, *fixed], roomy_tmp)
         assert result.returncode == 2, result.stderr
         (line,) = result.stderr.strip().splitlines()
         assert "does not fit: GPU memory (77.9 GiB per GPU of 76.0 usable)" in line, line
         assert "(--nodes 3)" in line and "--set data.tokens_per_micro_batch=2048" in line, line
         assert "Micro " not in result.stdout and "micro-batch 4096 tok" in result.stdout
-        assert not (tmp_path / "run").exists()
-    result = _cli([*HEADLINE_70B, "--set", "data.tokens_per_micro_batch=2048"], tmp_path)
+        assert not (roomy_tmp / "run").exists()
+    result = _cli([*HEADLINE_70B, "--set", "data.tokens_per_micro_batch=2048"], roomy_tmp)
     assert result.returncode == 0, result.stderr
     train, run = _written(result)
     assert train["data"]["tokens_per_micro_batch"] == 2048 and run["micro_batch"] is None
 
 
-def test_checkpointing_turned_off_by_the_user_is_left_off(tmp_path: Path) -> None:
-    result = _cli([*HEADLINE_8B, "--gradient_checkpointing", "false"], tmp_path)
+def test_checkpointing_turned_off_by_the_user_is_left_off(roomy_tmp: Path) -> None:
+    result = _cli([*HEADLINE_8B, "--gradient_checkpointing", "false"], roomy_tmp)
     assert result.returncode == 0, result.stderr
     assert "Micro   4096 tokens (auto: largest" in result.stdout and "cut to it (model_max_length 8192)" in result.stdout
     train, _ = _written(result)

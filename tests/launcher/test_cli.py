@@ -79,15 +79,15 @@ def test_cluster_file_errors_name_the_toml_line(tmp_path: Path) -> None:
                                        "(compute capability 9.0-10.3; this GPU has 7.0)")
 
 
-def test_dry_run_without_sbatch_prints_summary(tmp_path: Path) -> None:
+def test_dry_run_without_sbatch_prints_summary(roomy_tmp: Path) -> None:
     result = run_cli(["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100", "--model", "llama3-8b", "--nodes", "2",
                       "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "4", "--dry-run",
-                      "--output", str(tmp_path / "run")], tmp_path, env=_no_sbatch_env())
+                      "--output", str(roomy_tmp / "run")], roomy_tmp, env=_no_sbatch_env())
     assert result.returncode == 0, result.stderr
     assert "2 node(s) x 8 GPU (a100) = world size 16" in result.stdout
     assert "global batch 128" in result.stdout and "sbatch not found" in result.stdout
-    assert not (tmp_path / "run").exists(), "a dry run writes no run directory"
-    assert f"a launch would create {tmp_path / 'run'}" in result.stdout
+    assert not (roomy_tmp / "run").exists(), "a dry run writes no run directory"
+    assert f"a launch would create {roomy_tmp / 'run'}" in result.stdout
     assert (rendered(result) / "launch.slurm").is_file() and (rendered(result) / "train.toml").is_file()
 
 
@@ -129,10 +129,10 @@ def test_same_command_reuses_the_same_run_dir(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists(), "dry runs leave no run directory behind"
 
 
-def test_secrets_in_the_environment_never_reach_rendered_files(tmp_path: Path) -> None:
+def test_secrets_in_the_environment_never_reach_rendered_files(roomy_tmp: Path) -> None:
     secrets = {"WANDB_API_KEY": "wandb-secret-9f8e7d", "HF_TOKEN": "hf_secret_1a2b3c"}
     result = run_cli(["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100", "--model", "llama3-8b", "--dry-run",
-                      "--report_to", "wandb", "--output", str(tmp_path / "run")], tmp_path,
+                      "--report_to", "wandb", "--output", str(roomy_tmp / "run")], roomy_tmp,
                      env=_no_sbatch_env(**secrets))
     assert result.returncode == 0, result.stderr
     for path in rendered(result).rglob("*"):

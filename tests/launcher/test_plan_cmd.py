@@ -118,10 +118,10 @@ def test_unknown_gpu_type_warns_and_is_not_refused(tmp_path: Path) -> None:
     refuse_unless_fits(report, force=False)  # no exception
 
 
-def test_short_signal_lead_warns_with_both_values_and_keeps_the_profile_value(tmp_path: Path) -> None:
+def test_short_signal_lead_warns_with_both_values_and_keeps_the_profile_value(roomy_tmp: Path) -> None:
     args = [*A100, "--model", "llama3-8b", "--nodes", "2", "--set", "profile.signal_lead_s=60", "--dry-run",
-            "--output", str(tmp_path / "run")]
-    result = run_cli(args, tmp_path, env=_env())
+            "--output", str(roomy_tmp / "run")]
+    result = run_cli(args, roomy_tmp, env=_env())
     assert result.returncode == 0, result.stderr
     (warning,) = [line for line in result.stdout.splitlines() if line.startswith("Warning") and "signal_lead_s" in line]
     (signal,) = [line for line in result.stdout.splitlines() if line.startswith("Signal")]

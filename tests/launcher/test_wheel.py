@@ -5,11 +5,28 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 from tests.launcher.conftest import REPO, path_without
+
+
+def fresh_venv_seeing_our_packages(venv: Path) -> Path:
+    """A new venv whose python also sees the packages this suite runs with (jinja2, tomli_w, ...).
+
+    `--system-site-packages` alone is not enough: run from inside a virtualenv, the "system" packages are the
+    base interpreter's, not the virtualenv's. A .pth file adds this interpreter's own site-packages after the
+    venv's, so the wheel installed into the venv still comes first (its .pth files, e.g. our editable install,
+    are not processed).
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    venv_site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip()
+    (Path(venv_site) / "_sft_suite_packages.pth").write_text("".join(f"{path}\n" for path in ours))
+    return venv
 
 
 @pytest.mark.slow
@@ -29,8 +46,7 @@ def test_wheel_installs_into_fresh_venv_and_renders_a_run(tmp_path: Path) -> Non
                             "--outdir", str(dist), str(source)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     (wheel,) = dist.glob("sft_launch-*.whl")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    venv = fresh_venv_seeing_our_packages(tmp_path / "venv")
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--quiet", str(wheel)],
                    check=True, capture_output=True, timeout=300)
     outside = tmp_path / "elsewhere"

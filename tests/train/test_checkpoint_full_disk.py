@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from tests.train.run_helpers import REPO, launch_command, launch_env, read_log, run_training, write_run
 
-from train.checkpoint import MARKER, PREFIX, complete_checkpoints, latest_checkpoint
+from contract.failure import first_failure
+from train.checkpoint import MARKER, PREFIX, TMP_PREFIX, complete_checkpoints, latest_checkpoint
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
+from tests.filesystems import tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +79,19 @@ def assert_intact(ckpts: Path, previous: Path, before: dict[str, tuple[int, str]
     assert digests(previous) == before
     assert complete_checkpoints(ckpts) == [previous]
     assert latest_checkpoint(ckpts) == previous
-    assert not (ckpts / f"{PREFIX}00000008").exists()  # never renamed: at most a .tmp-* left for cleanup
+    assert not (ckpts / f"{PREFIX}00000008").exists()  # never renamed
+    assert not list(ckpts.glob(f"{TMP_PREFIX}*"))  # the partial save was removed by the failing job itself
+
+
+def assert_says_out_of_room(run_dir: Path, log: str) -> None:
+    """The one line `status` and the batch shell show: where, what is free, what is kept, what to do."""
+    failure = first_failure(run_dir)
+    assert failure is not None and failure["exit_code"] == 1, log
+    message = failure["message"]
+    assert message.startswith("CheckpointSpaceError: checkpoint save to "), message
+    assert f"{TMP_PREFIX}00000008 ran out of room" in message and "GB free there" in message, message
+    assert f"a checkpoint needs ~" in message and f"{PREFIX}00000004 is kept" in message, message
+    assert "run the same command to resume" in message, message
 
 
 def test_full_disk_fails_loudly_and_keeps_previous_checkpoint(tmp_path):
@@ -102,6 +116,7 @@ def test_full_disk_fails_loudly_and_keeps_previous_checkpoint(tmp_path):
     assert "checkpoint saved" not in log, log
 
     assert_intact(ckpts, previous, before)
+    assert_says_out_of_room(run_dir, log)
     assert not (run_dir / "export").exists()
 
 
@@ -122,3 +137,38 @@ def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_chec
     assert "[rank 0] ERROR train: training failed" in log and "checkpoint saved" not in log, log
     assert_intact(ckpts, previous, before)
     assert not (run_dir / "export").exists()
+    assert_says_out_of_room(run_dir, log)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path):
+    """A real file system (tmpfs) that the test can shrink and grow: yields (mount point, resize)."""
+    mount_point = tmp_path / "small-fs"
+    with tmpfs(mount_point, "64m") as resize:
+        yield mount_point, resize
+
+
+def test_a_real_full_file_system_mid_save_loses_nothing_and_resumes_once_room_is_back(small_filesystem):
+    # A real ENOSPC, not a file-size limit: the run directory lives on a tmpfs that holds the first
+    # checkpoint and only half of the next one; after the failure it is grown and the same command resumes.
+    mount_point, resize = small_filesystem
+    run_dir = write_run(mount_point / "run", {"train": {"max_steps": 12, "save_steps": 4, "save_total_limit": 3}})
+    ckpts = run_dir / "checkpoints"
+    previous = first_checkpoint_at_step_4(run_dir)
+    before = digests(previous)
+    used = sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file())
+    checkpoint = sum(size for size, _ in before.values())
+    resize(used + checkpoint // 2 + (64 << 10))  # tmpfs counts pages: some slack for the logs
+
+    code = run_training(run_dir, log_name="second.log")
+    log = read_log(run_dir, "second.log")
+    assert code == 1, log
+    assert_intact(ckpts, previous, before)
+    assert_says_out_of_room(run_dir, log)
+
+    resize(64 << 20)
+    assert run_training(run_dir, log_name="third.log") == 0, read_log(run_dir, "third.log")
+    third = read_log(run_dir, "third.log")
+    assert "step-00000004 (step 4" in third, third
+    assert latest_checkpoint(ckpts).name == f"{PREFIX}00000008"  # saved this time
+    assert (run_dir / "export" / "config.json").is_file(), third  # and the run went on to its end

@@ -100,5 +100,7 @@ def test_recompile_watch_warns_only_for_graphs_after_the_first_window(caplog):
     with caplog.at_level("WARNING", logger="train.perf"):
         assert watch.check(step=2) == first + 1
         assert watch.check(step=3) == first + 1
-    assert [r.getMessage()[:45] for r in caplog.records] == ["torch.compile captured 1 new graph(s) before "]
+    # Only our logger's records: torch's own loggers (e.g. torch.__trace) add records of their own under pytest >= 9.2.
+    ours = [r.getMessage()[:45] for r in caplog.records if r.name == "train.perf"]
+    assert ours == ["torch.compile captured 1 new graph(s) before "]
     torch._dynamo.reset()

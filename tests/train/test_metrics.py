@@ -48,6 +48,32 @@ def test_train_and_planner_count_the_same_flops():
     assert planned(ModelShape.from_arch(ARCH), inp) == flops_per_token(ARCH, 250.0)
 
 
+def test_lora_counts_the_frozen_base_at_4n_and_the_adapters_at_6n_in_train_and_planner():
+    import torch
+    from launcher.planner import PlanInput, flops_per_token as planned
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from contract.config import TrainConfig
+    from train.metrics import lora_params
+
+    shape = ModelShape.from_arch(ARCH)
+    cfg = TrainConfig()
+    cfg.lora.enabled, cfg.lora.r = True, 8
+    adapters = lora_params(ARCH, cfg)
+    with torch.device("meta"):  # the adapters PEFT really adds, counted independently of our formula
+        peft_model = get_peft_model(LlamaForCausalLM(LlamaConfig(**ARCH)),
+                                    LoraConfig(r=8, target_modules=cfg.lora.target_modules))
+    assert adapters == sum(p.numel() for n, p in peft_model.named_parameters() if "lora_" in n)
+    expected = 4 * shape.matmul_params + 6 * adapters + 6 * 2 * 64 * 250.0
+    assert flops_per_token(ARCH, 250.0, adapters) == expected < flops_per_token(ARCH, 250.0)
+    inp = PlanInput(arch=ARCH, mean_doc_tokens=250, micro_batch_tokens=4096, lora=True, lora_r=8,
+                    lora_target_modules=list(cfg.lora.target_modules))
+    assert planned(shape, inp) == expected
+    cfg.lora.enabled = False
+    assert lora_params(ARCH, cfg) is None
+
+
 def test_attended_length_is_token_weighted():
     assert attended_length([100, 300]) == 250.0  # (100² + 300²) / 400
     assert attended_length([]) == 0.0
