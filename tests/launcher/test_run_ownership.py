@@ -12,12 +12,15 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from launcher.ownership import lock_path
+import pytest
+
+from launcher.ownership import RunBusy, _exclusive_file, lock_path
 from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli, write_stub
 
 ARGS = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "cpu", "--model", "tiny", "--max_steps", "5"]
@@ -167,3 +170,22 @@ checkpoint is one line of ours (accelerate's INFO lines about each file it saves
     assert status.returncode == 0 and json.loads(status.stdout)["step"] == 4, status.stdout + status.stderr
     plot = run_cli(["plot", str(run)], tmp_path)
     assert plot.returncode == 0 and (run / "metrics.png").stat().st_size > 0, plot.stderr
+
+
+def test_the_o_excl_fallback_refuses_a_live_holder_and_reclaims_a_dead_ones(tmp_path: Path) -> None:
+    """Where flock is refused (NFS without lockd): the O_EXCL lock file with pid and host."""
+    run, lock = tmp_path / "run", tmp_path / ".run.lock.excl"
+    with _exclusive_file(lock, run, f"pid {os.getpid()} on {socket.gethostname()} (sbatch executor) since now"):
+        assert lock.read_text().startswith(f"pid {os.getpid()} on ")
+        with pytest.raises(RunBusy, match="another sft-launch is launching into it now"):
+            with _exclusive_file(lock, run, "pid 1 on x (sbatch executor) since now"):
+                pass
+    assert not lock.exists(), "released: the lock file is removed"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(f"pid {dead.stdout.strip()} on {socket.gethostname()} (sbatch executor) since then")
+    with _exclusive_file(lock, run, f"pid {os.getpid()} on {socket.gethostname()} (sbatch executor) since now"):
+        assert f"pid {os.getpid()} " in lock.read_text(), "a dead holder's lock on this host is reclaimed"
+    lock.write_text("pid 4242 on some-other-host (local executor) since then")
+    with pytest.raises(RunBusy, match="a local run is training in it"):
+        with _exclusive_file(lock, run, "pid 1 on x (sbatch executor) since now"):
+            pass
