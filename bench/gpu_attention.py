@@ -4,7 +4,7 @@
 
 Packs the gpu_single documents (bench/synthetic.py lengths) best-fit into rows of `--tokens`, and
 times one layer's attention (q [T, H, D], GQA k/v) through each kernel we can reach: FlashAttention-4
-(train/fa4.py), torch's FA2 varlen kernel, and cuDNN's ragged attention (aten._cudnn_attention_forward,
+(train/kernels/fa4.py), torch's FA2 varlen kernel, and cuDNN's ragged attention (aten._cudnn_attention_forward,
 GQA native, or with k/v repeated when cuDNN refuses GQA). Each repeat cycles through several packs,
 as training does, so a kernel that rebuilds a plan per new pack shape pays for it here. TFLOP/s use
 our MFU count (causal: 6·s per token per head-dim unit, fwd + bwd).
@@ -20,7 +20,7 @@ import torch
 
 from bench.gpu_ceilings import median_ms
 from bench.synthetic import SHAPES, sample_lengths
-from train.packing import plan_micro_batches
+from train.dataset.packing import plan_micro_batches
 
 PACKS = 4
 
@@ -45,13 +45,13 @@ def make_inputs(doc_lengths: list[int], heads: int, kv_heads: int, head_dim: int
 
 
 def fa4(i):
-    from train.fa4 import fa4_varlen_attention
+    from train.kernels.fa4 import fa4_varlen_attention
 
     return fa4_varlen_attention(i["q"], i["k"], i["v"], i["cu"], i["cu"], i["max"], i["max"], None)
 
 
 def torch_fa2(i):
-    from train.attention import torch_varlen_kernel
+    from train.kernels.attention import torch_varlen_kernel
 
     return torch_varlen_kernel(i["q"], i["k"], i["v"], i["cu"], i["cu"], i["max"], i["max"], None, 0.0)
 
@@ -103,7 +103,7 @@ def main() -> None:
     heads, kv_heads = arch["num_attention_heads"], arch["num_key_value_heads"]
     head_dim = arch["hidden_size"] // heads
     inputs = [make_inputs(lengths, heads, kv_heads, head_dim) for lengths in packs(args.tokens, args.docs)]
-    rows = [measure("FlashAttention-4 (train/fa4.py)", fa4, inputs),
+    rows = [measure("FlashAttention-4 (train/kernels/fa4.py)", fa4, inputs),
             measure("torch varlen (FA2)", torch_fa2, inputs),
             measure("cuDNN ragged, GQA native", cudnn, inputs),
             measure("cuDNN ragged, k/v repeated", lambda i: cudnn(i, expand=True), inputs)]

@@ -83,9 +83,9 @@ def step_matmuls(arch: dict, tokens: int, loss_chunk: int) -> list[dict]:
 
 
 def loss_ms(arch: dict, tokens: int) -> dict[str, float]:
-    """Forward + backward of the fused lm_head + cross-entropy per backend (train/loss.py), bf16; our
+    """Forward + backward of the fused lm_head + cross-entropy per backend (train/kernels/loss.py), bf16; our
     fused loss once with the softmax/gradient pass it picks here and once with the compiled pass."""
-    from train import loss
+    from train.kernels import loss
 
     d, vocab = arch["hidden_size"], arch["vocab_size"]
     hidden = torch.randn(1, tokens, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)

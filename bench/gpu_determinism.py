@@ -25,7 +25,7 @@ def packed_inputs(docs: list[int], heads: int = 16, kv_heads: int = 4, dim: int 
 
 
 def grads_once(docs: list[int]) -> list[torch.Tensor]:
-    from train.attention import torch_varlen_kernel
+    from train.kernels.attention import torch_varlen_kernel
 
     q, k, v, cu, longest = packed_inputs(docs)
     out = torch_varlen_kernel(q, k, v, cu, cu, longest, longest, None, 0.0)

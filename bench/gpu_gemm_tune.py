@@ -1,4 +1,4 @@
-"""Pick the configs of the fused MLP's two quack GEMMs (train/swiglu.py) once per GPU and shape.
+"""Pick the configs of the fused MLP's two quack GEMMs (train/kernels/swiglu.py) once per GPU and shape.
 
     python -m bench.gpu_gemm_tune --shapes 1b,8b --tokens 32768 [--write]
 
@@ -25,7 +25,7 @@ import time
 import torch
 
 from bench.gpu_ceilings import median_ms
-from train import swiglu
+from train.kernels import swiglu
 
 # A pin must beat quack's default by this much: one config timed twice differed by up to 2.6% (H100).
 PIN_MIN_GAIN = 0.05

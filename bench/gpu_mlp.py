@@ -1,4 +1,4 @@
-"""One Llama MLP, forward + backward, stock against SwiGLU fused into the GEMMs (train/swiglu.py).
+"""One Llama MLP, forward + backward, stock against SwiGLU fused into the GEMMs (train/kernels/swiglu.py).
 
     python -m bench.gpu_mlp --shape llama3.2-1b --tokens 32768 [--json OUT.json]
 
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from bench.gpu_ceilings import median_ms
 from bench.synthetic import SHAPES
-from train import swiglu
-from train.swiglu import swiglu_mlp, unavailable
+from train.kernels import swiglu
+from train.kernels.swiglu import swiglu_mlp, unavailable
 
 
 def stock_mlp(x, gate, up, down):

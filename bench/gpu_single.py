@@ -7,7 +7,7 @@ train package on the same documents, in the same run.
 
 Both sides train one epoch over the same synthetic documents (bench/synthetic.py), so they see the
 same real tokens. Throughput is real (non-padding) tokens per second after the first steps
-(warm-up, torch.compile); MFU uses train.metrics.flops_per_token for both sides. Prints a table
+(warm-up, torch.compile); MFU uses train.observe.metrics.flops_per_token for both sides. Prints a table
 last and writes one JSON file per run (bench/results format).
 """
 
@@ -159,7 +159,7 @@ def main() -> None:
 
 
 def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.Namespace) -> None:
-    from train.metrics import flops_per_token
+    from train.observe.metrics import flops_per_token
 
     gpu, peak = device_peak()
     mean_doc = sum(n * n for n in lengths) / sum(lengths)

@@ -2,7 +2,7 @@
 
 For each case (strategy x LoRA x CPU offload) the runner renders a run directory with the real CLI
 (`sft-launch --executor local --dry-run` on a profile of --gpus GPUs, default 1, written next to the
-results), then starts training with the local executor's own command (launcher.local.train_command):
+results), then starts training with the local executor's own command (launcher.execute.local.train_command):
 
   reference  steps 1..N, a checkpoint at step N/2 (train.save_steps), export at N
   resumed    a fresh run directory holding only that step-N/2 checkpoint: a new process resumes
@@ -12,7 +12,7 @@ and checks: the loss falls; the resumed export equals the reference export (bitw
 difference is reported); the export loads with `AutoModelForCausalLM.from_pretrained`. It reports
 s/step (median over logged steps, from metrics.jsonl), the peak GPU memory the run logged
 (torch.cuda.max_memory_allocated) and the planner's prediction for the same launch
-(launcher.plan_cmd.plan_input_from_launch -> launcher.planner.make_plan).
+(launcher.commands.plan_cmd.plan_input_from_launch -> launcher.plan.planner.make_plan).
 
 GPU machine (deepspeed and its dependencies from wheels, see BENCHMARKS.md):
     python3 bench/gpu_strategies.py --out OUT_DIR          # all cases, table + OUT_DIR/gpu_strategies.json
@@ -168,15 +168,15 @@ def render(case: Case, args: argparse.Namespace, run_dir: Path, log: Path) -> No
 
 def resolve_case(case: Case, args: argparse.Namespace, run_dir: Path) -> Any:
     """The launcher's Launch for this case, parsed from the same command line as `render`."""
-    from launcher.launch import build_parser, request_from_args
-    from launcher.options import resolve
+    from launcher.commands.launch import build_parser, request_from_args
+    from launcher.resolve.options import resolve
 
     return resolve(request_from_args(build_parser().parse_args(cli_args(case, args, run_dir) + ["--dry-run"])))
 
 
 def train(launch: Any, log: Path, timeout: float) -> int:
     """Start training exactly as `sft-launch --executor local` does."""
-    from launcher.local import train_command
+    from launcher.execute.local import train_command
 
     attempt = protocol.local_attempt_name(time.time())  # each rank's whole output: logs/ranks/<attempt>/
     return run_logged(train_command(launch, protocol.free_port(), attempt), log, timeout)
@@ -332,7 +332,7 @@ def write_json(args: argparse.Namespace, env: dict[str, Any], results: list[Resu
 
 def calibration_points(results: list[Result], env: dict[str, Any]) -> list[dict[str, Any]]:
     """Measured runs as tests/fixtures/memory_calibration.json points (issue #17 item 3). The peak is
-    the training process's since start (model build included), as train/metrics.py logs it."""
+    the training process's since start (model build included), as train/observe/metrics.py logs it."""
     points = []
     for r in results:
         if r.error or not (r.peak_gib and r.peak_reserved_gib and r.plan_input):

@@ -1,4 +1,4 @@
-"""Measure the peak GPU memory of real training steps and compare it with launcher.planner's prediction.
+"""Measure the peak GPU memory of real training steps and compare it with launcher.plan.planner's prediction.
 
 Each case runs in its own `accelerate launch` (FSDP2, bf16, an accelerate.yaml in the shape the
 launcher renders) of this file in `--worker` mode: random-init LlamaForCausalLM built on the GPU,
@@ -37,7 +37,7 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             intermediate_size=128, vocab_size=512, tie_word_embeddings=False)
 MULTI = 0  # placeholder: the case runs on --gpus GPUs
 # PlanInput fields fixed by how `run_worker` trains: `torch.optim.AdamW(params)` with no `fused`/`foreach`
-# argument runs torch's foreach implementation on CUDA (DTensor params included), unlike train/optim.py's
+# argument runs torch's foreach implementation on CUDA (DTensor params included), unlike train/engine/optim.py's
 # fused AdamW. Points recorded before this field existed are compared with it too.
 WORKER_PLAN_INPUT = {"adamw_impl": "foreach", "hold_outputs": True}
 
@@ -194,8 +194,8 @@ def plan_input_for(case: Case, result: dict, gpu_type: str) -> dict:
 
 def to_point(case: Case, result: dict, args: argparse.Namespace) -> dict:
     from contract.gpus import gpu_type_from_device_name
-    from launcher.memory import GIB
-    from launcher.planner import make_plan, plan_input_from_dict
+    from launcher.plan.memory import GIB
+    from launcher.plan.planner import make_plan, plan_input_from_dict
 
     gpu_type = gpu_type_from_device_name(result["device_name"]) or args.gpu_type
     plan_input = plan_input_for(case, result, gpu_type)

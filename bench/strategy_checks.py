@@ -73,9 +73,9 @@ def predicted_peak(launch: Any) -> tuple[float, float, dict[str, Any]]:
     """The planner's allocated / reserved GiB for this launch, and the PlanInput it used."""
     from dataclasses import asdict as as_dict
 
-    from launcher.memory import GIB
-    from launcher.plan_cmd import plan_input_from_launch
-    from launcher.planner import make_plan
+    from launcher.plan.memory import GIB
+    from launcher.commands.plan_cmd import plan_input_from_launch
+    from launcher.plan.planner import make_plan
 
     plan_input = plan_input_from_launch(launch)
     gpu = make_plan(plan_input).gpu

@@ -88,9 +88,9 @@ class TrainSection:
     compile: bool | Literal["auto"] = documented("auto", "torch.compile each decoder layer; auto = on CUDA GPUs")
     fused_loss: bool | Literal["fused", "liger", "chunked"] = documented(
         True, "fuse lm_head and cross-entropy: true = 'fused' on CUDA, 'chunked' elsewhere; or name one "
-              "(train/loss.py); false = full logits")
+              "(train/kernels/loss.py); false = full logits")
     fused_mlp: bool | Literal["auto"] = documented(
-        "auto", "compute SwiGLU inside the MLP's GEMMs (train/swiglu.py; quack-kernels, Hopper/Blackwell; "
+        "auto", "compute SwiGLU inside the MLP's GEMMs (train/kernels/swiglu.py; quack-kernels, Hopper/Blackwell; "
                 "tokens x intermediate_size x 2 bytes less activation memory per layer): auto = where it "
                 "can run, true = required")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "

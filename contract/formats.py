@@ -9,7 +9,7 @@ saved `datasets` directories) so a bad row is reported where the user can find i
   tokens    {"input_ids": [...], "labels": [...] (optional, -100 = no loss; absent = loss everywhere)}
             — pre-tokenized (benchmarks, or data tokenized elsewhere); used as is
 
-One implementation for both sides: `train.data` tokenizes what `parse_row` returns, and the
+One implementation for both sides: `train.dataset.load` tokenizes what `parse_row` returns, and the
 launcher's pre-submission check (`contract.datacheck`) runs every row through the same `parse_row`
 on the login node. Torch-free; JSONL is read line by line (a multi-GB file never sits in memory).
 """

@@ -19,13 +19,13 @@ class GpuSpec:
     has_bf16: bool = True
 
 
-# GPU-only attention backends (train/attention.py): the lowest compute capability their kernels are
+# GPU-only attention backends (train/kernels/attention.py): the lowest compute capability their kernels are
 # built for. The launcher checks the profile's GPU against it, training the device it runs on.
 # (torch's own varlen kernel is FlashAttention-2 too: same floor as flash_attn.)
 ATTENTION_MIN_CAPABILITY: dict[str, tuple[int, int]] = {"flash_attn": (8, 0), "fa4": (9, 0)}
 
-# quack's CuTe DSL kernels (the fused SwiGLU MLP's GEMMs in train/swiglu.py, the fused loss's
-# cross-entropy pass in train/loss.py): Hopper and Blackwell.
+# quack's CuTe DSL kernels (the fused SwiGLU MLP's GEMMs in train/kernels/swiglu.py, the fused loss's
+# cross-entropy pass in train/kernels/loss.py): Hopper and Blackwell.
 QUACK_CAPABILITY: tuple[tuple[int, int], tuple[int, int]] = ((9, 0), (10, 3))
 
 

@@ -1,6 +1,6 @@
 """A LLaMA-family model's shape (from an HF LlamaConfig-style dict): parameter counts and the
 FLOPs per trained token that MFU is measured against. Pure Python: the planner on the login node
-and train.metrics on the GPU count the same N the same way.
+and train.observe.metrics on the GPU count the same N the same way.
 
 Model FLOPs per trained token (forward + backward = 3 × forward, 2 FLOPs per multiply-add)::
 
@@ -30,7 +30,7 @@ REQUIRED_ARCH_KEYS = (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
 )
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Tokens per chunk of the fused lm_head + cross-entropy (train/loss.py): the logits of one chunk exist
+# Tokens per chunk of the fused lm_head + cross-entropy (train/kernels/loss.py): the logits of one chunk exist
 # at a time (the planner sizes the loss's memory by it); at 4,096 the lm_head's matmuls run at full
 # cuBLAS speed, ~10% faster than in Liger's 1,024-token chunks (bench/gpu_ceilings.py).
 FUSED_LOSS_CHUNK_TOKENS = 4096
@@ -100,7 +100,7 @@ class ModelShape:
 
     def flops_per_token(self, mean_doc_len: float, lora_params: int | None = None) -> float:
         """6·N + 6·L·a·s̄; with LoRA (`lora_params`: the adapters' count) 4·N + 6·N_lora + 6·L·a·s̄.
-        The one count of model FLOPs: train.metrics, the planner and bench/ all call it."""
+        The one count of model FLOPs: train.observe.metrics, the planner and bench/ all call it."""
         weights = 6 * self.matmul_params if lora_params is None else 4 * self.matmul_params + 6 * lora_params
         return float(weights + 6 * self.layers * self.q_dim * mean_doc_len)
 

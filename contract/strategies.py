@@ -21,7 +21,7 @@ class StrategySpec:
     zero_stage: int = 0  # 2 or 3 for engine deepspeed
     fp32_params: bool = False  # the wrapped model keeps fp32 weights (low precision only as a cast cache)
     launchable: bool = True  # the profile and --strategy may choose it
-    gpu_only: str = ""  # why a CPU profile cannot run it; "" = it runs on CPU too (train/sharding.py)
+    gpu_only: str = ""  # why a CPU profile cannot run it; "" = it runs on CPU too (train/engine/sharding.py)
     no_cpu_offload: str = ""  # why profile.cpu_offload is refused with it; "" = offload works
 
     @property
@@ -51,7 +51,7 @@ STRATEGIES: dict[str, StrategySpec] = {
     ]
 }
 # ZeRO-3 keeps up to this many gathered parameters per GPU before releasing any (deepspeed.json's
-# stage3_max_live_parameters; the planner counts them, launcher/memory.py). Also the sub_group_size:
+# stage3_max_live_parameters; the planner counts them, launcher/plan/memory.py). Also the sub_group_size:
 # the optimizer steps over fp32 partitions of at most this many elements at a time.
 ZERO_MAX_LIVE_PARAMETERS = 1_000_000_000
 ZERO_SUB_GROUP_SIZE = 1_000_000_000

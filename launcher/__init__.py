@@ -1,8 +1,5 @@
-"""sft-launch: the login-node side. Never imports torch.
-
-`launcher.submit(...)` / `launcher.attach(run_dir)` are the Python API (launcher/api.py), loaded
-lazily so that `import launcher` stays instant.
-"""
+"""sft-launch, the login-node side: cli.py, api.py (`launcher.submit`/`attach`, loaded lazily), usage.py, runrecord.py,
+and the stages resolve/ -> plan/, execute/, driven by commands/ and ops/. Imports contract, never torch or train."""
 
 from typing import Any
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.executors import DETACHED, execute
+from launcher.execute.executors import DETACHED, execute
 from launcher.ops import cancel as cancel_ops
 from launcher.ops import logs as logs_ops
-from launcher.ops import rundir, slurm, status
-from launcher.options import LaunchRequest, resolve
+from launcher.ops import ownership, rundir, slurm, status
+from launcher.resolve.options import LaunchRequest, resolve
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,9 @@ def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: s
                             strategy=strategy, lora=lora, time=time, job_name=job_name, executor=executor,
                             sets=list(sets or []), train_flags=dict(train_flags))
     launch = resolve(request)
-    from launcher.preflight import check_launch
+    from launcher.resolve.preflight import check_launch
 
     check_launch(launch)  # data rows, model dir, container image, run dir: exit 2 before anything is written
-    execute(launch, ["launcher.api.submit", model], dry_run=False)
+    with ownership.owned(launch.run_dir, launch.executor):  # one job per run directory
+        execute(launch, ["launcher.api.submit", model], dry_run=False)
     return RunHandle(launch.run_dir)

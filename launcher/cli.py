@@ -14,17 +14,17 @@ import sys
 # name -> module with main(argv). To add a subcommand: a module with main(argv) (its parser a
 # launcher.usage.Parser) and one line here; `sft-launch --help` lists the names.
 COMMANDS: dict[str, str] = {
-    "models": "launcher.models_cmd",
+    "models": "launcher.commands.models_cmd",
     "status": "launcher.ops.status",
     "runs": "launcher.ops.runs",
     "logs": "launcher.ops.logs",
     "cancel": "launcher.ops.cancel",
     "plot": "launcher.ops.plot",
-    "plan": "launcher.plan_cmd",
-    "eval": "launcher.eval_cmd",
-    "chat": "launcher.chat_cmd",
+    "plan": "launcher.commands.plan_cmd",
+    "eval": "launcher.commands.eval_cmd",
+    "chat": "launcher.commands.chat_cmd",
 }
-LAUNCH_MODULE = "launcher.launch"
+LAUNCH_MODULE = "launcher.commands.launch"
 
 
 def _error(message: str, code: int) -> int:
@@ -37,11 +37,10 @@ def unknown_command(word: str) -> str | None:
     positional arguments), with the closest subcommand when one is close; None for a flag."""
     if word.startswith("-"):
         return None
-    from launcher.usage import closest
+    from contract.schema import closest
 
-    hint = closest(word, list(COMMANDS))
-    known = f"did you mean '{hint}'?" if hint else f"commands: {', '.join(COMMANDS)}"
-    return f"unknown command '{word}'; {known} (a launch takes only flags: try 'sft-launch --help')"
+    known = closest(word, COMMANDS) or f"; commands: {', '.join(COMMANDS)}"
+    return f"unknown command '{word}'{known} (a launch takes only flags: try 'sft-launch --help')"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 The tasks (a multiple-choice one and a generation one) are written per test with the JSONL's
 absolute path in `data_files`, so lm-eval loads them through `datasets`' json builder, offline.
 The run directory is rendered as a launch renders it (`sft-launch --executor local --model tiny`,
-without starting it: tests/launcher/conftest.write_run); its export is a random tiny Llama saved the way train/export.py saves one (weights,
+without starting it: tests/launcher/conftest.write_run); its export is a random tiny Llama saved the way train/engine/export.py saves one (weights,
 config, generation config, the shipped tiny tokenizer with its chat template).
 """
 

@@ -1,8 +1,9 @@
 """The one direction of dependency (docs/ARCHITECTURE.md): launcher -> contract <- train.
 
 Read from the source with `ast` (every import, also those inside functions: a late import is still
-a dependency; only `if TYPE_CHECKING:` imports, which never run, are left out), then checked in a
-fresh interpreter: importing the whole launcher and contract loads neither torch nor train.
+a dependency), then checked in a fresh interpreter: importing the whole launcher and contract loads
+neither torch nor train. `if TYPE_CHECKING:` imports never run: the direction check leaves them out,
+the cycle check counts them (a type-only import is still a module that must exist first).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import ast
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,6 +23,33 @@ FORBIDDEN = {
     "launcher": {"train", "torch"},
     "train": {"launcher"},
 }
+
+
+# Inside launcher/ and train/ (issue #31): the modules that sit at a package's top (entry points and what
+# every stage shares), and which of the others' areas each area may import; an area is a subpackage
+# (launcher.plan) or a top module (launcher.api). An area missing from MAY_IMPORT may import any area:
+# launcher's subcommands and train's entry points. Type-only imports count.
+TOP_MODULES = {
+    "launcher": {"cli", "api", "usage", "runrecord"},
+    "train": {"__main__", "main", "evaluate", "export_checkpoint", "chat_cli", "eval_tasks"},
+}
+MAY_IMPORT = {
+    "launcher": {"launcher.api"},
+    "launcher.cli": set(),  # subcommands by name only (importlib), so `--help` stays instant
+    "launcher.usage": set(),
+    "launcher.runrecord": set(),  # also `python3 -m launcher.runrecord` in every launch.slurm
+    "launcher.api": {"launcher.resolve", "launcher.execute", "launcher.ops"},
+    "launcher.plan": set(),
+    "launcher.resolve": {"launcher.plan"},
+    "launcher.execute": {"launcher.resolve", "launcher.plan", "launcher.runrecord"},
+    "launcher.ops": {"launcher.resolve", "launcher.usage", "launcher.runrecord"},
+    "train": set(),
+    "train.dataset": set(),
+    "train.kernels": set(),
+    "train.observe": set(),
+    "train.engine": {"train.dataset", "train.kernels", "train.observe"},
+}
+MAX_MODULES = 12  # per folder
 
 
 def _module_name(path: Path) -> str:
@@ -45,11 +74,12 @@ def _type_only(tree: ast.AST) -> set[int]:
     return {id(inner) for node in guarded for stmt in node.body for inner in ast.walk(stmt)}
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """Every module `path` imports (submodules resolved where `from pkg import sub` names one)."""
+def _imports(path: Path, modules: dict[str, Path], type_only: bool = False) -> set[str]:
+    """Every module `path` imports (submodules resolved where `from pkg import sub` names one);
+    `if TYPE_CHECKING:` imports only with `type_only`."""
     names: set[str] = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = _type_only(tree)
+    skipped = set() if type_only else _type_only(tree)
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
@@ -62,9 +92,9 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return names
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_only: bool = False) -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(path, modules) for name, path in modules.items()}
+    return {name: _imports(path, modules, type_only) for name, path in modules.items()}
 
 
 def test_imports_follow_one_direction() -> None:
@@ -100,18 +130,78 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycles() -> None:
-    cycle = _cycle(_graph())
+def test_no_import_cycles_type_only_imports_included() -> None:
+    cycle = _cycle(_graph(type_only=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_the_checks_find_cycles_and_late_imports_but_not_type_only_ones(tmp_path: Path) -> None:
+def test_the_checks_find_cycles_late_imports_and_type_only_ones_on_request(tmp_path: Path) -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
     source = tmp_path / "m.py"
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
-                      "def f():\n    import train.loop\n")
-    assert _imports(source, {}) == {"typing", "train.loop"}
+                      "def f():\n    import train.engine.loop\n")
+    assert _imports(source, {}) == {"typing", "train.engine.loop"}
+    assert _imports(source, {}, type_only=True) == {"typing", "train.engine.loop", "torch"}
+
+
+def _area(module: str) -> str:
+    """launcher.plan.planner -> launcher.plan; launcher.api -> launcher.api; contract.x -> contract."""
+    parts = module.split(".")
+    if parts[0] not in TOP_MODULES or len(parts) == 1:
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def _area_graph() -> dict[str, set[str]]:
+    areas: dict[str, set[str]] = {}
+    for module, targets in _graph(type_only=True).items():
+        if module.split(".")[0] in TOP_MODULES:
+            found = {_area(t) for t in targets if t.split(".")[0] in TOP_MODULES}
+            areas.setdefault(_area(module), set()).update(found - {_area(module)})
+    return areas
+
+
+def test_subpackages_import_in_the_flow_direction() -> None:
+    """e.g. plan never imports resolve or execute; execute never a subcommand; kernels never the loop."""
+    bad = [f"{area} imports {target} (may import: {', '.join(sorted(MAY_IMPORT[area])) or 'contract only'})"
+           for area, targets in sorted(_area_graph().items()) if area in MAY_IMPORT
+           for target in sorted(targets - MAY_IMPORT[area])]
+    assert not bad, "imports against the flow between subpackages (tests/test_architecture.py MAY_IMPORT):\n" + \
+        "\n".join(bad)
+    assert _cycle(_area_graph()) is None
+
+
+def test_every_module_has_its_place() -> None:
+    """A module at launcher/'s or train/'s top must be an entry point or shared (TOP_MODULES); the rest
+    live in a subpackage whose direction MAY_IMPORT states."""
+    modules = {name: path for name, path in _modules().items()
+               if name.split(".")[0] in TOP_MODULES and path.name != "__init__.py"}
+    strays = sorted(name for name in modules if name.count(".") == 1
+                    and name.split(".")[1] not in TOP_MODULES[name.split(".")[0]])
+    assert not strays, f"put these in a subpackage (docs/ARCHITECTURE.md, where to add): {strays}"
+    unruled = sorted({_area(name) for name in modules if name.count(".") >= 2} - set(MAY_IMPORT)
+                     - {"launcher.commands"})
+    assert not unruled, f"a new subpackage: give it its line in MAY_IMPORT: {unruled}"
+
+
+def test_every_folder_is_small_and_says_what_it_holds() -> None:
+    """At most MAX_MODULES modules per folder; each package's docstring: two lines, what lives there
+    and what it may import."""
+    for package in TOP_MODULES:
+        for init in sorted((REPO / package).rglob("__init__.py")):
+            folder = init.parent
+            count = sum(1 for p in folder.glob("*.py") if p.name != "__init__.py")
+            assert count <= MAX_MODULES, f"{folder.relative_to(REPO)}/: {count} modules (> {MAX_MODULES})"
+            doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+            assert doc and len(doc.splitlines()) == 2, f"{init.relative_to(REPO)}: a two-line docstring"
+
+
+def test_the_wheel_lists_every_package() -> None:
+    """pyproject.toml names packages one by one (templates/ is installed as launcher.templates)."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    on_disk = {_module_name(init) for package in PACKAGES for init in (REPO / package).rglob("__init__.py")}
+    assert listed - {"launcher.templates"} == on_disk
 
 
 def test_launcher_and_contract_load_neither_torch_nor_train() -> None:

@@ -1,6 +1,6 @@
 """`python -m train.chat_cli --model DIR`: talk to an exported model through its own chat template.
 
-Started by `sft-launch chat RUN` (launcher/chat_cmd.py). `--prompt TEXT` answers once and exits;
+Started by `sft-launch chat RUN` (launcher/commands/chat_cmd.py). `--prompt TEXT` answers once and exits;
 without it, a conversation on stdin (a terminal or a pipe): `/reset` forgets it, `/exit` or EOF
 ends it. Greedy by default; the sampling flags are transformers' `generate` arguments.
 Exit 0 ok, 2 usage (bad flag, export without a chat template), 1 failure.

@@ -1,6 +1,6 @@
 """`python -m train.evaluate`: lm-evaluation-harness on an exported model, results to one JSON file.
 
-Started by `sft-launch eval` (launcher/eval_cmd.py), here or inside a one-node SLURM job through
+Started by `sft-launch eval` (launcher/commands/eval_cmd.py), here or inside a one-node SLURM job through
 `accelerate launch`, which makes lm-eval's HF backend data parallel over the node's GPUs (each
 process holds the whole model, takes a slice of the requests, rank 0 gathers and scores).
 The results file holds lm-eval's results with the exact task versions, configs and n-shot, plus

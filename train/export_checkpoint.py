@@ -3,7 +3,7 @@
 For `sft-launch eval RUN --checkpoint STEP`. Run under `accelerate launch` with the run's
 accelerate.yaml (one node): the model and optimizer are built and prepared exactly as in training,
 `load_state` restores the checkpoint (FSDP2 sharded states reshard onto this world), and
-train/export.py's `export_model` writes the same files as the final export. The directory is
+train/engine/export.py's `export_model` writes the same files as the final export. The directory is
 written under a temporary name and renamed, so a half-written export is never evaluated.
 Exit 0 ok, 2 bad config / not a complete checkpoint, 1 failure.
 """
@@ -23,19 +23,19 @@ from contract.protocol import (
     EVAL_PINNED_PREFIX as PINNED_PREFIX,  # eval --every-checkpoint's copies, the only ones removed
 )
 from contract.schema import ConfigError
-from train.checkpoint import MARKER
+from train.engine.checkpoint import MARKER
 
 logger = logging.getLogger(__name__)
 
 
 def export_checkpoint(config: Path, checkpoint: Path, output: Path) -> None:
-    from train.attention import setup_attention
-    from train.checkpoint import load_checkpoint
-    from train.data import load_tokenizer
-    from train.export import export_model
-    from train.model import build_model
-    from train.optim import prepare_for_training
-    from train.sharding import build_accelerator
+    from train.kernels.attention import setup_attention
+    from train.engine.checkpoint import load_checkpoint
+    from train.dataset.load import load_tokenizer
+    from train.engine.export import export_model
+    from train.engine.model import build_model
+    from train.engine.optim import prepare_for_training
+    from train.engine.sharding import build_accelerator
 
     cfg = load_train_config(config)
     accelerator = build_accelerator(cfg.model.precision)  # as training built it: FSDP2 states load sharded

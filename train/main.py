@@ -1,7 +1,7 @@
 """Entry point of a training process: ``accelerate launch … -m train --config RUN_DIR/train.toml``.
 
 Exit codes (docs/ARCHITECTURE.md): 0 done and exported; 75 (EXIT_REQUEUE) checkpointed after a stop
-request; 76 (EXIT_HUNG) no progress: the watchdog fired (train/watchdog.py) or a collective timed out
+request; 76 (EXIT_HUNG) no progress: the watchdog fired (train/engine/watchdog.py) or a collective timed out
 or lost a peer; 1 runtime failure (including a failed checkpoint write — the previous one stays
 intact); 2 bad configuration (one line naming the key). A failure also leaves one record in
 RUN_DIR/logs/failures.jsonl (contract/failure.py) so the launcher can say why in one line.
@@ -20,7 +20,7 @@ from contract.config import load_train_config
 from contract.failure import EXIT_CONFIG, EXIT_FAILURE, EXIT_HUNG, PeerFailedError, first_line, record_failure
 from contract.liveness import append_roster
 from contract.schema import ConfigError
-from train.ranklog import console_handler, redirect_output
+from train.observe.ranklog import console_handler, redirect_output
 
 logger = logging.getLogger("train")
 
@@ -39,9 +39,9 @@ def _configure_logging(run_dir: Path, attempt: str | None) -> None:
         root = logging.getLogger()
         root.addHandler(console_handler(console, root.handlers[0].formatter or logging.Formatter()))
     # Per-rank facts (peak RSS at load) are INFO on every rank: let model loading through.
-    logging.getLogger("train.model").setLevel(logging.INFO)
+    logging.getLogger("train.engine.model").setLevel(logging.INFO)
     # Accelerate narrates every save_state/load_state in ~14 INFO lines (each file it writes);
-    # train/checkpoint.py says it in one line of its own. Its warnings still come through.
+    # train/engine/checkpoint.py says it in one line of its own. Its warnings still come through.
     logging.getLogger("accelerate").setLevel(logging.WARNING)
 
 
@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from torch.distributed.checkpoint import CheckpointException
 
-        from train.loop import train
-        from train.sharding import build_accelerator
-        from train.watchdog import collective_failure, record_collective_failure
+        from train.engine.loop import train
+        from train.engine.sharding import build_accelerator
+        from train.engine.watchdog import collective_failure, record_collective_failure
     except ImportError as err:
         logger.exception("import failed")
         record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")

@@ -1,6 +1,2 @@
-"""Operating runs after submission: `sft-launch status/runs/logs/cancel/plot`.
-
-Each module has `main(argv) -> int` (registered in launcher.cli.COMMANDS). They read the run
-directory (run.json, metrics.jsonl, checkpoints/, logs/) and ask SLURM with `scontrol`/`squeue`
-(no accounting database needed). Nothing here imports torch; plot imports matplotlib lazily.
-"""
+"""ops: operating runs after submission (`sft-launch status/runs/logs/cancel/plot`): run directories, scontrol/squeue.
+May import contract, launcher.resolve, launcher.usage and launcher.runrecord; never plan, execute or commands (no torch)."""

@@ -35,7 +35,7 @@ def add_root_arguments(parser: argparse.ArgumentParser) -> None:
 
 def storage_root(args: argparse.Namespace) -> Path:
     """--root, else the profile's storage_root (embedded local profile when there is no cluster file)."""
-    from launcher.profile import EMBEDDED_LOCAL_PROFILE, read_cluster_file, select_profile
+    from launcher.resolve.profile import EMBEDDED_LOCAL_PROFILE, read_cluster_file, select_profile
 
     if args.root:
         return Path(args.root).expanduser()

@@ -7,7 +7,7 @@ from typing import Any
 
 from contract.schema import ConfigError
 from launcher.ops import evalresults, rundir, slurm, status
-from launcher.options import DEFAULT_CLUSTER_FILE
+from launcher.resolve.options import DEFAULT_CLUSTER_FILE
 from launcher.usage import Parser
 
 

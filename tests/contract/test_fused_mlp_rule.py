@@ -1,5 +1,5 @@
 """The one rule for where the fused SwiGLU MLP (train.fused_mlp) may run, shared by the login-node
-check (launcher/options.py) and the compute node (train/swiglu.py)."""
+check (launcher/resolve/options.py) and the compute node (train/kernels/swiglu.py)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ import typing
 
 from contract.gpus import mixed_precision
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, PlannerStrategy, Strategy
-from launcher.launch_args import build_parser
-from launcher.profile import ClusterProfile
+from launcher.commands.launch_args import build_parser
+from launcher.resolve.profile import ClusterProfile
 
 
 def test_literals_and_cli_choices_come_from_the_table() -> None:

@@ -1,5 +1,5 @@
 """Fault injection from outside the production code: `sitecustomize.py` in this folder installs
-`train.hooks` callbacks in every training worker (a process with RANK set) that starts with this
+`train.engine.hooks` callbacks in every training worker (a process with RANK set) that starts with this
 folder first on PYTHONPATH, configured by the environment variables below (test-only names)."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT):
     import time
     from pathlib import Path
 
-    from train.hooks import HOOKS
+    from train.engine.hooks import HOOKS
 
     def _stop_at(step: int, is_main_process: bool, stop_file: Path) -> None:
         # The real file + all-reduce path at a deterministic step.

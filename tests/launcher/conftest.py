@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.options import Launch, LaunchRequest, resolve
-from launcher.render import render_files
+from launcher.resolve.options import Launch, LaunchRequest, resolve
+from launcher.execute.render import render_files
 from tests.filesystems import ROOMY, tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ CASES = [
     Case("a100-qwen-apptainer-fixed-port", "a100", "qwen2.5-7b",
          sets=("profile.container.kind=apptainer", "profile.container.image=/shared/img/sft.sif",
                'profile.container.mounts=["/shared:/shared"]', "profile.master_port=29400")),
-    # The headline commands (issue #11): the micro-batch is left to launcher/autofit.py.
+    # The headline commands (issue #11): the micro-batch is left to launcher/plan/autofit.py.
     Case("a100-llama-70b-2nodes-headline", "a100", "llama-70b", nodes=2),
     Case("a100-llama3-8b-1node-headline", "a100", "llama3-8b"),
 ]
@@ -79,8 +79,8 @@ def case(request: pytest.FixtureRequest) -> Case:
 def write_run(args: list[str]) -> Path:
     """The run directory a launch with these flags renders (no checks, nothing started): for tests
     that drive training themselves. A --dry-run writes no run directory."""
-    from launcher.launch_args import build_parser, request_from_args
-    from launcher.render import write_run_dir
+    from launcher.commands.launch_args import build_parser, request_from_args
+    from launcher.execute.render import write_run_dir
 
     return write_run_dir(resolve(request_from_args(build_parser().parse_args(args))), ["sft-launch", *args])
 

@@ -29,8 +29,8 @@ def make_run(root: Path, name: str = "run-a", *, job_id: str = "900042", steps_p
         for index in range(count):
             step += 1
             records.append(step_record(step, restart, elapsed=2.0 * (index + 1), mfu=mfu, total_steps=max_steps))
-            log_lines += [f"2026-01-01 00:00:0{index % 10},000 [rank 0] INFO train.metrics: step {step}/{max_steps}",
-                          f"2026-01-01 00:00:0{index % 10},000 [rank 1] INFO train.model: rank 1 says {step}"]
+            log_lines += [f"2026-01-01 00:00:0{index % 10},000 [rank 0] INFO train.observe.metrics: step {step}/{max_steps}",
+                          f"2026-01-01 00:00:0{index % 10},000 [rank 1] INFO train.engine.model: rank 1 says {step}"]
         log_lines.append("srun: error: node2: task 1: Terminated")
         (run_dir / "logs" / f"{job_id}-r{restart}.log").write_text("\n".join(log_lines) + "\n")
         if restart < len(kinds):

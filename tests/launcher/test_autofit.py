@@ -1,4 +1,4 @@
-"""A default that fits (issue #11): launcher/autofit.py's micro-batch search, and the headline
+"""A default that fits (issue #11): launcher/plan/autofit.py's micro-batch search, and the headline
 commands through the real CLI (plan printed, run directory rendered, choice recorded, refusals)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
-from launcher.autofit import MIN_MICRO_BATCH_TOKENS, Rules, _trial, candidates, search
-from launcher.planner import PlanInput, make_plan
-from launcher.presets import PRESETS
+from launcher.plan.autofit import MIN_MICRO_BATCH_TOKENS, Rules, _trial, candidates, search
+from launcher.plan.planner import PlanInput, make_plan
+from launcher.resolve.presets import PRESETS
 
 EXAMPLE = ["--cluster", str(EXAMPLE_CLUSTER)]  # default_profile = "a100": 8 x A100 80GB per node
 HEADLINE_70B = [*EXAMPLE, "--nodes", "2", "--model", "llama-70b", "--dry-run"]

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.launcher.conftest import REPO, write_stub
-from launcher.options import LaunchRequest, resolve
-from launcher.render import write_run_dir
+from launcher.resolve.options import LaunchRequest, resolve
+from launcher.execute.render import write_run_dir
 
 # The stub plays SLURM and training: USR1 to the batch shell, wait (bounded) until the shell forwards
 # it, then "checkpoint" and exit 75. Waiting for the forward, not a fixed sleep, keeps a loaded
@@ -234,7 +234,7 @@ def test_a_failed_node_command_ends_the_log_with_the_cause_and_keeps_tracebacks_
     run_dir = _render(tmp_path, "run", [])
     write_stub(tmp_path / "bin", "accelerate", f"""
 printf '%s\\0' "$@" > "$STUB_LOG/accelerate.argv"
-echo "[rank 0] INFO train.loop: step 1/2 loss 5.5"
+echo "[rank 0] INFO train.engine.loop: step 1/2 loss 5.5"
 {sys.executable} -c 'from pathlib import Path; from contract.failure import record_failure; \
 record_failure(Path.cwd(), 2, "bad.jsonl:7: invalid JSON")'
 printf 'Traceback (most recent call last):\\nChildFailedError: train FAILED\\n' >&2
@@ -243,7 +243,7 @@ exit 1
     result = _run_script(tmp_path, run_dir, 'while [[ "$1" != bash ]]; do shift; done; SLURM_NODEID=0 "$@"')
     log = (run_dir / "logs" / "4242-r0.log").read_text().strip().splitlines()
     assert result.returncode == 2, (result.stderr, log)
-    assert "[rank 0] INFO train.loop: step 1/2 loss 5.5" in log, log
+    assert "[rank 0] INFO train.engine.loop: step 1/2 loss 5.5" in log, log
     assert not any("Traceback" in line or "ChildFailedError" in line for line in log), log
     rank_logs = run_dir / "logs" / "ranks" / "4242-r0"
     assert log[-2:] == [f"sft-launch: every rank's output: {rank_logs}/",

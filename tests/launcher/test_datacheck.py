@@ -58,7 +58,7 @@ def test_allowed_bad_rows_are_counted_in_the_plan(tmp_path: Path) -> None:
 
 def test_training_skips_exactly_what_the_check_found(tmp_path: Path) -> None:
     from contract.config import TrainConfig
-    from train.data import build_datasets, load_tokenizer
+    from train.dataset.load import build_datasets, load_tokenizer
 
     data = tmp_path / "chat.jsonl"
     data.write_text("\n".join(SAMPLE[:6] + [BAD, "{oops", '["x"]'] + SAMPLE[6:20]) + "\n")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.eval_cmd import EvalRequest, render_script
-from launcher.profile import build_profile, read_cluster_file, select_profile
+from launcher.commands.eval_cmd import EvalRequest, render_script
+from launcher.resolve.profile import build_profile, read_cluster_file, select_profile
 from tests.launcher.conftest import EXAMPLE_CLUSTER, GOLDEN_DIR, cli_env, run_cli
 
 # CPU (one process), 8 GPUs (accelerate launch), pyxis container; a checkpoint exported first.
@@ -104,7 +104,7 @@ def test_eval_and_chat_do_not_import_torch_or_lm_eval_on_the_login_node(tmp_path
 
 
 def test_pin_links_a_complete_checkpoint_and_gives_up_on_a_pruned_one(tmp_path: Path) -> None:
-    from launcher.eval_watch import pin
+    from launcher.commands.eval_watch import pin
 
     checkpoint = tmp_path / "checkpoints" / "step-00000004"
     checkpoint.mkdir(parents=True)

@@ -56,8 +56,8 @@ def test_local_run_ends_with_the_first_failing_ranks_error_and_exit_2(tmp_path: 
     args = ["--model", "tiny", "--executor", "local", "--data", str(data), "--max_steps", "2", "--output", str(run_dir)]
     write_run(args)
     data.write_text("\n".join(SAMPLE[:6] + ['{"conversations": ['] + SAMPLE[6:40]) + "\n")
-    driver = ("import sys; from launcher.launch import build_parser, request_from_args; "
-              "from launcher.options import resolve; from launcher.local import run_local; "
+    driver = ("import sys; from launcher.commands.launch import build_parser, request_from_args; "
+              "from launcher.resolve.options import resolve; from launcher.execute.local import run_local; "
               f"sys.exit(run_local(resolve(request_from_args(build_parser().parse_args({args!r})))))")
     result = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, timeout=300)
@@ -67,7 +67,7 @@ def test_local_run_ends_with_the_first_failing_ranks_error_and_exit_2(tmp_path: 
     assert last.startswith("sft-launch: error: rank 0 (") and f"{data}:7: invalid JSON" in last, terminal
     [rank_logs] = (run_dir / "logs" / "ranks").iterdir()
     assert terminal[-2] == f"sft-launch: every rank's output: {rank_logs}/", terminal
-    assert "[rank 0] INFO train.model: rank 0 of 2" in result.stdout, "rank 0's progress reaches the terminal"
+    assert "[rank 0] INFO train.engine.model: rank 0 of 2" in result.stdout, "rank 0's progress reaches the terminal"
     for elsewhere in ("Traceback", "ChildFailedError", "[rank 1]", "tokenized cache missing", "error: "):
         assert elsewhere not in "\n".join(terminal[:-2]), (elsewhere, terminal)
     ranks = {path.name: path.read_text() for path in rank_logs.iterdir()}

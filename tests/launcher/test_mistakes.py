@@ -198,7 +198,7 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("flag-unknown", ["--model", "tiny", "--turbo"], "unknown flag --turbo; try 'sft-launch --help'"),
     ("stray-argument", ["--model", "tiny", "extra"], "unrecognized arguments: extra"),
     ("executor-typo", ["--model", "tiny", "--executor", "lcoal"], "argument --executor: invalid choice: 'lcoal'"),
-    ("command-typo", ["stauts", "myrun"], "unknown command 'stauts'; did you mean 'status'?"),
+    ("command-typo", ["stauts", "myrun"], "unknown command 'stauts' (did you mean: status?)"),
     ("command-unknown", ["train", "--model", "tiny"], "unknown command 'train'; commands: models, status"),
     ("plan-flag-abbreviated", ["plan", "--model", "tiny", "--max_step", "3"],
      "unknown flag --max_step; did you mean --max_steps? (try 'sft-launch plan --help')"),

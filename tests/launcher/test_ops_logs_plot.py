@@ -119,7 +119,7 @@ def test_plot_cli_writes_a_png_with_mfu_when_known(tmp_path: Path) -> None:
 
 def test_no_matplotlib_or_torch_when_importing_the_ops_modules() -> None:
     code = ("import sys, launcher.cli, launcher.ops.status, launcher.ops.runs, launcher.ops.logs, "
-            "launcher.ops.cancel, launcher.ops.plot, launcher.api, launcher.submitit_exec; "
+            "launcher.ops.cancel, launcher.ops.plot, launcher.api, launcher.execute.submitit_exec; "
             "print(sorted(m for m in ('torch', 'matplotlib', 'submitit') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr

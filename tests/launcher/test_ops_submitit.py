@@ -9,8 +9,8 @@ import pytest
 from tests.launcher.ops_fixtures import make_run
 
 from launcher import api
-from launcher.options import LaunchRequest, resolve
-from launcher.submitit_exec import TrainTask, executor_parameters, make_task
+from launcher.resolve.options import LaunchRequest, resolve
+from launcher.execute.submitit_exec import TrainTask, executor_parameters, make_task
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "tests" / "slurm" / "cluster.toml"

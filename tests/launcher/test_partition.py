@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from launcher.options import LaunchRequest, resolve
-from launcher.partition import parse_partition, problems
-from launcher.plan_cmd import plan_launch
+from launcher.commands.plan_cmd import plan_launch
+from launcher.ops.partition import parse_partition, problems
+from launcher.resolve.options import LaunchRequest, resolve
 from tests.launcher.conftest import EXAMPLE_CLUSTER
 
 # SLURM 22.05 on the test cluster (tests/slurm/cluster.sh up --nodes 3)
@@ -65,6 +65,6 @@ def test_the_signal_line_is_the_lead_the_script_asks_for() -> None:
     launch = _launch("cpu", 1, None, "profile.signal_lead_s=120")
     line = next(x for x in plan_launch(launch).text.splitlines() if x.startswith("Signal"))
     assert line.startswith("Signal  120 s before the limit (profile.signal_lead_s;"), line
-    from launcher.render import render_files
+    from launcher.execute.render import render_files
 
     assert "#SBATCH --signal=B:USR1@120" in render_files(launch)["launch.slurm"]

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
-from launcher.datasize import SAMPLE_BYTES, estimate_tokens, row_tokens
-from launcher.memory import MemoryBreakdown
-from launcher.options import LaunchRequest, resolve
-from launcher.plan_cmd import EXIT_DOES_NOT_FIT, plan_launch, refuse_unless_fits
+from launcher.plan.datasize import SAMPLE_BYTES, estimate_tokens, row_tokens
+from launcher.plan.memory import MemoryBreakdown
+from launcher.resolve.options import LaunchRequest, resolve
+from launcher.commands.plan_cmd import EXIT_DOES_NOT_FIT, plan_launch, refuse_unless_fits
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
-from launcher.plan_input import SHIPPED_DATA, mem_gib, plan_input_from_launch
+from launcher.resolve.plan_input import SHIPPED_DATA, mem_gib, plan_input_from_launch
 from contract.schema import ConfigError
 
 A100 = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100"]
@@ -104,7 +104,7 @@ def test_plan_input_maps_the_launch() -> None:
     assert (inp.micro_batch_tokens, inp.gradient_accumulation_steps) == (4096, 3)
     assert inp.loss_chunk_tokens == FUSED_LOSS_CHUNK_TOKENS and inp.precision == "bf16"
     assert (inp.time_limit_s, inp.storage_write_gbps, inp.cpu_mem_per_node_gib) == (4 * 3600, 5.5, None)
-    # an explicit per-device batch fixes the micro-batch (launcher/autofit.py would halve an unfused 8B one)
+    # an explicit per-device batch fixes the micro-batch (launcher/plan/autofit.py would halve an unfused 8B one)
     plain = plan_input_from_launch(resolve(_a100("llama3-8b", sets=["train.fused_loss=false",
                                                                     "train.per_device_train_batch_size=4"])))
     assert plain.loss_chunk_tokens == 0 and plain.micro_batch_tokens == 4 * 8192  # per-device x max length

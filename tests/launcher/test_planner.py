@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from launcher.memory import ALLOCATOR_SLACK, GIB, layer_activation_bytes_per_token, state_bytes
+from launcher.plan.memory import ALLOCATOR_SLACK, GIB, layer_activation_bytes_per_token, state_bytes
 from contract.shape import ModelShape
-from launcher.plan_format import format_plan
-from launcher.planner import (
+from launcher.plan.plan_format import format_plan
+from launcher.plan.planner import (
     PlanInput, make_plan, memory_options, plan_input_from_dict, plan_to_dict,
 )
 from contract.schema import ConfigError
@@ -118,7 +118,7 @@ def test_fitting_run_has_no_suggestions():
 def test_cpu_offload_moves_state_to_host():
     n = ModelShape.from_arch(LLAMA3_8B).total_params
     p = plan(gpus_per_node=8, cpu_offload=True)
-    # Only the bf16 gradients wait on the GPU for their copy to the host (measured, launcher/memory.py).
+    # Only the bf16 gradients wait on the GPU for their copy to the host (measured, launcher/plan/memory.py).
     assert state(p) == pytest.approx(2 * n / 8, abs=8)
     assert p.gpu.parameters == p.gpu.optimizer_states == p.gpu.master_weights == 0
     assert p.cpu["offload"] == pytest.approx(8 * 16 * n / 8, abs=8)

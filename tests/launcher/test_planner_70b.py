@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from launcher.memory import ALLOCATOR_SLACK, GIB, layer_activation_bytes_per_token
-from launcher.planner import PlanInput, make_plan
-from launcher.presets import PRESETS
+from launcher.plan.memory import ALLOCATOR_SLACK, GIB, layer_activation_bytes_per_token
+from launcher.plan.planner import PlanInput, make_plan
+from launcher.resolve.presets import PRESETS
 from contract.shape import ModelShape
 
 LLAMA2_70B = dict(PRESETS["llama-70b"].arch)

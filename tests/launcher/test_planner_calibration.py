@@ -12,8 +12,8 @@ import pytest
 
 from bench.memory_calibration import WORKER_PLAN_INPUT
 from contract.strategies import LAUNCHABLE
-from launcher.memory import GIB
-from launcher.planner import make_plan, plan_input_from_dict
+from launcher.plan.memory import GIB
+from launcher.plan.planner import make_plan, plan_input_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "memory_calibration.json"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ownership import RunBusy, _exclusive_file, lock_path
+from launcher.ops.ownership import RunBusy, _exclusive_file, lock_path
 from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli, write_stub
 
 ARGS = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "cpu", "--model", "tiny", "--max_steps", "5"]

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from contract.schema import ConfigError
-from launcher.options import LaunchRequest, resolve
-from launcher.profile import ClusterProfile
-from launcher.render import render_files
-from launcher.sbatch_options import profile_options
-from launcher.submitit_exec import executor_parameters
+from launcher.resolve.options import LaunchRequest, resolve
+from launcher.resolve.profile import ClusterProfile
+from launcher.execute.render import render_files
+from launcher.resolve.sbatch_options import profile_options
+from launcher.execute.submitit_exec import executor_parameters
 from tests.launcher.conftest import EXAMPLE_CLUSTER
 
 

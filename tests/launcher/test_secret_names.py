@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.profile import ClusterProfile, is_secret_name
+from launcher.resolve.profile import ClusterProfile, is_secret_name
 from contract.schema import ConfigError, build
 
 SECRETS = ["HF_TOKEN", "WANDB_API_KEY", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY",

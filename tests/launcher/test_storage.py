@@ -46,7 +46,7 @@ def test_plan_shows_the_disk_line_and_warns_under_20_percent_to_spare(tmp_path: 
 
 
 def test_what_a_resumed_run_already_holds_counts_as_room(tmp_path: Path) -> None:
-    from launcher.storage import run_writes
+    from launcher.resolve.storage import run_writes
 
     disk = tmp_path / "disk"
     with tmpfs(disk, "4m"):

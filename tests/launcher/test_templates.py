@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.launcher.conftest import CASES, Case, case_launch, render_case
-from launcher.options import LaunchRequest, resolve
-from launcher.render import render_files, timeout_threshold_s, write_run_dir
+from launcher.resolve.options import LaunchRequest, resolve
+from launcher.execute.render import render_files, timeout_threshold_s, write_run_dir
 from contract.config import load_train_config
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from contract.config import TrainSection
 from launcher.cli import COMMANDS
-from launcher.executors import EXECUTORS
+from launcher.execute.executors import EXECUTORS
 from tests.launcher.conftest import run_cli
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.slurm import slurm_harness as sh
 from tests.train.run_helpers import assert_sharded_checkpoint
-from train.checkpoint import complete_checkpoints
+from train.engine.checkpoint import complete_checkpoints
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -200,8 +200,8 @@ def test_two_nodes_train_and_export(runs):
     assert "world size 2" in log
     assert "world size 2 (DistributedType.FSDP)" in log, "CPU runs must shard with FSDP2, not fall back to DDP"
     # Each node's process says where it landed: machine ranks 0 and 1 (not 0 and 0), one per node.
-    assert "[rank 0] INFO train.model: rank 0 of 2: node rank 0, local rank 0, host node1" in log, log
-    assert "[rank 1] INFO train.model: rank 1 of 2: node rank 1, local rank 0, host node2" in log, log
+    assert "[rank 0] INFO train.engine.model: rank 0 of 2: node rank 0, local rank 0, host node1" in log, log
+    assert "[rank 1] INFO train.engine.model: rank 1 of 2: node rank 1, local rank 0, host node2" in log, log
     assert [e["host"] for e in events(run, "start")] == ["node1"]
     assert (run.dir / "export" / "config.json").exists()
 

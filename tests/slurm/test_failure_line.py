@@ -43,7 +43,7 @@ def test_failed_job_says_why_in_one_line() -> None:
                "--max_steps", "2", "--output", str(run_dir)])  # a dry run checks but writes no run directory
     data.write_text("\n".join(SAMPLE[:6] + ['{"conversations": ['] + SAMPLE[6:40]) + "\n")
     submit = ("import sys; from pathlib import Path; from launcher import sbatch; "
-              "from launcher.render import record_submission; d = Path(sys.argv[1]); "
+              "from launcher.execute.render import record_submission; d = Path(sys.argv[1]); "
               "j = sbatch.submit(d); record_submission(d, j); print(j)")
     job_id = int(subprocess.run([sys.executable, "-c", submit, str(run_dir)], capture_output=True, text=True,
                                 env=env, check=True, timeout=60).stdout.strip())

@@ -126,7 +126,7 @@ def test_status_without_accounting_falls_back_to_scontrol_then_run_json(tmp_path
 
 def test_a_job_slurm_does_not_know_owns_nothing(tmp_path: Path) -> None:
     """squeue -j on ids slurmctld never had (or forgot) says "Invalid job id": not a live job."""
-    from launcher.ownership import live_job
+    from launcher.ops.ownership import live_job
 
     run = tmp_path / "run"
     run.mkdir()

@@ -1,8 +1,8 @@
 """Run by test_loading_rank0.py under `accelerate launch` (2 CPU ranks): load a checkpoint the way
 training does and write this rank's peak-RSS numbers and a weight checksum as JSON.
 
-Mode "ddp": train.model.load_on_rank0 (the DDP path). Mode "fsdp2": the CPU training path —
-train.sharding.build_accelerator (FSDP2 over gloo), train.model.load_for_fsdp, then Accelerate's
+Mode "ddp": train.engine.model.load_on_rank0 (the DDP path). Mode "fsdp2": the CPU training path —
+train.engine.sharding.build_accelerator (FSDP2 over gloo), train.engine.model.load_for_fsdp, then Accelerate's
 prepare, which shards and fills every rank's shard from rank 0 (cpu_ram_efficient_loading)."""
 
 import ctypes
@@ -16,9 +16,9 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import AutoConfig
 
-from train.metrics import peak_rss_mib
-from train.model import load_for_fsdp, load_on_rank0
-from train.sharding import build_accelerator
+from train.observe.metrics import peak_rss_mib
+from train.engine.model import load_for_fsdp, load_on_rank0
+from train.engine.sharding import build_accelerator
 
 
 def _sharded_checksum(model: torch.nn.Module, rank: int) -> float:

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from contract.schema import ConfigError
-from train.attention import (
+from train.kernels.attention import (
     PACKED_BACKENDS,
     PACKED_SDPA,
     block_causal_mask,
@@ -16,7 +16,7 @@ from train.attention import (
     setup_attention,
     torch_varlen_options,
 )
-from train.packing import collate_packed
+from train.dataset.packing import collate_packed
 
 DOC_LENGTHS = (5, 11, 1, 8)
 
@@ -109,7 +109,7 @@ def test_torch_varlen_signature_detection():
 def test_every_registered_backend_builds_a_model_through_transformers(tiny_model_config, tmp_path, backend):
     """transformers 5 treats a name containing "flash" as a hub kernel to import (the model build
     then fails), "sdpa"/"flex" as its own implementations; each registered name must build, both
-    from a config and from a saved checkpoint, as train.model.build_model does."""
+    from a config and from a saved checkpoint, as train.engine.model.build_model does."""
     from transformers import AutoModelForCausalLM
     from transformers.utils.generic import is_flash_attention_requested
 
@@ -130,7 +130,7 @@ def test_fa4_op_is_opaque_to_tracing():
     CuTe DSL launcher. Checked on CPU with fake tensors; the kernels themselves run in test_gpu."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from train.fa4 import fa4_varlen_bwd, fa4_varlen_fwd
+    from train.kernels.fa4 import fa4_varlen_bwd, fa4_varlen_fwd
 
     with FakeTensorMode():
         q, k, v = torch.empty(10, 4, 64), torch.empty(10, 2, 64), torch.empty(10, 2, 64)

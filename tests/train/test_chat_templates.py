@@ -1,9 +1,9 @@
 """Assistant masks under the real chat templates of the preset families (`sft-launch models`).
 
 The templates (tests/fixtures/chat_templates/, sources in its README) have no `{% generation %}`
-markers, so train.chat masks them turn by turn. Each family gets a tokenizer built here from the
+markers, so train.dataset.chat masks them turn by turn. Each family gets a tokenizer built here from the
 shipped tiny tokenizer plus that family's special tokens, saved and loaded back through
-`train.data.load_tokenizer` as a training run would load it, and its labels are compared with
+`train.dataset.load.load_tokenizer` as a training run would load it, and its labels are compared with
 hand-built expectations: exactly each assistant reply and its end-of-turn token carry loss.
 """
 
@@ -23,8 +23,8 @@ from tests.train.conftest import SAMPLE_CHAT
 from tests.train.test_data import (
     BOS, EOT, MULTI_TURN_EXPECTED, expected, header, learned_text, make_cfg, only_example, write_jsonl,
 )
-from train.chat import IGNORE_INDEX, has_generation_markers, tokenize_chat
-from train.data import build_datasets, load_tokenizer
+from train.dataset.chat import IGNORE_INDEX, has_generation_markers, tokenize_chat
+from train.dataset.load import build_datasets, load_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 

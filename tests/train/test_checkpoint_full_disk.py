@@ -17,7 +17,7 @@ import pytest
 from tests.train.run_helpers import REPO, launch_command, launch_env, read_log, run_training, write_run
 
 from contract.failure import first_failure
-from train.checkpoint import MARKER, PREFIX, TMP_PREFIX, complete_checkpoints, latest_checkpoint
+from train.engine.checkpoint import MARKER, PREFIX, TMP_PREFIX, complete_checkpoints, latest_checkpoint
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
 from tests.filesystems import tmpfs
 

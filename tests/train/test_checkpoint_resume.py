@@ -1,6 +1,6 @@
 """Preemption: stop request → checkpoint → exit 75 → restart equals an uninterrupted run (bitwise on
 CPU, same world size); kill -9 in the middle of a save → resume from the previous complete one.
-The 2 ranks shard with FSDP2 over gloo (train.sharding), so the checkpoints are the sharded DCP
+The 2 ranks shard with FSDP2 over gloo (train.engine.sharding), so the checkpoints are the sharded DCP
 layout GPU runs write; each test asserts it."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.train.run_helpers import (assert_sharded_checkpoint, exported_tensors
 from contract.protocol import EXIT_REQUEUE, checkpointed_after_stop
 from tests.faults import SLOW_SAVE_STEP_ENV as TEST_SLOW_SAVE_STEP_ENV
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
-from train.checkpoint import MARKER
+from train.engine.checkpoint import MARKER
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,8 @@ import signal
 
 import torch
 
-from train.checkpoint import MARKER, _prune, complete_checkpoints, latest_checkpoint
-from train.stop import StopRequest
+from train.engine.checkpoint import MARKER, _prune, complete_checkpoints, latest_checkpoint
+from train.engine.stop import StopRequest
 
 
 def _make(root, name, complete=True):
@@ -73,11 +73,11 @@ def test_stop_file_is_dropped_only_once_a_checkpoint_answered_it(tmp_path):
 
 
 def test_materialize_optimizer_state_creates_moments_and_changes_no_weight():
-    """FSDP1 resume (train.checkpoint.load_checkpoint): Accelerate reads the checkpoint into the fresh
+    """FSDP1 resume (train.engine.checkpoint.load_checkpoint): Accelerate reads the checkpoint into the fresh
     optimizer's own state_dict, so the moments must exist first or none are restored."""
     import torch
 
-    from train.checkpoint import materialize_optimizer_state
+    from train.engine.checkpoint import materialize_optimizer_state
 
     model = torch.nn.Linear(4, 3)
     model.bias.requires_grad_(False)  # a frozen parameter gets no state

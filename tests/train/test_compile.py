@@ -60,7 +60,7 @@ def varlen_on_cpu():
 
 
 def _random_pack(rng: random.Random, documents: int) -> dict:
-    from train.packing import collate_packed
+    from train.dataset.packing import collate_packed
 
     lengths = [rng.randint(2, 100) for _ in range(documents)]
     return collate_packed([{"input_ids": [rng.randrange(512) for _ in range(n)],
@@ -71,8 +71,8 @@ def test_compiled_layers_keep_one_graph_across_pack_shapes(varlen_on_cpu):
     from torch._dynamo.utils import counters
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from train.attention import TORCH_VARLEN, register_backends
-    from train.perf import compile_decoder_layers, compiled_graphs, use_fused_loss
+    from train.kernels.attention import TORCH_VARLEN, register_backends
+    from train.kernels.perf import compile_decoder_layers, compiled_graphs, use_fused_loss
 
     register_backends()
     arch = {**TINY_ARCH, "num_hidden_layers": 3}
@@ -88,7 +88,7 @@ def test_compiled_layers_keep_one_graph_across_pack_shapes(varlen_on_cpu):
 
 
 def test_recompile_watch_warns_only_for_graphs_after_the_first_window(caplog):
-    from train.perf import RecompileWatch
+    from train.kernels.perf import RecompileWatch
 
     torch._dynamo.reset()
     double = torch.compile(lambda x: x * 2, backend="eager")
@@ -97,10 +97,10 @@ def test_recompile_watch_warns_only_for_graphs_after_the_first_window(caplog):
     first = watch.check(step=1)  # the first window's compilation is expected
     double(torch.ones(5))  # new size: dynamo marks the dimension dynamic, i.e. a second graph
     double(torch.ones(7))  # covered by the dynamic graph
-    with caplog.at_level("WARNING", logger="train.perf"):
+    with caplog.at_level("WARNING", logger="train.kernels.perf"):
         assert watch.check(step=2) == first + 1
         assert watch.check(step=3) == first + 1
     # Only our logger's records: torch's own loggers (e.g. torch.__trace) add records of their own under pytest >= 9.2.
-    ours = [r.getMessage()[:45] for r in caplog.records if r.name == "train.perf"]
+    ours = [r.getMessage()[:45] for r in caplog.records if r.name == "train.kernels.perf"]
     assert ours == ["torch.compile captured 1 new graph(s) before "]
     torch._dynamo.reset()

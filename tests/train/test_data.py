@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from contract.schema import ConfigError
-from train.chat import IGNORE_INDEX
+from train.dataset.chat import IGNORE_INDEX
 from contract.config import TrainConfig
-from train.data import build_datasets, load_tokenizer
+from train.dataset.load import build_datasets, load_tokenizer
 from contract.failure import PeerFailedError
 
 BOS, EOT = "<|begin_of_text|>", "<|eot_id|>"

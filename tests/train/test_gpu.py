@@ -12,9 +12,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.faults import STOP_AT_STEP_ENV
 from tests.train.run_helpers import metrics, read_log, run_training, write_run
-from train.attention import PACKED_BACKENDS, setup_attention
-from train.checkpoint import MARKER
-from train.packing import collate_packed
+from train.kernels.attention import PACKED_BACKENDS, setup_attention
+from train.engine.checkpoint import MARKER
+from train.dataset.packing import collate_packed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on CI)")
 
@@ -75,7 +75,7 @@ def test_fa4_forward_and_backward_match_reference(head_dim, compiled):
     """FA4 through our custom op (eager and inside torch.compile) against an fp32 per-document
     reference: outputs and the gradients of q, k, v."""
     _backend_or_skip("fa4")
-    from train.fa4 import fa4_varlen_attention
+    from train.kernels.fa4 import fa4_varlen_attention
 
     q, k, v, cu, longest = _packed_qkv(head_dim)
     attention = torch.compile(fa4_varlen_attention, dynamic=True) if compiled else fa4_varlen_attention
@@ -93,7 +93,7 @@ def test_fa4_forward_and_backward_match_reference(head_dim, compiled):
 def test_fused_loss_kernels_match_dense_value_and_grads(backend):
     if backend == "liger":
         pytest.importorskip("liger_kernel", reason="liger-kernel not installed")
-    from train.loss import linear_cross_entropy_sum
+    from train.kernels.loss import linear_cross_entropy_sum
 
     torch.manual_seed(0)
     hidden = torch.randn(1, 9000, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # 3 chunks
@@ -112,7 +112,7 @@ def test_fused_loss_kernels_match_dense_value_and_grads(backend):
 def test_quack_cross_entropy_pass_matches_the_eager_pass():
     """The fused loss's softmax/gradient pass on Hopper/Blackwell (quack's kernel, gradient written over
     the logits) against the eager pass, on a Llama-3-sized vocabulary with ignored tokens."""
-    from train import loss
+    from train.kernels import loss
 
     if loss.logit_grad_pass(torch.device("cuda")) != "quack":
         pytest.skip("quack's cross-entropy kernel does not run here (needs Hopper/Blackwell and quack-kernels)")
@@ -129,9 +129,9 @@ def test_quack_cross_entropy_pass_matches_the_eager_pass():
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_fused_swiglu_mlp_matches_stock_value_and_grads(compiled):
-    """train/swiglu.py (quack GEMMs with SwiGLU in the epilogue) against the stock Llama MLP in fp64:
+    """train/kernels/swiglu.py (quack GEMMs with SwiGLU in the epilogue) against the stock Llama MLP in fp64:
     fp32 master weights under bf16 autocast, as training runs it; an odd token count (no tile fits)."""
-    from train import swiglu
+    from train.kernels import swiglu
 
     reason = swiglu.unavailable(torch.device("cuda"))
     if reason:
@@ -156,7 +156,7 @@ def test_fused_swiglu_mlp_matches_stock_value_and_grads(compiled):
 
 def test_fused_mlp_is_used_by_a_llama_model_and_trains_like_stock():
     """use_fused_swiglu swaps the forward of every stock MLP; the model's loss and gradients match."""
-    from train import swiglu
+    from train.kernels import swiglu
 
     reason = swiglu.unavailable(torch.device("cuda"))
     if reason:

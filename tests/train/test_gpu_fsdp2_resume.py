@@ -22,7 +22,7 @@ import torch
 from tests.train.conftest import TINY_ARCH
 from tests.train.run_helpers import assert_sharded_checkpoint, exported_tensors, metrics, read_log, run_training, write_run
 from tests.train.test_gpu import GPU_ARCH
-from train.checkpoint import MARKER
+from train.engine.checkpoint import MARKER
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
 
 ON_CPU = os.environ.get("SFT_TEST_FSDP2_RESUME_ON_CPU") == "1"

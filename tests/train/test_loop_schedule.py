@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from contract.config import TrainConfig
-from train.loop import _norm_tensor
-from train.optim import build_optimizer, build_scheduler, lr_multiplier
+from train.engine.loop import _norm_tensor
+from train.engine.optim import build_optimizer, build_scheduler, lr_multiplier
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear", "constant"])

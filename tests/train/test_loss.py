@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train.loss import (IGNORE_INDEX, fused_linear_cross_entropy_sum, linear_cross_entropy_sum, logit_grad_pass,
+from train.kernels.loss import (IGNORE_INDEX, fused_linear_cross_entropy_sum, linear_cross_entropy_sum, logit_grad_pass,
                         shift_labels)
 
 

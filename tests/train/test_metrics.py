@@ -3,7 +3,7 @@
 import pytest
 
 from contract.shape import ModelShape
-from train.metrics import attended_length, console_line, flops_per_token, step_record
+from train.observe.metrics import attended_length, console_line, flops_per_token, step_record
 
 ARCH = {  # d=64, L=2, 4 heads of 16, 2 KV heads, MLP 128, vocab 512, untied
     "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -42,7 +42,7 @@ def test_shape_counts_match_a_real_model(extra):
 
 
 def test_train_and_planner_count_the_same_flops():
-    from launcher.planner import PlanInput, flops_per_token as planned
+    from launcher.plan.planner import PlanInput, flops_per_token as planned
 
     inp = PlanInput(arch=ARCH, mean_doc_tokens=250, micro_batch_tokens=4096)
     assert planned(ModelShape.from_arch(ARCH), inp) == flops_per_token(ARCH, 250.0)
@@ -50,12 +50,12 @@ def test_train_and_planner_count_the_same_flops():
 
 def test_lora_counts_the_frozen_base_at_4n_and_the_adapters_at_6n_in_train_and_planner():
     import torch
-    from launcher.planner import PlanInput, flops_per_token as planned
+    from launcher.plan.planner import PlanInput, flops_per_token as planned
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from contract.config import TrainConfig
-    from train.metrics import lora_params
+    from train.observe.metrics import lora_params
 
     shape = ModelShape.from_arch(ARCH)
     cfg = TrainConfig()
@@ -110,7 +110,7 @@ def test_every_record_carries_total_steps_for_status(tmp_path):
 
     from contract.config import TrainConfig
     from launcher.ops import rundir
-    from train.metrics import MetricsSink
+    from train.observe.metrics import MetricsSink
 
     cfg = TrainConfig()
     cfg.run.dir = str(tmp_path)

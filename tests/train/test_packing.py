@@ -7,8 +7,8 @@ import random
 import torch
 from transformers import LlamaForCausalLM
 
-from train.attention import setup_attention
-from train.packing import (
+from train.kernels.attention import setup_attention
+from train.dataset.packing import (
     IGNORE_INDEX,
     collate_packed,
     collate_padded,

@@ -5,8 +5,8 @@ import copy
 import torch
 from transformers import LlamaForCausalLM
 
-from train.packing import collate_packed
-from train.perf import use_fused_loss
+from train.dataset.packing import collate_packed
+from train.kernels.perf import use_fused_loss
 
 
 def _packed_batch(vocab: int) -> dict:

@@ -5,13 +5,13 @@ import logging
 import torch
 from transformers import LlamaForCausalLM
 
-from train.profiling import StepProfiler, kernel_breakdown, kernel_kind, read_trace
+from train.observe.profiling import StepProfiler, kernel_breakdown, kernel_kind, read_trace
 
 
 def test_profiled_steps_leave_a_trace_and_a_breakdown(tiny_model_config, tmp_path, caplog):
     model = LlamaForCausalLM(tiny_model_config)
     profiler = StepProfiler("2:4", is_main=True, out_dir=tmp_path / "profile")
-    caplog.set_level(logging.INFO, logger="train.profiling")
+    caplog.set_level(logging.INFO, logger="train.observe.profiling")
     for step in range(5):
         profiler.before_step(step)
         ids = torch.randint(0, tiny_model_config.vocab_size, (1, 16))

@@ -15,8 +15,8 @@ from transformers import LlamaForCausalLM
 from bench.gpu_gemm_tune import PIN_MIN_GAIN
 from contract.config import TrainConfig
 from contract.schema import ConfigError
-from train import swiglu
-from train.model import apply_fused_mlp
+from train.kernels import swiglu
+from train.engine.model import apply_fused_mlp
 
 
 def test_ops_are_opaque_to_tracing():
@@ -63,7 +63,7 @@ def _cpu_accelerator():
 
 def test_auto_stays_off_on_cpu_and_says_why(tiny_model_config, caplog):
     model = LlamaForCausalLM(tiny_model_config)
-    with caplog.at_level(logging.INFO, logger="train.model"):
+    with caplog.at_level(logging.INFO, logger="train.engine.model"):
         apply_fused_mlp(model, TrainConfig(), _cpu_accelerator())
     assert "fused SwiGLU MLP off: it runs only on CUDA GPUs" in caplog.text
     assert all("forward" not in vars(layer.mlp) for layer in model.model.layers)

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from contract import failure, liveness, protocol
-from train.watchdog import ProgressBound, collective_failure
+from train.engine.watchdog import ProgressBound, collective_failure
 
 
 def test_first_step_gets_the_floor_only():

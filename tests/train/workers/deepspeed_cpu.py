@@ -1,6 +1,6 @@
 """Worker for test_deepspeed_cpu: one training process of a rendered run directory under DeepSpeed
 (its CPU accelerator, gloo), built the way `accelerate launch` with the rendered accelerate.yaml builds
-it (a DeepSpeedPlugin from deepspeed.json), then the real train.loop.train. Usage: RUN_DIR PORT."""
+it (a DeepSpeedPlugin from deepspeed.json), then the real train.engine.loop.train. Usage: RUN_DIR PORT."""
 import os
 import sys
 
@@ -14,7 +14,7 @@ from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin
 
 from contract.config import load_train_config
-from train.loop import train
+from train.engine.loop import train
 from train.main import _configure_logging
 
 _configure_logging(Path.cwd(), attempt=None)  # no --attempt: output stays on the console

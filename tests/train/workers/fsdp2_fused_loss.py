@@ -5,7 +5,7 @@ compared with the stock model's. Run under torchrun with 2 ranks (gloo)."""
 import copy, os, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import LlamaConfig, LlamaForCausalLM
-from train.perf import use_fused_loss
+from train.kernels.perf import use_fused_loss
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)

@@ -1,0 +1,75 @@
+"""The launch command line: flags -> `LaunchRequest`. Shared by `sft-launch` and `sft-launch plan`.
+
+Training flags are generated from `TrainSection` (contract/config.py): one flag per field, its
+--help line the field's documentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import Any
+
+from contract.config import TrainSection
+from contract.schema import field_help
+from contract.strategies import LAUNCHABLE
+from launcher.cli import COMMANDS
+from launcher.execute.executors import EXECUTORS
+from launcher.resolve.options import LaunchRequest, parse_value, train_flag_names
+from launcher.usage import Parser
+
+EPILOG = """\
+Training flags (--learning_rate ... --compile) are train.toml's [train] keys, named as in
+transformers' TrainingArguments. --set KEY=VALUE overrides any key by its dotted name:
+profile.<key> (cluster profile) or model./data./train./lora./run.<key> (train.toml); values are
+TOML literals (1e-5, true, ["wandb"]) or plain strings. Every launch prints the plan (memory, time,
+signal lead) and refuses one that does not fit unless --force. `sft-launch plan` takes the same
+flags and writes nothing. Other commands (sft-launch COMMAND --help): {commands}.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="sft-launch", description="Fine-tune a LLaMA-family model on SLURM (or locally): "
+        "validate, render a run directory, submit.", epilog=EPILOG.format(commands=", ".join(COMMANDS)),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cluster", metavar="FILE", help="cluster profiles (default ./cluster.toml)")
+    parser.add_argument("--profile", metavar="NAME", help="profile in the cluster file (default: default_profile)")
+    parser.add_argument("--nodes", type=int, default=1, metavar="N", help="number of nodes (default 1)")
+    parser.add_argument("--model", required=True, metavar="M", help="preset (sft-launch models), local dir or HF id")
+    parser.add_argument("--data", metavar="PATH", help="training data (default: the shipped sample chat set)")
+    parser.add_argument("--output", metavar="DIR", help="run directory (default: <storage_root>/<profile>-<model>-<hash>)")
+    parser.add_argument("--strategy", choices=LAUNCHABLE, help="sharding (default: the profile's, else fsdp = FSDP2)")
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
+    parser.add_argument("--time", metavar="D-HH:MM:SS", help="time limit (default: the profile's)")
+    parser.add_argument("--job-name", metavar="NAME", help="SLURM job name (default: sft-<run dir name>)")
+    parser.add_argument("--executor", choices=tuple(EXECUTORS), default="sbatch",
+                        help="sbatch (default), local: run here without SLURM, or submitit: through submitit")
+    parser.add_argument("--dry-run", action="store_true", help="render and check, submit nothing")
+    parser.add_argument("--force", action="store_true",
+                        help="launch even when the plan says it does not fit in memory")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a profile or training key (repeatable)")
+    group = parser.add_argument_group("training flags ([train] in train.toml)")
+    hints = typing.get_type_hints(TrainSection)
+    for name in train_flag_names():
+        # Every flag takes a TOML literal; bools may be given bare (--gradient_checkpointing).
+        kind = hints[name]
+        extra: dict[str, Any] = {"nargs": "?", "const": "true"} if kind is bool else {}
+        if typing.get_origin(kind) is list:
+            extra = {"nargs": "+"}
+        group.add_argument(f"--{name}", dest=f"train__{name}", metavar="V", help=field_help(TrainSection, name),
+                           **extra)
+    return parser
+
+
+def request_from_args(args: argparse.Namespace) -> LaunchRequest:
+    flags = {}
+    for key, value in vars(args).items():
+        if key.startswith("train__") and value is not None:
+            name = key.removeprefix("train__")
+            flags[name] = [str(v) for v in value] if isinstance(value, list) else parse_value(value)
+    return LaunchRequest(
+        model=args.model, nodes=args.nodes, cluster=args.cluster, profile=args.profile, data=args.data,
+        output=args.output, strategy=args.strategy, lora=args.lora, time=args.time, job_name=args.job_name,
+        executor=args.executor, dry_run=args.dry_run, sets=args.sets, train_flags=flags)

@@ -1,0 +1,158 @@
+"""`sft-launch plan` and the plan every launch prints: validated `Launch` -> `PlanInput` -> `Plan`.
+
+The launch reaches the planner through `launcher/resolve/plan_input.py`, for the `plan` subcommand, every
+launch and `--dry-run`. A launch whose plan does not fit is refused (exit 2) unless `--force`;
+an unknown GPU type or memory size only warns. Where SLURM answers, the job is also checked against
+its partition (`launcher/ops/partition.py`): a job the partition can never run is refused, `--force` or
+not. `sft-launch plan` prints the plan and exits EXIT_DOES_NOT_FIT (3) when the job does not fit
+(memory or partition), 0 when it does. Pure Python, no torch: the CLI must stay instant.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from contract.schema import ConfigError
+from launcher.plan.datasize import DataEstimate
+from launcher.plan.memory import GIB
+from launcher.ops.partition import ClusterCheck, check_cluster
+from launcher.plan.plan_format import format_plan, suggestion_flags
+from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
+from launcher.plan.planner import Plan, make_plan, plan_to_dict
+from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
+    run_writes
+
+if TYPE_CHECKING:
+    from launcher.plan.autofit import MicroBatchChoice
+    from launcher.resolve.options import Launch
+
+MAX_NAMED = 3  # suggestions named in a refusal's one line
+EXIT_DOES_NOT_FIT = 3  # `sft-launch plan`: the plan was made and says the job does not fit
+
+
+@dataclass
+class LaunchPlan:
+    plan: Plan
+    data: DataEstimate | None
+    micro_batch: MicroBatchChoice | None = None  # launcher/plan/autofit.py's choice, shown under the header
+    checked: list[str] = field(default_factory=list)  # launcher/resolve/preflight.py's data verdicts, one line each
+    disk: list[Filesystem] = field(default_factory=list)  # launcher/resolve/storage.py: what the run writes, where
+    cluster: ClusterCheck | None = None  # launcher/ops/partition.py: the job against its partition
+
+    @property
+    def fits(self) -> bool:
+        """False when memory or the partition says the job cannot run (unknown memory counts as fitting)."""
+        return self.plan.fits is not False and not (self.cluster and self.cluster.problems)
+
+    @property
+    def text(self) -> str:
+        data = self.data
+        lines = format_plan(self.plan).splitlines()
+        if self.micro_batch is not None:
+            lines.insert(1, f"Micro   {self.micro_batch.describe()}")
+        at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
+        lines[at:at] = [f"Checked {line}" for line in self.checked] + [f"Disk    {fs.describe()}" for fs in self.disk]
+        if self.cluster is not None:
+            lines[at:at] = [f"Cluster {self.cluster.line}", *(f"  {p}" for p in self.cluster.problems)]
+        if data is None:
+            return "\n".join(lines)
+        rows = f"{'' if data.exact_rows else '~'}{data.rows:,} rows" if data.rows else "rows unknown"
+        lines.insert(at, f"Data    ~{data.tokens:,} tokens, {rows} (estimated: {data.method})")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        extra = {"dataset": asdict(self.data) if self.data else None, "data_checked": self.checked,
+                 "micro_batch": self.micro_batch.record() if self.micro_batch else None,
+                 "disk": [asdict(fs) | {"total": fs.total, "room": fs.room} for fs in self.disk],
+                 "cluster": asdict(self.cluster) if self.cluster else None, "job_fits": self.fits}
+        return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
+
+
+def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
+    profile, warnings = launch.profile, []
+    if profile.gpus_per_node and not profile.gpu_type:
+        warnings.append(f"profile '{launch.profile_name}' has no gpu_type: memory fit not checked "
+                        "(set gpu_type to a contract/gpus.py name)")
+    if not profile.gpus_per_node and plan.input.gpu_memory_gib is None:
+        warnings.append(f"profile '{launch.profile_name}' sets no mem: CPU RAM fit not checked")
+    if launch.executor != "local" and profile.signal_lead_s < plan.signal_lead_s:
+        warnings.append(f"signal_lead_s = {profile.signal_lead_s} s in the profile is below the {plan.signal_lead_s} s "
+                        "the checkpoint save needs (set profile.signal_lead_s)")
+    return warnings
+
+
+def data_lines(launch: Launch) -> list[str]:
+    """One line per checked data file (empty when launcher/resolve/preflight.py has not run)."""
+    allow = launch.train.data.allow_bad_rows
+    return [f"{Path(check.path).name}: {check.describe(allow)}" for check in launch.data_checks]
+
+
+def plan_launch(launch: Launch) -> LaunchPlan:
+    """Plan a resolved launch; launcher-level warnings (profile, dataset, signal lead) join the plan's."""
+    data = data_estimate(launch)
+    plan = make_plan(plan_input_from_launch(launch, data))
+    plan.warnings += _launch_warnings(launch, plan)
+    if launch.micro_batch is not None and launch.micro_batch.source == "none":
+        plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
+    disk = disk_needs(launch, plan, data)
+    plan.warnings += room_warnings(disk)
+    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, check_cluster(launch))
+
+
+def disk_needs(launch: Launch, plan: Plan, data: DataEstimate | None) -> list[Filesystem]:
+    """Checkpoints (K kept + 1 being written), the export and the tokenized cache, by file system."""
+    cfg, lora = launch.train, launch.train.lora
+    exported = plan.params_total if not lora.enabled else plan.params_trainable + plan.params_total * lora.merge_on_export
+    sizes = {"checkpoints": plan.checkpoint_bytes * (cfg.train.save_total_limit + 1),
+             "export": exported * EXPORT_BYTES_PER_PARAM if cfg.run.export_dir else 0,
+             "cache": data.tokens * CACHE_BYTES_PER_TOKEN if data else 0}
+    return run_writes(launch.run_dir, cfg.run.checkpoint_dir, cfg.run.export_dir, cfg.data.cache_dir, sizes)
+
+
+def refuse_unless_room(report: LaunchPlan, force: bool) -> None:
+    """Exit 2 (ConfigError) naming the file system, bytes needed and free, when the run cannot fit there."""
+    if not force:
+        require_room(report.disk)
+
+
+def refuse_unless_fits(report: LaunchPlan, force: bool) -> None:
+    """Exit 2 (ConfigError) with one line naming the best suggestions when the plan does not fit,
+    or the partition's limit the job breaks (whatever --force says: such a job would pend forever)."""
+    plan = report.plan
+    if report.cluster and report.cluster.problems:
+        raise ConfigError(f"{report.cluster.problems[0]}; the job would pend forever")
+    if plan.fits is not False or force:
+        return
+    usage = f"{plan.gpu.total / GIB:.1f} GiB per {'GPU' if plan.input.device == 'gpu' else 'process'}"
+    if plan.fits_gpu is False and plan.gpu_usable_bytes:
+        usage += f" of {plan.gpu_usable_bytes / GIB:.1f} usable"
+    if plan.fits_cpu is False and plan.cpu_usable_bytes:
+        usage += f", {plan.cpu['total'] / GIB:.1f} GiB RAM on node 0 of {plan.cpu_usable_bytes / GIB:.1f} usable"
+    hint = "no single change found that fits"
+    if plan.suggestions:
+        hint = "try: " + "; or ".join(f"{s.text} ({suggestion_flags(s)})" for s in plan.suggestions[:MAX_NAMED])
+    raise ConfigError(f"plan: {plan.verdict} ({usage}); {hint}; or pass --force to launch anyway")
+
+
+def main(argv: list[str]) -> int:
+    """`sft-launch plan [launch flags] [--json]`: print the plan; writes nothing, submits nothing."""
+    from launcher.commands.launch_args import build_parser, request_from_args
+    from launcher.resolve.options import resolve
+
+    parser = build_parser()
+    parser.prog = "sft-launch plan"
+    parser.description = ("Plan a launch (memory per GPU, verdict, time, cost, signal lead, the partition's "
+                          f"limits); writes nothing. Exit 0: fits; {EXIT_DOES_NOT_FIT}: does not fit; "
+                          "2: bad flags or configuration.")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON (for tools)")
+    args = parser.parse_args(argv)
+    launch = resolve(request_from_args(args))
+    from launcher.resolve.preflight import check_launch
+
+    check_launch(launch)
+    report = plan_launch(launch)
+    print(report.to_json() if args.json else report.text)
+    return 0 if report.fits else EXIT_DOES_NOT_FIT

@@ -1,0 +1,390 @@
+"""Per-GPU and per-node memory model for LLaMA-family fine-tuning. Pure Python (no torch).
+
+The starting point is the ZeRO paper's accounting for AdamW mixed precision (16 bytes per trainable
+parameter: 2 bf16 params + 2 grads + 12 fp32 master/moments; ZeRO-3 and full sharding divide all of
+it by the shard degree P), adapted to what the stacks we render really allocate:
+
+* FSDP2/FSDP1 through Accelerate 1.15 with `mixed_precision: bf16`: `fsdp2_prepare_model` upcasts
+  every trainable parameter to fp32, so the *sharded* parameters are the fp32 master weights
+  (4 B/param), their gradients are fp32 shards (4 B), AdamW moments 8 B: still 16 B/param / P, but
+  with no separate bf16 copy. `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)` makes the
+  all-gathered (unsharded) layer weights and the unsharded gradients bf16: those are the per-layer
+  communication buffers. Accelerate puts [final norm, lm_head (+ tied embedding)] in their own unit
+  with `reshard_after_forward=False`, so lm_head stays unsharded from the loss to the start of backward.
+* DeepSpeed ZeRO-2/3 with bf16: bf16 params (2 B; full copy in ZeRO-2), bf16 gradient partitions
+  (`grad_accum_dtype` defaults to the model dtype), fp32 master (4 B) + moments (8 B) partitions.
+* LoRA: the frozen base stays in its loaded dtype (bf16, 2 B, sharded like the params; fp32 under
+  FSDP1, whose FlatParameter has one dtype) with no grads or optimizer state; only the adapters pay
+  16 B/param.
+
+Activations are counted from the tensors autograd saves in `LlamaDecoderLayer` (transformers 5,
+flash/SDPA attention, so no T x T matrix); see `layer_activation_bytes_per_token`.
+
+Calibrated against 8 peaks measured on H200s (tests/fixtures/memory_calibration.json, written by
+bench/memory_calibration.py): the *allocated* prediction is what `torch.cuda.max_memory_allocated`
+sees (tensors only: the CUDA context and NCCL's buffers live outside torch's allocator and are only in
+`total`), and `reserved` (`max_memory_reserved`) adds what the caching allocator keeps but cannot reuse
+(see `_cached_not_reused`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contract.shape import ModelShape
+from contract.strategies import STRATEGIES, ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, StrategySpec
+
+GIB = 1024**3
+
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # CUDA context + cuBLAS workspaces; invisible to torch's allocator
+NCCL_BYTES = int(0.5 * GIB)  # NCCL communicator buffers (channels x peers), allocated outside torch
+NCCL_MULTI_NODE_EXTRA_BYTES = int(0.25 * GIB)  # extra IB/network proxies when ranks span nodes
+ALLOCATOR_SLACK = 0.08  # minimum reserved - allocated (caching-allocator rounding/splits), as a fraction
+# of the memory allocated and freed every step (see _cached_not_reused)
+DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP bucket_cap_mb default
+
+
+def layer_activation_bytes_per_token(shape: ModelShape, elem: int) -> int:
+    """Bytes autograd keeps per token for one LlamaDecoderLayer without checkpointing (elem = 2 for bf16).
+
+    Saved tensors, in forward order (d hidden, q = heads x head_dim (= d for Llama), kv = kv_heads x
+    head_dim, I intermediate):
+      2 x RMSNorm: fp32 copy of the input (saved by pow and by x*rsqrt, 4d) + the normalized
+        activation in the input dtype (saved by weight*x, elem*d)             -> 2 (4 + elem) d
+      q/k/v_proj input (one shared tensor)                                    -> elem d
+      attention kernel: q, k, v after RoPE (RoPE itself saves only cos/sin)   -> elem (q + 2 kv)
+      attention output + fp32 log-sum-exp per head                            -> elem q + 4 heads
+      o_proj input (the `.contiguous()` re-layout of the output is a copy)    -> elem q
+      gate/up_proj input (shared)                                             -> elem d
+      SwiGLU: gate out (for SiLU), SiLU out and up out (for the product),
+        product (down_proj input)                                             -> 4 elem I
+    Residual adds save nothing. For Llama-3-8B in bf16 this is ~204 KiB/token/layer (22d + 4kv + 8I).
+    """
+    d = shape.hidden
+    norms = 2 * (4 + elem) * d
+    q = shape.q_dim
+    attention = elem * d + elem * (q + 2 * shape.kv_dim) + elem * q + 4 * shape.heads + elem * q
+    mlp = elem * d + 4 * elem * shape.intermediate
+    return norms + attention + mlp
+
+
+def lora_dropout_bytes_per_token(shape: ModelShape, r: int, targets: list[str], elem: int) -> int:
+    """PEFT applies a separate Dropout per adapted module: its output (elem x in) and bool mask (1 x in)
+    are saved, plus lora_A's r-dim output saved by lora_B. With dropout 0 PEFT uses Identity (no copy)."""
+    in_features = {"down_proj": shape.intermediate, "o_proj": shape.q_dim}
+    per_layer = sum((elem + 1) * in_features.get(t, shape.hidden) + elem * r for t in targets)
+    return shape.layers * per_layer
+
+
+@dataclass
+class MemoryOptions:
+    """What the memory model needs from a plan input (kept separate so memory.py has no planner import)."""
+
+    strategy: str  # a name in contract.strategies.STRATEGIES
+    world_size: int
+    gpus_per_node: int
+    nodes: int
+    micro_batch_tokens: int
+    gradient_checkpointing: bool
+    cpu_offload: bool
+    precision: str  # bf16 / fp16 / fp32
+    lora: bool
+    lora_r: int
+    lora_target_modules: list[str]
+    lora_dropout: float
+    loss_chunk_tokens: int  # 0 = full logits; else a chunked cross-entropy over this many tokens
+    hold_outputs: bool  # the training loop keeps `outputs` (bf16 logits) alive through backward
+    cpu_ram_efficient_loading: bool
+    gradient_accumulation_steps: int = 1  # > 1: gradients stay allocated between micro-batches
+    adamw_impl: str = "fused"  # fused (train/engine/optim.py) or foreach (torch's default: fp32 sqrt(v) temporaries)
+    device: str = "gpu"  # "cpu": CPU processes (gloo) have no CUDA context or NCCL buffers
+
+    @property
+    def spec(self) -> StrategySpec:
+        return STRATEGIES[self.strategy]
+
+
+@dataclass
+class MemoryBreakdown:
+    """Per-GPU bytes at the peak moment of a training step (`peak_phase`), with one note per term."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    master_weights: int
+    activations: int
+    logits_loss: int
+    comm_buffers: int
+    optimizer_temporaries: int  # nonzero only when the peak is the optimizer step
+    allocator_slack: int
+    cuda_context_nccl: int
+    peak_phase: str
+    notes: dict[str, str] = field(default_factory=dict)
+
+    TERMS = ("parameters", "gradients", "optimizer_states", "master_weights", "activations",
+             "logits_loss", "comm_buffers", "optimizer_temporaries", "allocator_slack", "cuda_context_nccl")
+
+    @property
+    def allocated(self) -> int:
+        """What torch.cuda.max_memory_allocated should report: the tensors only."""
+        return (self.parameters + self.gradients + self.optimizer_states + self.master_weights
+                + self.activations + self.logits_loss + self.comm_buffers + self.optimizer_temporaries)
+
+    @property
+    def reserved(self) -> int:
+        """What torch.cuda.max_memory_reserved should report: tensors + the allocator's cached blocks."""
+        return self.allocated + self.allocator_slack
+
+    @property
+    def total(self) -> int:
+        return self.reserved + self.cuda_context_nccl
+
+
+def shard_degree(opts: MemoryOptions) -> int:
+    """ddp replicates; hsdp shards inside a node and replicates across nodes; the rest shard over all."""
+    return {"none": 1, "node": opts.gpus_per_node, "world": opts.world_size}[opts.spec.shards]
+
+
+def trainable_params(shape: ModelShape, opts: MemoryOptions) -> int:
+    """Parameters that get gradients and optimizer state: the LoRA adapters, or the whole model."""
+    return shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
+
+
+def low_bytes(opts: MemoryOptions) -> int:
+    """Bytes per element of the low-precision copies (bf16/fp16 weights, activations); 4 under fp32."""
+    return 4 if opts.precision == "fp32" else 2
+
+
+def ceil_div(n: float, p: int) -> int:
+    """Bytes per shard: the last shard is padded up."""
+    return int(-(-n // p))
+
+
+def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, str]]:
+    """Persistent per-GPU model state: params, grads, optimizer moments, fp32 master (bytes, note).
+
+    Trainable params cost 16 B each (see module docstring); where each byte lives depends on the
+    strategy. With CPU offload, FSDP moves params+grads+moments to host; ZeRO-2 offloads the optimizer
+    (fp32 master, moments, and the fp32 grad partitions it steps on); ZeRO-3 offloads params as well.
+    """
+    p = shard_degree(opts)
+    trainable = trainable_params(shape, opts)
+    frozen = shape.total_params if opts.lora else 0
+    low = low_bytes(opts)
+    zero3, off = opts.spec.zero_stage == 3, opts.cpu_offload
+    if opts.spec.engine != "deepspeed":  # FSDP/DDP: the trainable params are themselves fp32 (Accelerate upcast / autocast)
+        # FSDP1 flattens a layer into one FlatParameter of one dtype: the frozen base stays fp32 too
+        # (train/engine/model.py weights_dtype).
+        # Its gradient covers the whole FlatParameter, frozen elements included (torch's FSDP docs; 136M
+        # LoRA on an H100: +0.5 GiB). With CPU offload the low-precision gradients stay on the GPU until
+        # their copies to the host finish at the end of backward (136M on an H100: +0.29 GiB).
+        fsdp1 = opts.spec.fsdp_version == 1
+        frozen_bytes = 4 if fsdp1 else low
+        gpu_params = 0 if off else ceil_div(4 * trainable + frozen_bytes * frozen, p)
+        what = f"fp32 adapters + {frozen_bytes}B frozen base" if frozen else "fp32 (= master)"
+        grads = ceil_div(low * trainable, p) if off else ceil_div(4 * (trainable + (frozen if fsdp1 else 0)), p)
+        return {
+            "parameters": (gpu_params, f"{what}, /{p}" + (" (on CPU)" if off else "")),
+            "gradients": (grads, f"{low if off else 4}B, /{p}" + (" (until copied to CPU)" if off else "")),
+            "optimizer_states": (0 if off else ceil_div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
+            "master_weights": (0, "none: the fp32 params are the master copy"),
+        }
+    param_shard = p if zero3 else 1
+    params = 0 if (off and zero3) else ceil_div(low * (trainable + frozen), param_shard)
+    return {
+        "parameters": (params, f"{low}B params, /{param_shard}"),
+        "gradients": (0 if off else ceil_div(low * trainable, p), f"{low}B grad partitions, /{p}"),
+        "optimizer_states": (0 if off else ceil_div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
+        "master_weights": (0 if (off or low == 4) else ceil_div(4 * trainable, p), f"fp32 master, /{p}"),
+    }
+
+
+def _activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
+    """Saved activations for the micro-batch, plus the transient per-layer backward memory.
+
+    With non-reentrant per-layer checkpointing only each layer's input (elem x d per token) is kept;
+    during backward one layer at a time is recomputed, so one layer's full activations come back.
+    `workspace` approximates the gradients of one layer's intermediates alive during its backward
+    (grads of gate/up/SiLU outputs ~3 I, of the hidden/residual stream ~3 d). `last_layer`: what is
+    left when backward reaches the first decoder layer (every later layer's tensors are freed): that
+    layer's activations (saved or recomputed alike) + its workspace.
+    """
+    tokens, d = opts.micro_batch_tokens, shape.hidden
+    per_layer = layer_activation_bytes_per_token(shape, elem)
+    lora_extra = 0
+    if opts.lora and opts.lora_dropout > 0:
+        lora_extra = lora_dropout_bytes_per_token(shape, opts.lora_r, opts.lora_target_modules, elem)
+    head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
+    if opts.gradient_checkpointing:
+        saved = shape.layers * elem * d + head
+        recompute = per_layer + lora_extra // shape.layers
+    else:
+        saved = shape.layers * per_layer + lora_extra + head
+        recompute = 0
+    workspace = tokens * elem * 3 * (shape.intermediate + d)
+    return {"saved": tokens * saved, "recompute": tokens * recompute, "workspace": workspace,
+            "last_layer": tokens * (per_layer + lora_extra // shape.layers) + workspace}
+
+
+def _logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
+    """transformers' ForCausalLMLoss: logits (elem) -> `.float()` copy (4) -> log_softmax output (4,
+    saved) = 10 B/token/vocab at the loss; its backward adds grad_output and grad_input (fp32 each) while
+    the saved output lives. The fused loss (train/kernels/loss.py, loss_chunk_tokens > 0) only ever
+    materializes one chunk's logits (the whole micro-batch when it is no longer than a chunk), under
+    checkpointing, and returns no logits at all.
+    `held`: the logits the loop keeps in `outputs` through backward (unfused loss only). FSDP2 returns
+    them in bf16; where Accelerate's `prepare_model` wraps forward in autocast (FSDP1, DDP) it also
+    converts the outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
+    fused = opts.loss_chunk_tokens > 0
+    rows = min(opts.loss_chunk_tokens, opts.micro_batch_tokens) if fused else opts.micro_batch_tokens
+    held_elem = 4 if opts.spec.fp32_params else elem
+    held = held_elem * shape.vocab * rows if (opts.hold_outputs and not fused) else 0
+    return {
+        "forward": rows * shape.vocab * (elem + 4 + 4),
+        "head_backward": rows * shape.vocab * (4 + 4 + 4) + held,
+        "held": held,
+    }
+
+
+def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
+    """Unsharded/gathered weights and gradient buffers alive in each phase (bytes per GPU).
+
+    FSDP2/FSDP1: the current layer's all-gathered bf16 weights plus the prefetched next layer (2 x
+    layer), plus the unsharded bf16 gradient of the layer being reduce-scattered; lm_head (the tail
+    unit, or the FSDP1 root flat param, which also holds an untied embedding) stays unsharded from the
+    loss into backward. ZeRO-3 gathers like FSDP and reduces through two `reduce_bucket_size` buffers
+    (Accelerate's "auto" = hidden^2); ZeRO-2 holds full bf16 params already, so only gradient buckets.
+    DDP (autocast): bf16 casts of every matmul weight are saved for backward; multi-GPU DDP also keeps a
+    gradient bucket copy (gradient_as_bucket_view=False).
+    """
+    low = low_bytes(opts)
+    d, spec = shape.hidden, opts.spec
+    layer = low * shape.layer_params
+    layer_grad = low * (shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
+                        if opts.lora else shape.layer_params)
+    lm_head = low * shape.vocab * d
+    lm_grad = 0 if opts.lora else lm_head
+    if spec.engine == "fsdp":
+        fsdp1 = spec.fsdp_version == 1
+        root = lm_head * (2 if (fsdp1 and not shape.tied) else 1)
+        layers_bwd = 2 * layer + layer_grad + (root if fsdp1 else 0)
+        return {"forward": root + (layer if not fsdp1 else 0), "head_backward": root + lm_grad,
+                "layers_backward": layers_bwd}
+    buckets = 2 * low * d * d
+    if spec.zero_stage == 3:
+        # Gathered weights stay resident until stage3_max_live_parameters of them are (a whole small
+        # model: +0.27 GiB at 136M with offload on an H100; ~1.9 GiB at that cap for a 70B). One
+        # unsharded GPU partition is the full weight already: nothing is gathered (measured too).
+        gathers = opts.cpu_offload or shard_degree(opts) > 1
+        live = low * min(ZERO_MAX_LIVE_PARAMETERS, shape.total_params) if gathers else 0
+        return {"forward": max(lm_head + layer, live), "head_backward": max(lm_head, live) + lm_grad + buckets,
+                "layers_backward": max(2 * layer, live) + layer_grad + buckets}
+    if spec.zero_stage == 2:
+        return {"forward": 0, "head_backward": lm_grad + buckets, "layers_backward": layer_grad + buckets}
+    cast_cache = 0 if low == 4 else low * shape.matmul_params
+    ddp_bucket = 4 * shape.total_params if (opts.world_size > 1 and not opts.lora) else 0
+    return {"forward": cast_cache, "head_backward": cast_cache + ddp_bucket,
+            "layers_backward": cast_cache + ddp_bucket}
+
+
+def _step_temporaries(shape: ModelShape, opts: MemoryOptions) -> int:
+    """torch's foreach AdamW (`_multi_tensor_adam`, what `torch.optim.AdamW()` picks on CUDA, DTensor
+    params included) allocates one fp32 `sqrt(v)` per parameter; the fused kernel (train/engine/optim.py)
+    allocates none, and an offloaded optimizer steps on the host. DeepSpeed's step first copies the
+    low-precision gradient partition into an fp32 `.grad` of its master partition (one sub-group at a
+    time), which its fused Adam then reads: 4 B per trainable element of the partition."""
+    if opts.cpu_offload:
+        return 0
+    partition = ceil_div(trainable_params(shape, opts), shard_degree(opts))
+    if opts.spec.engine == "deepspeed":
+        return 4 * min(partition, ZERO_SUB_GROUP_SIZE)
+    return 4 * partition if opts.adamw_impl == "foreach" else 0
+
+
+def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str, dict[str, int]]:
+    """The per-GPU tensors besides params/master/moments alive at each candidate peak of a step.
+
+    Gradients: `zero_grad(set_to_none=True)` (train/engine/loop.py) frees them after every optimizer step, so
+    with one micro-batch per step they are only allocated as backward reduces each layer: none before
+    the first decoder layer's backward, all of them at the end of backward and in the step. DeepSpeed
+    keeps its gradient partitions allocated for the whole run; accumulation keeps them between
+    micro-batches. Phases: forward/loss (all activations saved + logits), backward/lm_head (logits
+    gradients), backward/layers (top layer: recomputed layer + workspace + gathered buffers),
+    backward/end (first layer, every gradient reduced) and optimizer/step.
+    """
+    elem = low_bytes(opts)
+    act = _activation_terms(shape, opts, elem)
+    logits = _logits_terms(shape, opts, elem)
+    comm = _comm_terms(shape, opts)
+    persistent = opts.spec.engine == "deepspeed" or opts.gradient_accumulation_steps > 1
+    early_grads = full_grads if persistent else 0
+    terms = ("activations", "logits_loss", "comm_buffers", "optimizer_temporaries", "gradients")
+    rows = {
+        "forward/loss": (act["saved"], logits["forward"], comm["forward"], 0, early_grads),
+        "backward/lm_head": (act["saved"], logits["head_backward"], comm["head_backward"], 0, early_grads),
+        "backward/layers": (act["saved"] + act["recompute"] + act["workspace"], logits["held"],
+                            comm["layers_backward"], 0, early_grads),
+        "backward/end": (act["last_layer"], logits["held"], comm["layers_backward"], 0, full_grads),
+        "optimizer/step": (0, logits["held"], 0, _step_temporaries(shape, opts), full_grads),
+    }
+    return {phase: dict(zip(terms, values)) for phase, values in rows.items()}
+
+
+def _cached_not_reused(phases: dict[str, dict[str, int]], state: dict[str, int], peak: dict[str, int],
+                       opts: MemoryOptions) -> int:
+    """Bytes `max_memory_reserved` holds beyond the peak allocation.
+
+    torch optimizers create AdamW's moments lazily, in the first `step()`: they, the step's
+    temporaries and the gradients are carved out of the cached segments that the first forward/backward
+    just freed (logits, activations, gathered weights). From the second step on those segments are
+    split and occupied, so the forward/backward working set gets segments of its own: the pool holds
+    params + the largest forward/backward working set + the optimizer's working set (moments, gradients,
+    temporaries) side by side. DeepSpeed allocates its optimizer state when the engine is built (before
+    any activation exists), so only the generic `ALLOCATOR_SLACK` applies; it is also the floor.
+    The floor is a fraction of what is allocated and freed every step in many sizes (activations,
+    logits, gathered weights, temporaries): rounding and split blocks come from that churn. The
+    parameters, master weights and moments are allocated once and never freed, and the gradients are
+    one flat buffer per layer (FSDP's reduce-scatter output, DeepSpeed's partitions) of the same sizes
+    every step, so they leave nothing behind; a floor on them (64 GiB of 70B state on 16 GPUs) would
+    add GiBs of imaginary slack.
+    """
+    churn = sum(value for term, value in peak.items() if term != "gradients")
+    floor = int(ALLOCATOR_SLACK * churn)
+    if opts.spec.engine == "deepspeed":
+        return floor
+    working = max(t["activations"] + t["logits_loss"] + t["comm_buffers"]
+                  for name, t in phases.items() if name != "optimizer/step")
+    step = phases["optimizer/step"]
+    optimizer = state["optimizer_states"] + step["gradients"] + step["optimizer_temporaries"]
+    pool = state["parameters"] + state["master_weights"] + working + optimizer
+    allocated = sum(state.values()) - state["gradients"] + sum(peak.values())
+    return max(floor, pool - allocated)
+
+
+def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
+    """Peak per-GPU memory = params, master weights and moments (allocated for the whole run) + the
+    largest of the phases of `_phases`; reserved adds `_cached_not_reused`, total the CUDA context."""
+    described = state_bytes(shape, opts)
+    state = {name: value for name, (value, _) in described.items()}
+    phases = _phases(shape, opts, full_grads=state["gradients"])
+    phase, peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
+    context = CUDA_CONTEXT_BYTES if opts.device == "gpu" else 0
+    if opts.world_size > 1 and opts.device == "gpu":
+        context += NCCL_BYTES + (NCCL_MULTI_NODE_EXTRA_BYTES if opts.nodes > 1 else 0)
+    breakdown = MemoryBreakdown(
+        **(state | peak), allocator_slack=0, cuda_context_nccl=context, peak_phase=phase,
+        notes={name: note for name, (_, note) in described.items()},
+    )
+    breakdown.allocator_slack = _cached_not_reused(phases, state, peak, opts)
+    ckpt = "per-layer checkpointing" if opts.gradient_checkpointing else "no checkpointing"
+    breakdown.notes |= {
+        "activations": f"{opts.micro_batch_tokens} tok, {ckpt}",
+        "logits_loss": "chunked CE" if opts.loss_chunk_tokens > 0 else "full logits",
+        "comm_buffers": f"{opts.strategy} gather/reduce buffers",
+        "optimizer_temporaries": f"{opts.adamw_impl} AdamW" + (" sqrt(v)" if opts.adamw_impl == "foreach" else ""),
+        "allocator_slack": "cached, not reused (reserved - allocated)",
+        "cuda_context_nccl": "outside torch's allocator",
+    }
+    if peak["gradients"] < state["gradients"]:
+        breakdown.notes["gradients"] = f"not yet allocated in {phase} (state: {state['gradients'] / GIB:.2f} GiB)"
+    return breakdown

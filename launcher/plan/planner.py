@@ -1,0 +1,359 @@
+"""The planner: will a run fit, how long will it take, what will it cost — before anything is submitted.
+
+Pure Python (no torch), instant on a login node. `make_plan(PlanInput) -> Plan` combines the memory
+model (launcher/plan/memory.py) with a throughput model (expected MFU x peak FLOP/s / FLOPs per token), the
+time limit (how many requeues) and the checkpoint size (how early SLURM must signal the job so the
+save finishes). `plan_format.format_plan` renders a compact table, `plan_to_dict` the same for `--json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from contract import gpus
+from contract.schema import build, require
+from contract.shape import LORA_TARGETS, ModelShape
+from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
+from launcher.plan.host_memory import cpu_bytes_per_node
+from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory, trainable_params
+
+# Expected model-FLOPs utilization (docs/ARCHITECTURE.md's MFU) for full fine-tuning with per-layer
+# checkpointing, packed micro-batches, FSDP2, bf16 (PlanInput.expected_mfu overrides). Hopper entries are
+# measured on H200 (BENCHMARKS.md, bench/results/*.json) and used for every GH100-based GPU:
+#   multi-4gpu-8b.json: Llama-3-8B shape, FSDP2 on 4 GPUs, 16k tokens/GPU, checkpointing, no compile: 36.3%
+#   single-llama3.2-1b-ours-ckpt.json: Llama-3.2-1B, 1 GPU, 32k-token packed, compile, checkpointing: 40.6%
+#   single-llama3.2-1b-ours.json: the same without checkpointing: 49.6%
+# The sharded number is kept for every multi-GPU run (torch.compile, now the default, would add to it:
+# conservative); one GPU (no collectives) uses the 1-GPU one. Other GPU types are unmeasured guesses.
+HOPPER_SHARDED_MFU = 0.363
+HOPPER_ONE_GPU_MFU = 0.406
+DEFAULT_MFU = {"h100": HOPPER_SHARDED_MFU, "h100-pcie": 0.36, "h100-nvl": HOPPER_SHARDED_MFU,
+               "gh200": HOPPER_SHARDED_MFU, "h200": HOPPER_SHARDED_MFU,
+               "b200": 0.35, "a100": 0.45, "a100-40gb": 0.42, "l40s": 0.35}
+ONE_GPU_MFU = {"h100": HOPPER_ONE_GPU_MFU, "h100-nvl": HOPPER_ONE_GPU_MFU, "gh200": HOPPER_ONE_GPU_MFU,
+               "h200": HOPPER_ONE_GPU_MFU}
+FALLBACK_MFU = 0.30
+NO_CHECKPOINTING_MFU_GAIN = 0.496 / 0.406  # measured (1B, 1 H200): no recompute of the forward
+MAX_EXPECTED_MFU = 0.6
+CPU_OFFLOAD_MFU_FACTOR = 0.5  # host AdamW + PCIe traffic; crude, offload is a last resort
+
+CHECKPOINT_WRITE_SAFETY = 1.5  # shared storage is rarely at its nominal bandwidth
+SIGNAL_MARGIN_S = 30  # stop-flag all-reduce, rename + COMPLETE marker, process teardown
+MIN_SIGNAL_LEAD_S = 60
+MAX_SUGGESTED_NODES = 64
+CPU_USABLE_FRACTION = 0.9  # leave the OS, page cache and slurmstepd their share
+GIB_F = float(GIB)
+
+
+@dataclass
+class PlanInput:
+    arch: dict[str, Any]  # HF LlamaConfig key names
+    nodes: int = 1
+    gpus_per_node: int = 8
+    gpu_type: str = "h100"
+    # "cpu": CPU processes (FSDP2 over gloo, planned as "ddp": a full replica each, an upper bound);
+    # each process's share of the node's RAM (gpu_memory_gib) plays the part of GPU memory, and there
+    # is no MFU/time estimate.
+    device: Literal["gpu", "cpu"] = "gpu"
+    gpu_memory_gib: float | None = None  # overrides the GPU table (unknown GPU types)
+    usable_gpu_fraction: float = 0.95  # headroom for allocator spikes the model does not see
+    cpu_mem_per_node_gib: float | None = None  # profile `mem`; None = not checked
+    strategy: PlannerStrategy = "fsdp"
+    cpu_offload: bool = False
+    lora: bool = False
+    lora_r: int = 16
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    lora_dropout: float = 0.05
+    gradient_checkpointing: bool = True
+    micro_batch_tokens: int = 8192  # packed tokens per micro-batch per GPU
+    gradient_accumulation_steps: int = 1
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    loss_chunk_tokens: int = 0  # 0 = full logits; >0 = a chunked cross-entropy of this many tokens
+    hold_outputs: bool = True  # training loop keeps `outputs` (the bf16 logits) through backward
+    cpu_ram_efficient_loading: bool = True  # FSDP: only rank 0 materializes the full weights
+    dataset_tokens: int | None = None  # counted or estimated from a sample; None = unknown
+    packing_efficiency: float = 0.97  # real tokens / micro_batch_tokens after best-fit packing
+    mean_doc_tokens: float = 1024.0  # s-bar of the attention FLOPs term
+    num_train_epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides epochs
+    time_limit_s: int | None = None  # SLURM --time of one job segment
+    # The lead the batch script asks SLURM for (profile.signal_lead_s, its one source); None: the
+    # planner's own estimate of what the checkpoint needs stands in for it.
+    signal_lead_s: int | None = None
+    expected_mfu: float | None = None  # None = the measured/default tables above (_expected_mfu)
+    adamw_impl: Literal["fused", "foreach"] = "fused"  # train/engine/optim.py: fused; torch.optim.AdamW() default: foreach
+    storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
+    node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
+    startup_s: float = 180.0  # per (re)start: imports, load + shard weights, resume
+    gpu_hour_price: float | None = None  # currency per GPU-hour, for the cost line
+
+    def validate(self) -> None:
+        for key in ("nodes", "gpus_per_node", "micro_batch_tokens", "gradient_accumulation_steps", "lora_r"):
+            require(getattr(self, key) >= 1, key, "must be >= 1")
+        require(0 < self.usable_gpu_fraction <= 1, "usable_gpu_fraction", "must be in (0, 1]")
+        require(0 < self.packing_efficiency <= 1, "packing_efficiency", "must be in (0, 1]")
+        require(self.storage_write_gbps > 0 and self.node_write_gbps > 0, "storage_write_gbps", "must be > 0")
+        sharded = [name for name, spec in STRATEGIES.items() if spec.sharded]
+        require(not self.cpu_offload or self.spec.sharded, "cpu_offload",
+                f"needs a sharded strategy ({', '.join(sharded)}), not {self.strategy}")
+        require(self.expected_mfu is None or 0 < self.expected_mfu <= 1, "expected_mfu", "must be in (0, 1]")
+        require(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be -1 or > 0")
+        ModelShape.from_arch(self.arch)  # raises naming the arch key
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def spec(self) -> StrategySpec:
+        return STRATEGIES[self.strategy]
+
+
+def plan_input_from_dict(data: dict[str, Any]) -> PlanInput:
+    """Validated PlanInput from a plain dict (JSON fixture, `plan_to_dict(plan)["input"]`)."""
+    return build(PlanInput, data)
+
+
+@dataclass
+class Suggestion:
+    change: dict[str, Any]  # PlanInput fields to set
+    total_gib: float  # predicted per-GPU total with the change
+    text: str
+
+
+@dataclass
+class TimeEstimate:
+    flops_per_token: float
+    expected_mfu: float | None
+    tokens_per_step: int
+    steps: int | None
+    total_tokens: int | None
+    tokens_per_s: float | None  # whole job
+    step_time_s: float | None
+    train_time_s: float | None  # compute only
+    job_segments: int | None
+    requeues: int | None
+    eta_s: float | None  # compute + one startup per segment
+    gpu_hours: float | None
+    cost: float | None
+
+
+@dataclass
+class Plan:
+    input: PlanInput
+    params_total: int
+    params_trainable: int
+    params_matmul: int
+    gpu: MemoryBreakdown
+    gpu_usable_bytes: int | None
+    cpu: dict[str, int]
+    cpu_usable_bytes: int | None
+    suggestions: list[Suggestion]
+    time: TimeEstimate
+    checkpoint_bytes: int
+    signal_lead_s: int
+    warnings: list[str]
+
+    @property
+    def fits_gpu(self) -> bool | None:
+        return None if self.gpu_usable_bytes is None else self.gpu.total <= self.gpu_usable_bytes
+
+    @property
+    def fits_cpu(self) -> bool | None:
+        return None if self.cpu_usable_bytes is None else self.cpu["total"] <= self.cpu_usable_bytes
+
+    @property
+    def fits(self) -> bool | None:
+        checks = [self.fits_gpu, self.fits_cpu]
+        return False if False in checks else (None if self.fits_gpu is None else True)
+
+    @property
+    def verdict(self) -> str:
+        device_memory = "GPU memory" if self.input.device == "gpu" else "RAM per process"
+        if self.fits is None:
+            return f"unknown ({device_memory} unknown" + (": set gpu_memory_gib)" if self.input.device == "gpu" else ")")
+        if self.fits:
+            return "fits"
+        where = [name for name, ok in ((device_memory, self.fits_gpu), ("CPU RAM per node", self.fits_cpu))
+                 if ok is False]
+        return "does not fit: " + " and ".join(where)
+
+
+def memory_options(inp: PlanInput) -> MemoryOptions:
+    """The memory model's view of a plan input (fields of the same names; world_size derived)."""
+    names = {f.name for f in dataclasses.fields(MemoryOptions)} - {"world_size"}
+    return MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
+
+
+def _gpu_usable_bytes(inp: PlanInput) -> int | None:
+    spec = gpus.lookup(inp.gpu_type) if inp.device == "gpu" else None
+    memory_gib = inp.gpu_memory_gib or (spec.memory_gib if spec else None)
+    return None if memory_gib is None else int(memory_gib * inp.usable_gpu_fraction * GIB)
+
+
+def _fits(inp: PlanInput) -> tuple[bool, int]:
+    """(fits on GPU and CPU, per-GPU total bytes) — memory only, for the suggestion search."""
+    shape = ModelShape.from_arch(inp.arch)
+    opts = memory_options(inp)
+    total = gpu_memory(shape, opts).total
+    usable = _gpu_usable_bytes(inp)
+    cpu_ok = inp.cpu_mem_per_node_gib is None or (
+        cpu_bytes_per_node(shape, opts)["total"] <= inp.cpu_mem_per_node_gib * CPU_USABLE_FRACTION * GIB)
+    return (usable is None or total <= usable) and cpu_ok, total
+
+
+def _try(inp: PlanInput, text: str, **change: Any) -> Suggestion | None:
+    ok, total = _fits(dataclasses.replace(inp, **change))
+    return Suggestion(change, round(total / GIB_F, 1), text) if ok else None
+
+
+def _smallest_nodes(inp: PlanInput, **extra: Any) -> Suggestion | None:
+    """More nodes only help where state is sharded over the whole world (not hsdp/ddp)."""
+    strategy = "fsdp" if inp.spec.shards != "world" else inp.strategy
+    for nodes in range(inp.nodes + 1, MAX_SUGGESTED_NODES + 1):
+        change = {"nodes": nodes, **extra} | ({"strategy": strategy} if strategy != inp.strategy else {})
+        found = _try(inp, f"use {nodes} nodes" + "".join(f", {k}={v}" for k, v in change.items() if k != "nodes"),
+                     **change)
+        if found:
+            return found
+    return None
+
+
+def _smaller_micro_batch(inp: PlanInput) -> Suggestion | None:
+    """Halve the micro-batch, raising gradient accumulation so the tokens per step stay the same."""
+    tokens, accumulation = inp.micro_batch_tokens // 2, inp.gradient_accumulation_steps * 2
+    while tokens >= 256:
+        found = _try(inp, f"micro_batch_tokens={tokens} with gradient_accumulation_steps={accumulation}",
+                     micro_batch_tokens=tokens, gradient_accumulation_steps=accumulation)
+        if found:
+            return found
+        tokens, accumulation = tokens // 2, accumulation * 2
+    return None
+
+
+def suggestions_for(inp: PlanInput) -> list[Suggestion]:
+    """Settings that would make a non-fitting run fit, cheapest first; empty when it fits already."""
+    if _fits(inp)[0]:
+        return []
+    candidates: list[Suggestion | None] = []
+    if not inp.gradient_checkpointing:
+        candidates.append(_try(inp, "enable gradient checkpointing", gradient_checkpointing=True))
+    if not inp.cpu_ram_efficient_loading:
+        candidates.append(_try(inp, "load weights on rank 0 only", cpu_ram_efficient_loading=True))
+    candidates.append(_smallest_nodes(inp))
+    candidates.append(_smaller_micro_batch(inp))
+    if inp.spec.sharded and not inp.cpu_offload and not inp.spec.no_cpu_offload:
+        candidates.append(_try(inp, "enable CPU offload (slow)", cpu_offload=True))
+    if not inp.lora:
+        candidates.append(_try(inp, "train LoRA adapters instead of all weights", lora=True))
+    found = [c for c in candidates if c is not None]
+    if not found and not inp.gradient_checkpointing:
+        found = [s for s in [_smallest_nodes(inp, gradient_checkpointing=True)] if s]
+    return found
+
+
+def checkpoint_bytes(trainable: int, inp: PlanInput) -> int:
+    """Accelerate `save_state`: model state + optimizer. FSDP/DDP save the fp32 trainable params (4 B)
+    and AdamW moments (8 B); DeepSpeed saves bf16 module weights (2 B) + fp32 master and moments (12 B).
+    LoRA saves the adapters only (the frozen base is re-read from model.path)."""
+    per_param = 14 if inp.spec.engine == "deepspeed" else 12
+    return per_param * trainable
+
+
+def signal_lead_seconds(ckpt_bytes: int, inp: PlanInput, step_time_s: float | None) -> int:
+    """How long before the time limit SLURM must signal the job: finish the current optimizer step
+    (the stop flag is checked at step boundaries), write the checkpoint at the slower of the storage
+    and the nodes' combined client bandwidth (x safety), plus a fixed margin; >= 60 s, rounded up to 10 s."""
+    bandwidth = min(inp.storage_write_gbps, inp.nodes * inp.node_write_gbps) * 1e9
+    seconds = CHECKPOINT_WRITE_SAFETY * ckpt_bytes / bandwidth + (step_time_s or 0.0) + SIGNAL_MARGIN_S
+    return max(MIN_SIGNAL_LEAD_S, int(math.ceil(seconds / 10.0)) * 10)
+
+
+def _expected_mfu(inp: PlanInput) -> float | None:
+    if inp.expected_mfu is not None:
+        return inp.expected_mfu
+    if inp.device == "cpu" or gpus.lookup(inp.gpu_type) is None:
+        return None
+    gpu_type = inp.gpu_type.lower()
+    mfu = DEFAULT_MFU.get(gpu_type, FALLBACK_MFU)
+    if inp.world_size == 1:
+        mfu = ONE_GPU_MFU.get(gpu_type, mfu)
+    if not inp.gradient_checkpointing:
+        mfu = min(MAX_EXPECTED_MFU, mfu * NO_CHECKPOINTING_MFU_GAIN)
+    return mfu * (CPU_OFFLOAD_MFU_FACTOR if inp.cpu_offload else 1.0)
+
+
+def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
+    """contract/shape.py's formula at the planned mean document length (a document longer than a
+    micro-batch is cut to it). LoRA skips the frozen weights' gradients: 4N instead of 6N."""
+    adapters = shape.lora_params(inp.lora_r, inp.lora_target_modules) if inp.lora else None
+    return shape.flops_per_token(min(inp.mean_doc_tokens, inp.micro_batch_tokens), lora_params=adapters)
+
+
+def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) -> TimeEstimate:
+    """Steps from dataset tokens (or max_steps); tokens/s = MFU x peak x GPUs / FLOPs per token;
+    segments = compute time / (time limit - startup - signal lead); cost = GPU-hours x price."""
+    per_token = flops_per_token(shape, inp)
+    mfu = _expected_mfu(inp)
+    spec = gpus.lookup(inp.gpu_type)
+    tokens_per_step = int(inp.micro_batch_tokens * inp.packing_efficiency) * inp.gradient_accumulation_steps \
+        * inp.world_size
+    steps = inp.max_steps if inp.max_steps > 0 else None
+    if steps is None and inp.dataset_tokens is not None:
+        steps = max(1, math.ceil(inp.dataset_tokens * inp.num_train_epochs / tokens_per_step))
+    total = steps * tokens_per_step if steps is not None else None
+    rate = mfu * spec.peak_tflops_bf16 * 1e12 * inp.world_size / per_token if (mfu and spec) else None
+    step_time = tokens_per_step / rate if rate else None
+    train_time = total / rate if (rate and total is not None) else None
+    segments = requeues = eta = gpu_hours = cost = None
+    if train_time is not None:
+        segments = 1
+        if inp.time_limit_s:
+            usable = inp.time_limit_s - inp.startup_s - (lead_s or 0)
+            segments = math.ceil(train_time / usable) if usable > 0 else None
+        if segments is not None:
+            requeues = segments - 1
+            eta = train_time + segments * inp.startup_s
+            gpu_hours = eta * inp.world_size / 3600
+            cost = gpu_hours * inp.gpu_hour_price if inp.gpu_hour_price is not None else None
+    return TimeEstimate(per_token, mfu, tokens_per_step, steps, total, rate, step_time, train_time,
+                        segments, requeues, eta, gpu_hours, cost)
+
+
+def make_plan(inp: PlanInput) -> Plan:
+    """Memory breakdown, verdict + suggestions, time/cost and the signal lead for one launch."""
+    inp.validate()
+    shape = ModelShape.from_arch(inp.arch)
+    opts = memory_options(inp)
+    warnings = []
+    if inp.device == "cpu":
+        warnings.append("CPU processes: no MFU/time estimate")
+    elif gpus.lookup(inp.gpu_type) is None:
+        warnings.append(f"gpu_type {inp.gpu_type!r} is not in contract/gpus.py: no MFU/time estimate")
+    if inp.spec.shards == "node" and inp.nodes == 1:
+        warnings.append(f"{inp.strategy} on one node is plain full sharding")
+    if inp.dataset_tokens is None and inp.max_steps <= 0:
+        warnings.append("dataset size unknown and max_steps unset: no step count, ETA or cost")
+    trainable = trainable_params(shape, opts)
+    ckpt = checkpoint_bytes(trainable, inp)
+    step_time = estimate_time(shape, inp).step_time_s
+    lead = signal_lead_seconds(ckpt, inp, step_time)
+    cpu_usable = None if inp.cpu_mem_per_node_gib is None else int(inp.cpu_mem_per_node_gib * CPU_USABLE_FRACTION * GIB)
+    return Plan(
+        input=inp, params_total=shape.total_params, params_trainable=trainable,
+        params_matmul=shape.matmul_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
+        cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
+        time=estimate_time(shape, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
+    )
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """JSON-ready dict (bytes as integers); `plan_input_from_dict(d["input"])` rebuilds the input."""
+    data = dataclasses.asdict(plan)
+    data["gpu"] |= {"allocated": plan.gpu.allocated, "total": plan.gpu.total}
+    data |= {"fits": plan.fits, "fits_gpu": plan.fits_gpu, "fits_cpu": plan.fits_cpu, "verdict": plan.verdict}
+    return data
+

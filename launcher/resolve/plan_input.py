@@ -1,0 +1,99 @@
+"""A resolved launch as the planner sees it: `plan_input_from_launch` (profile, model, train.toml,
+time limit, dataset size -> `PlanInput`). One path from a launch to the planner, used by `sft-launch
+plan`, every launch, `--dry-run` and the micro-batch fit (launcher/resolve/options.py -> launcher/plan/autofit.py).
+It reads the launch through `LaunchView`, the fields it needs, so it never imports launcher/resolve/options.py
+(which calls it while resolving).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Protocol
+
+from contract.config import SHIPPED_DATA, TrainConfig
+from contract.shape import FUSED_LOSS_CHUNK_TOKENS
+from launcher.plan.datasize import DataEstimate, estimate_tokens
+from launcher.plan.planner import PlanInput
+from launcher.resolve.presets import Preset
+from launcher.resolve.profile import ClusterProfile
+
+CPU_RAM_FRACTION = 0.9  # of a CPU node's RAM, shared by its processes (the OS and slurmstepd keep the rest)
+_MEM = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
+_UNIT_GIB = {"K": 1 / 1024**2, "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}  # SLURM's default unit is MB
+
+
+class LaunchView(Protocol):
+    """What the planner's view reads of a launch (launcher/resolve/options.py's `Launch` is one)."""
+
+    profile: ClusterProfile
+    preset: Preset
+    train: TrainConfig
+    nodes: int
+    strategy: str
+    time_limit_s: int
+    executor: str
+
+    @property
+    def mixed_precision(self) -> str: ...
+
+
+def mem_gib(mem: str) -> float | None:
+    """A profile's `mem` ("480G", "16000M", "2T"; SLURM units) in GiB; None for "" or "0" (unknown/all)."""
+    match = _MEM.match(mem.strip())
+    if not match or float(match["n"]) == 0:
+        return None
+    return float(match["n"]) * _UNIT_GIB[match["unit"].upper()]
+
+
+def data_estimate(launch: LaunchView) -> DataEstimate | None:
+    """Tokens of the training file ("" = the shipped sample), minus the share split off for eval."""
+    data = launch.train.data
+    estimate = estimate_tokens(Path(data.path) if data.path else SHIPPED_DATA, launch.train.train.model_max_length)
+    if estimate is None or data.eval_path or not data.eval_fraction:
+        return estimate
+    keep = 1.0 - data.eval_fraction
+    return DataEstimate(int(estimate.tokens * keep), int(estimate.rows * keep),
+                        f"{estimate.method}, {keep:.0%} after the eval split", estimate.exact_rows)
+
+
+def _precision(launch: LaunchView) -> str:
+    return {"bf16": "bf16", "fp16": "fp16"}.get(launch.mixed_precision, "fp32")
+
+
+def _device_fields(launch: LaunchView) -> dict[str, Any]:
+    """GPU profiles: the GPU table decides memory. CPU profiles (gpus_per_node = 0): the processes shard
+    with FSDP2 over gloo; planned as "ddp", a full replica each in its share of the node's RAM (an upper
+    bound; unknown without `mem`)."""
+    profile = launch.profile
+    node_gib = mem_gib(profile.mem)
+    if profile.gpus_per_node:
+        return {"device": "gpu", "gpus_per_node": profile.gpus_per_node, "gpu_type": profile.gpu_type or "unknown",
+                "strategy": launch.strategy, "cpu_offload": profile.cpu_offload, "cpu_mem_per_node_gib": node_gib}
+    share = node_gib / profile.procs_per_node if node_gib else None
+    return {"device": "cpu", "gpus_per_node": profile.procs_per_node, "gpu_type": "cpu", "strategy": "ddp",
+            "gpu_memory_gib": share, "usable_gpu_fraction": CPU_RAM_FRACTION, "cpu_mem_per_node_gib": node_gib}
+
+
+def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None) -> PlanInput:
+    """The planner's view of a resolved launch (profile, model, train.toml, time limit, dataset size)."""
+    cfg, t = launch.train, launch.train.train
+    mean_doc = data.mean_tokens if data else None
+    packing_efficiency = 0.97
+    if not cfg.data.packing and mean_doc:  # padded batches: most of each row is padding
+        packing_efficiency = min(1.0, max(0.01, mean_doc / t.model_max_length))
+    return PlanInput(
+        # The trained arch (--set model.arch.* overrides included), not only the preset's.
+        arch=dict(cfg.model.arch or launch.preset.arch), nodes=launch.nodes, **_device_fields(launch),
+        lora=cfg.lora.enabled, lora_r=cfg.lora.r, lora_target_modules=list(cfg.lora.target_modules),
+        lora_dropout=cfg.lora.dropout, gradient_checkpointing=t.gradient_checkpointing,
+        micro_batch_tokens=cfg.micro_batch_tokens, gradient_accumulation_steps=t.gradient_accumulation_steps,
+        precision=_precision(launch),  # type: ignore[arg-type]
+        loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS if t.fused_loss else 0,
+        dataset_tokens=data.tokens if data else None, packing_efficiency=packing_efficiency,
+        mean_doc_tokens=mean_doc or 1024.0, num_train_epochs=t.num_train_epochs, max_steps=t.max_steps,
+        # The local executor has no SLURM time limit: one segment, no requeues.
+        time_limit_s=None if launch.executor == "local" else launch.time_limit_s,
+        signal_lead_s=None if launch.executor == "local" else launch.profile.signal_lead_s,
+        storage_write_gbps=launch.profile.storage_write_gbps,
+    )

@@ -1,0 +1,235 @@
+"""Preemption-safe checkpoints: temp dir → rename → COMPLETE marker, resume from the newest complete one.
+
+Layout under ``run.checkpoint_dir``::
+
+    .tmp-step-00000050/   being written (all ranks: accelerate save_state + our train_state.json)
+    step-00000050/        renamed by rank 0 after a barrier; complete only once it holds COMPLETE
+
+Accelerate's ``save_state`` writes model (sharded under FSDP), optimizer, registered objects
+(the LR scheduler) and one ``random_states_<rank>.pkl`` per process (Python, NumPy, torch CPU and
+CUDA RNG), so each rank's RNG comes back on resume. ``train_state.json`` holds the data position.
+A crash at any point leaves either a ``.tmp-*`` dir (deleted at the next start, never resumed
+from) or a renamed dir without COMPLETE (ignored); the previous complete checkpoint is only pruned
+after the new one has its marker, so there is always one to resume from.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+
+from contract import protocol
+from contract.failure import first_line
+from train.engine.hooks import HOOKS
+
+logger = logging.getLogger(__name__)
+
+MARKER = protocol.CHECKPOINT_MARKER
+PREFIX = protocol.CHECKPOINT_PREFIX
+TMP_PREFIX = protocol.CHECKPOINT_TMP_PREFIX
+STATE_FILE = "train_state.json"
+# A write that fails for want of room: a full disk, a quota, a file-size limit. By errno where the error
+# keeps it, else by its words (safetensors says "os error 28"; torch's zip writer reports only the short
+# write, "unexpected pos").
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+SPACE_WORDS = ("no space left", "disk quota exceeded", "file too large", "unexpected pos",
+               *(f"os error {code}" for code in SPACE_ERRNOS))
+
+
+class CheckpointSpaceError(RuntimeError):
+    """A checkpoint save ran out of room; the partial save is removed, the last complete one kept."""
+
+
+@dataclass
+class TrainState:
+    """Where training stands. `micro_batch_index` is the next global micro-batch of `epoch`'s plan."""
+
+    step: int = 0
+    epoch: int = 0
+    micro_batch_index: int = 0
+    tokens_seen: int = 0
+    elapsed_s: float = 0.0
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint dirs, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(step, p) for p in root.iterdir()
+             if (step := protocol.checkpoint_step(p)) is not None and (p / MARKER).is_file()]
+    return [p for _, p in sorted(found, key=lambda found_step: found_step[0])]
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def remove_stale(root: Path, accelerator: Accelerator) -> None:
+    """Delete in-progress saves of a killed run and renamed-but-unmarked dirs (rank 0), then barrier."""
+    if accelerator.is_main_process and root.is_dir():
+        for path in root.iterdir():
+            unfinished = path.name.startswith(PREFIX) and not (path / MARKER).exists()
+            if path.name.startswith(TMP_PREFIX) or unfinished:
+                logger.warning("removing incomplete checkpoint %s", path)
+                shutil.rmtree(path)
+    accelerator.wait_for_everyone()
+
+
+def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, keep: int) -> Path:
+    """Collective: every rank calls it. Returns the complete checkpoint dir.
+
+    A save that finds no room (full disk, quota, file-size limit) removes its partial directory and
+    raises CheckpointSpaceError, one line saying where, how much is free and how much a checkpoint
+    needs; other errors propagate. Either way the caller exits 1 and the previous checkpoint stays.
+    """
+    tmp = root / protocol.checkpoint_name(state.step, TMP_PREFIX)
+    final = root / protocol.checkpoint_name(state.step)
+    started = time.perf_counter()
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            _write_json(tmp / STATE_FILE, asdict(state))
+        accelerator.wait_for_everyone()
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        # Every rank removes what it can before anyone records why: the failure records need room too.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(err, KeyboardInterrupt | SystemExit) and out_of_space(err):
+            raise space_error(root, tmp, err) from err
+        raise
+    if HOOKS.before_checkpoint_publish is not None:
+        HOOKS.before_checkpoint_publish(state.step)
+    if accelerator.is_main_process:
+        _publish(tmp, final)
+        _prune(root, keep)
+    accelerator.wait_for_everyone()
+    seconds = time.perf_counter() - started
+    if accelerator.is_main_process:
+        size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file()) / 1e9
+        logger.info("checkpoint saved: %s (%.2f GB in %.1f s, %.2f GB/s)", final, size, seconds, size / seconds)
+    return final
+
+
+def out_of_space(err: BaseException) -> bool:
+    """Whether `err`, its causes, or (DCP) any rank's wrapped error is a write that found no room."""
+    todo: list[object] = [err]
+    seen: set[int] = set()
+    while todo:
+        exc = todo.pop()
+        if not isinstance(exc, BaseException) or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        text = str(exc).lower()
+        if getattr(exc, "errno", None) in SPACE_ERRNOS or any(words in text for words in SPACE_WORDS):
+            return True
+        failures = getattr(exc, "failures", None)  # CheckpointException: rank -> (exception, traceback)
+        wrapped = [f[0] if isinstance(f, tuple) else f for f in failures.values()] if isinstance(failures, dict) else []
+        todo += [exc.__cause__, exc.__context__, *wrapped]
+    return False
+
+
+def space_error(root: Path, tmp: Path, err: BaseException) -> CheckpointSpaceError:
+    """One line: where, how much room is left, how much a checkpoint needs, what was kept, what to do."""
+    free = shutil.disk_usage(root).free
+    previous = latest_checkpoint(root)
+    if previous is None:
+        kept, need = "no complete checkpoint exists yet", ""
+    else:
+        size = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file())
+        kept, need = f"{previous.name} is kept", f"; a checkpoint needs ~{size / 1e9:.3f} GB (as {previous.name})"
+    return CheckpointSpaceError(
+        f"checkpoint save to {tmp} ran out of room ({first_line(str(err))[:160]}): {free / 1e9:.3f} GB free "
+        f"there{need}; the partial save was removed and {kept}: free space or lower train.save_total_limit, "
+        "then run the same command to resume")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """fsync the files, rename, then write and fsync the marker: COMPLETE implies durable contents."""
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync_path(path)
+    if final.exists():  # a complete save of the same step from an earlier incarnation
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_path(final.parent)
+    marker = final / MARKER
+    with open(marker, "w", encoding="utf-8") as fh:
+        fh.write("ok\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_path(final)
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Keep the newest `keep` complete checkpoints; the newest complete one is never removed."""
+    done = complete_checkpoints(root)
+    for old in done[: max(0, len(done) - max(1, keep))]:
+        logger.info("pruning old checkpoint %s", old)
+        shutil.rmtree(old)
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainState:
+    """Collective: restores model, optimizer, scheduler, RNG of this rank; returns the data position."""
+    started = time.perf_counter()
+    if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
+        for optimizer in accelerator._optimizers:
+            materialize_optimizer_state(optimizer.optimizer)
+    accelerator.load_state(str(path))
+    data = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    state = TrainState(**data)
+    logger.info("resumed from %s (step %d, epoch %d, micro-batch %d) in %.1f s", path, state.step, state.epoch,
+                state.micro_batch_index, time.perf_counter() - started)
+    return state
+
+
+def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state tensors (Adam's moments) without changing a weight.
+
+    Accelerate loads an FSDP1 optimizer by reading the checkpoint into ``optimizer.state_dict()`` as a
+    template: a fresh Adam has no moments yet, so none were read and the resumed run silently started
+    with zero moments (H100, bench/gpu_strategies.py: FSDP1 diverged at the first step after resume).
+    One step on zero gradients at learning rate 0 creates them (AdamW's decay is lr x wd = 0 too);
+    the load then overwrites every value, the step count included. FSDP2 and DeepSpeed do this inside
+    their own loaders."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, rate in zip(optimizer.param_groups, rates):
+        group["lr"] = rate
+    optimizer.zero_grad(set_to_none=True)

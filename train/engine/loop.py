@@ -1,0 +1,367 @@
+"""The training loop, top to bottom: data → model → resume → steps (stop check, save, log, eval) → export.
+
+Data position: the global plan of micro-batches for an epoch is a deterministic function of
+(lengths, budget, seed, epoch) (``train.dataset.packing.plan_micro_batches``); rank r of W takes global
+micro-batches r, r+W, …; one optimizer step consumes ``gradient_accumulation_steps`` of them per
+rank. ``TrainState.micro_batch_index`` is the next global micro-batch, so resuming needs no replay.
+
+Loss normalisation: the gradient must be that of Σ(token losses of the step, all ranks) / (label
+tokens of the step, all ranks), whatever the token counts of the individual micro-batches. The
+label-token count is all-reduced once per step before the forwards; each micro-batch's loss is its
+token-loss *sum* divided by (count / W) — ``num_items_in_batch`` in transformers' loss — because
+DDP/FSDP average gradients over the W ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, set_seed
+
+from contract.config import TrainConfig
+from contract.protocol import EXIT_REQUEUE, LOGS_DIR, PROFILE_DIR
+from contract.schema import ConfigError
+from train.kernels.attention import setup_attention
+from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
+from train.dataset.load import build_datasets, load_tokenizer
+from train.engine.export import export_model
+from train.engine.hooks import HOOKS
+from train.observe.metrics import MetricsSink, Stopwatch, attended_length, lora_params, peak_flops_per_gpu, step_record
+from train.engine.model import build_model, log_model_ready, log_placement
+from train.engine.optim import prepare_for_training
+from train.dataset.packing import collate_packed, collate_padded, plan_micro_batches
+from train.kernels.perf import RecompileWatch
+from train.observe.profiling import StepProfiler
+from train.engine.stop import StopRequest
+from train.engine.watchdog import Watchdog
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Batches:
+    """Turns plan indices into collated micro-batches for this rank."""
+
+    dataset: Any
+    lengths: list[int]
+    budget: int
+    seed: int
+    packed: bool
+    pad_id: int
+    _plans: dict[int, list[list[int]]] = field(default_factory=dict)
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._plans:
+            self._plans = {epoch: plan_micro_batches(self.lengths, self.budget, self.seed, epoch)}
+        return self._plans[epoch]
+
+    def collate(self, indices: list[int]) -> dict[str, Any]:
+        """The micro-batch on the CPU (counting its tokens there costs no device sync)."""
+        examples = [self.dataset[i] for i in indices]
+        return collate_packed(examples) if self.packed else collate_padded(examples, self.pad_id)
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Asynchronous copy: a plain .to(cuda) from pageable memory waits for the GPU, which would stall
+    the CPU from preparing the next micro-batch while the GPU works."""
+    if device.type != "cuda":
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@dataclass
+class Window:
+    """Sums over the optimizer steps since the last log line.
+
+    Each step leaves its numbers as one device tensor in `pending`; `settle` reads them all with a
+    single host sync at log / save time, so no step waits for the GPU (the CPU runs ahead and the
+    GPU never idles while the next micro-batch is prepared).
+    """
+
+    pending: list[torch.Tensor] = field(default_factory=list)  # per step: loss, tokens, Σn², slots, grad norm
+    loss: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    doc_len_sq: float = 0.0
+    slots: int = 0
+    seconds: float = 0.0
+    grad_norm: float = 0.0
+
+    def settle(self, state: TrainState) -> None:
+        if not self.pending:
+            return
+        rows = torch.stack(self.pending).tolist()  # the one host sync
+        self.pending.clear()
+        for loss, tokens, doc_len_sq, slots, grad_norm in rows:
+            self.loss += loss
+            self.steps += 1
+            self.tokens += int(tokens)
+            self.doc_len_sq += doc_len_sq
+            self.slots += int(slots)
+            self.grad_norm = grad_norm
+            state.tokens_seen += int(tokens)
+
+
+def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
+    """Run (or resume) training; returns the process exit code (0 done, 75 stopped and saved)."""
+    make_deterministic(cfg.train.deterministic)
+    set_seed(cfg.train.seed)  # same init on every rank
+    log_placement(accelerator)
+    stop = StopRequest(cfg.run.resolve(cfg.run.stop_file), accelerator.device,
+                       timedelta(seconds=cfg.run.collective_timeout_s))
+    stop.install_signal_handlers()
+    ckpt_root = cfg.run.resolve(cfg.run.checkpoint_dir)
+    remove_stale(ckpt_root, accelerator)
+    stop.clear_answered_file(accelerator.is_main_process, latest_checkpoint(ckpt_root))
+
+    tokenizer = load_tokenizer(cfg)
+    # Rank 0 tokenizes and caches; the others wait at the barrier, then read the cache.
+    bundle = build_datasets(cfg, tokenizer, is_main=accelerator.is_main_process,
+                            barrier=accelerator.wait_for_everyone)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
+                      cfg.data.packing, pad_id)
+    attn = setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing)
+    started = time.perf_counter()
+    model = build_model(cfg, accelerator, attn)
+
+    steps_per_epoch = _steps_per_epoch(batches, accelerator.num_processes, cfg.train.gradient_accumulation_steps)
+    total_steps = cfg.train.max_steps if cfg.train.max_steps > 0 else math.ceil(
+        cfg.train.num_train_epochs * steps_per_epoch)
+    model, optimizer, scheduler = prepare_for_training(accelerator, model, cfg, total_steps)
+    log_model_ready(accelerator, started)
+
+    state = TrainState()
+    if (latest := latest_checkpoint(ckpt_root)) is not None:
+        state = load_checkpoint(accelerator, latest)  # restores RNG last: nothing may consume it after
+    _log_summary(cfg, accelerator, bundle.stats, batches, steps_per_epoch, total_steps, state)
+
+    loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval, total_steps, steps_per_epoch)
+    sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
+    watchdog = Watchdog(Path(cfg.run.dir), cfg.run.hang_timeout_s)
+    watchdog.start(state.step)
+    try:
+        stopped = loop.run(state, stop, sink, ckpt_root, watchdog)
+        if stopped:
+            stop.restore_default_handlers()
+            return EXIT_REQUEUE
+        with watchdog.paused():  # the final eval and the export are not steps
+            if bundle.eval is not None and len(bundle.eval) > 0:
+                sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": loop.evaluate()})
+            export_model(accelerator, model, tokenizer, cfg)
+        sink.write({"event": "done", "step": state.step, "epoch": state.epoch, "elapsed_s": state.elapsed_s,
+                    "tokens_seen": state.tokens_seen})
+    finally:
+        watchdog.close()
+        sink.close()
+    return 0
+
+
+def make_deterministic(on_gpu_too: bool) -> None:
+    """Bitwise-reproducible CPU runs (resume == uninterrupted); on GPU only with train.deterministic,
+    whose kernels are slower. cuBLAS reads its workspace setting when its first handle is made (the
+    first matmul, after this), and without it refuses deterministic mode."""
+    if torch.cuda.is_available() and not on_gpu_too:
+        return
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+    # On the GPU strictly: torch's FlashAttention backward picks its deterministic order only when
+    # warn_only is off (bench/gpu_determinism.py: under warn_only dq/dk/dv differ run to run).
+    torch.use_deterministic_algorithms(True, warn_only=not torch.cuda.is_available())
+
+
+def _steps_per_epoch(batches: Batches, world: int, accumulation: int) -> int:
+    per_step = world * accumulation
+    n = len(batches.plan(0)) // per_step
+    if n == 0:
+        raise ConfigError(
+            f"data.tokens_per_micro_batch: the data packs into {len(batches.plan(0))} micro-batches, fewer than "
+            f"one optimizer step needs ({world} ranks x {accumulation} accumulation); lower the budget",
+            "data.tokens_per_micro_batch")
+    return n
+
+
+def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches: Batches,
+                 steps_per_epoch: int, total_steps: int, state: TrainState) -> None:
+    if not accelerator.is_main_process:
+        return
+    plan = batches.plan(0)
+    real = sum(batches.lengths)
+    slots = len(plan) * batches.budget
+    per_step = cfg.micro_batch_tokens * cfg.train.gradient_accumulation_steps * accelerator.num_processes
+    data_stats = {k: stats.get(k) for k in ("rows", "skipped", "truncated", "eval_examples")}
+    logger.info(
+        "world size %d (%s) | %d examples, %d tokens, data stats %s | %d micro-batches/epoch, "
+        "packing efficiency %.3f | token slots per optimizer step %d | %d steps/epoch, %d steps total, "
+        "starting at step %d", accelerator.num_processes, accelerator.distributed_type, len(batches.lengths),
+        real, data_stats, len(plan), real / slots if slots else 0.0, per_step, steps_per_epoch, total_steps,
+        state.step)
+
+
+class Loop:
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, scheduler: Any, batches: Batches, eval_dataset: Any,
+                 total_steps: int, steps_per_epoch: int):
+        self.cfg, self.acc, self.model = cfg, accelerator, model
+        self.optimizer, self.scheduler, self.batches = optimizer, scheduler, batches
+        self.eval_dataset, self.total_steps, self.steps_per_epoch = eval_dataset, total_steps, steps_per_epoch
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        self.accumulation = cfg.train.gradient_accumulation_steps
+        self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type)
+        self.arch = accelerator.unwrap_model(model).config.to_dict()
+        self.lora_params = lora_params(self.arch, cfg)  # MFU counts a frozen base at 4·N
+        self.recompiles = RecompileWatch()
+
+    def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
+            watchdog: Watchdog) -> bool:
+        """Train until total_steps; True when stopped (and saved) on request. Saves and evals pause the
+        watchdog; every completed optimizer step (its stop vote included) is progress."""
+        window, watch = Window(), Stopwatch()
+        profiler = StepProfiler(self.cfg.train.profile_steps or "", self.acc.is_main_process,
+                               Path(self.cfg.run.dir) / LOGS_DIR / PROFILE_DIR)
+        self.model.train()
+        while state.step < self.total_steps:
+            lr = self.scheduler.get_last_lr()[0]
+            profiler.before_step(state.step)
+            self.step(state, window)
+            profiler.after_step(state.step - 1)
+            sink.advance()
+            if state.step % self.cfg.train.logging_steps == 0 or state.step == self.total_steps:
+                self._settle(state, window, watch)
+                sink.write(self.record(state, window, lr))
+                window = Window()
+            if self.cfg.train.eval_steps and state.step % self.cfg.train.eval_steps == 0 and self.eval_dataset:
+                self._settle(state, window, watch)
+                with watchdog.paused():
+                    sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": self.evaluate()})
+                watch.lap()  # eval is not training throughput
+            if HOOKS.after_step is not None:
+                HOOKS.after_step(state.step, self.acc.is_main_process, stop.stop_file)
+            stopping = stop.agreed(state.step, self.acc.is_main_process)
+            watchdog.progress(state.step)
+            if stopping:
+                self._settle(state, window, watch)  # tokens_seen must be exact in the checkpoint
+                with watchdog.paused():
+                    save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                return True
+            if state.step % self.cfg.train.save_steps == 0 and state.step < self.total_steps:
+                self._settle(state, window, watch)
+                with watchdog.paused():
+                    save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                watch.lap()  # saving is not training throughput
+        self._settle(state, window, watch)
+        return False
+
+    @staticmethod
+    def _settle(state: TrainState, window: Window, watch: Stopwatch) -> None:
+        """Wait for the GPU (one sync), then book the wall time since the last lap as training time."""
+        window.settle(state)
+        seconds = watch.lap()
+        window.seconds += seconds
+        state.elapsed_s += seconds
+
+    def _my_micro_batches(self, state: TrainState) -> list[list[int]]:
+        plan = self.batches.plan(state.epoch)
+        first = state.micro_batch_index
+        return [plan[first + k * self.world + self.rank] for k in range(self.accumulation)]
+
+    def _advance(self, state: TrainState) -> None:
+        state.step += 1
+        state.micro_batch_index += self.world * self.accumulation
+        if state.micro_batch_index + self.world * self.accumulation > len(self.batches.plan(state.epoch)):
+            state.epoch, state.micro_batch_index = state.epoch + 1, 0
+
+    def step(self, state: TrainState, window: Window) -> None:
+        """One optimizer step over this rank's micro-batches. Enqueues GPU work only: the step's
+        numbers go to `window.pending` as a device tensor (no host sync)."""
+        index_lists = self._my_micro_batches(state)
+        micro_cpu = [self.batches.collate(ix) for ix in index_lists]
+        doc_lengths = [self.batches.lengths[i] for ix in index_lists for i in ix]
+        label_tokens = sum(int((b["labels"][..., 1:] != -100).sum()) for b in micro_cpu)
+        slots = sum(b["input_ids"].numel() if not self.cfg.data.packing else self.batches.budget for b in micro_cpu)
+        counts = torch.tensor([label_tokens, sum(doc_lengths), attended_length(doc_lengths) * sum(doc_lengths),
+                               slots], dtype=torch.float64)
+        counts = self.acc.reduce(to_device({"c": counts}, self.acc.device)["c"], reduction="sum")
+        micro = [to_device(b, self.acc.device) for b in micro_cpu]
+        items_per_rank = torch.clamp(counts[0], min=1.0).float() / self.world
+        loss_sum = torch.zeros((), device=self.acc.device)
+        for i, batch in enumerate(micro):
+            last = i == len(micro) - 1
+            with contextlib.nullcontext() if last else self.acc.no_sync(self.model):
+                loss = self.model(**batch, num_items_in_batch=items_per_rank).loss
+                backward(self.acc, loss, last)
+            loss_sum += loss.detach().float()
+        max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
+        grad_norm = _norm_tensor(self.acc.clip_grad_norm_(self.model.parameters(), max_norm), self.acc.device)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_mean = self.acc.reduce(loss_sum, reduction="mean")
+        window.pending.append(torch.stack([loss_mean.double(), counts[1], counts[2], counts[3], grad_norm.double()]))
+        self._advance(state)
+
+    def record(self, state: TrainState, window: Window, lr: float) -> dict[str, Any]:
+        return step_record(
+            step=state.step, epoch=state.epoch, loss=window.loss / max(1, window.steps), lr=lr,
+            grad_norm=window.grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
+            seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
+            packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s,
+            compiled_graphs=self.recompiles.check(state.step), lora_params=self.lora_params)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean token loss on the eval split. Every rank runs the same number of forwards (DDP syncs
+        buffers and FSDP gathers in forward), padding with a repeated batch whose loss is dropped."""
+        lengths = list(self.eval_dataset["length"])
+        evals = Batches(self.eval_dataset, lengths, self.batches.budget, self.cfg.train.seed,
+                        self.cfg.data.packing, self.batches.pad_id)
+        plan = evals.plan(0)
+        sums = torch.zeros(2, dtype=torch.float64, device=self.acc.device)
+        self.model.eval()
+        one = torch.ones((), device=self.acc.device)
+        for j in range(math.ceil(len(plan) / self.world)):
+            g = j * self.world + self.rank
+            batch = to_device(evals.collate(plan[min(g, len(plan) - 1)]), self.acc.device)
+            loss_sum = self.model(**batch, num_items_in_batch=one).loss
+            if g < len(plan):
+                sums += torch.stack([loss_sum.double(), (batch["labels"][..., 1:] != -100).sum().double()])
+        self.model.train()
+        sums = self.acc.reduce(sums, reduction="sum")
+        return float(sums[0] / torch.clamp(sums[1], min=1.0))
+
+
+def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: bool) -> None:
+    """Backward of one micro-batch. DeepSpeed steps its optimizer inside backward whenever Accelerate
+    says the gradients sync (always, outside `accumulate()`), and divides the loss by its
+    gradient_accumulation_steps: here only the last micro-batch of a step is a boundary, and the loss
+    is already normalised over the whole step (module docstring), so DeepSpeed must not scale it."""
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        accelerator.backward(loss)
+        return
+    accelerator.gradient_state._set_sync_gradients(last_micro_batch)
+    try:
+        accelerator.backward(loss, scale_wrt_gas=False)
+    finally:
+        accelerator.gradient_state._set_sync_gradients(True)
+
+
+def _norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:
+    """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2), a float or None (DeepSpeed: its engine
+    clipped inside backward; None when it has no norm to report). With CPU offload the gradients, and
+    so the norm, live on the CPU: it joins the step's other numbers on the training device."""
+    if norm is None:
+        return torch.tensor(float("nan"), device=device)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return norm.detach().reshape(()).to(device) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)

@@ -1,0 +1,249 @@
+"""Build the model to train: random init (tiny) or pretrained weights read by one process only,
+RoPE scaling, LoRA, non-reentrant gradient checkpointing, ``use_cache=False``.
+
+Rank-0-only loading, per distribution type:
+
+* FSDP (GPU, and CPU over gloo through ``train.engine.sharding``): transformers 5.x skips reading weights
+  only on ranks that are not *local* rank 0 (``modeling_utils``: ``is_fsdp_enabled() and not
+  is_local_dist_rank_0()``) — one reader per *node*. We go further: only global rank 0 reads; the
+  others build the model on the meta device and take uninitialised CPU storage (``to_empty``: pages
+  never touched, so no RSS), which Accelerate's ``cpu_ram_efficient_loading`` fills by broadcast
+  from rank 0 while sharding. The non-persistent buffers (RoPE ``inv_freq``) are not in that
+  broadcast, so we send them first.
+* DeepSpeed: from_pretrained's own ZeRO-3 handling.
+* DDP (a launch without FSDP: plain multi-GPU, or CPU): done here. Rank 0 reads the safetensors;
+  the other ranks build the model on the meta device (no memory), materialise empty storage, and
+  receive every parameter and buffer (RoPE ``inv_freq`` included) by broadcast from rank 0.
+Each rank logs its peak RSS before and after, so the saving can be checked in the logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel
+
+from contract import gpus
+from contract.config import TrainConfig
+from contract.schema import ConfigError
+from train.kernels import swiglu
+from train.kernels.loss import logit_grad_pass
+from train.observe.metrics import peak_rss_mib
+from train.kernels.perf import compile_decoder_layers, decoder_layers, gather_lm_head_with_root, use_fused_loss
+
+logger = logging.getLogger(__name__)
+
+
+def mixed_precision(precision: str) -> str:
+    """Accelerate's mixed_precision value for model.precision on this machine (one rule: contract.gpus)."""
+    on_gpu = torch.cuda.is_available()
+    return gpus.mixed_precision(precision, on_gpu, torch.cuda.is_bf16_supported() if on_gpu else None)
+
+
+def weights_dtype(cfg: TrainConfig, uniform: bool = False) -> torch.dtype:
+    """fp32 master weights for what trains; bf16/fp16 compute comes from Accelerate's mixed precision
+    (autocast / FSDP policy). A LoRA run's frozen base needs no master copy, so it is stored in the
+    compute dtype (as the planner assumes): half the memory, and autocast no longer casts every base
+    weight at every forward. The adapters stay fp32 (apply_lora). `uniform`: the wrapper needs one
+    dtype per wrapped unit (FSDP1 flattens a decoder layer into one FlatParameter), so a LoRA base
+    stays fp32 beside its fp32 adapters."""
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": torch.float32}[mixed_precision(cfg.model.precision)]
+    return compute if cfg.lora.enabled and not uniform else torch.float32
+
+
+def is_fsdp1(accelerator: Accelerator) -> bool:
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    return accelerator.distributed_type == DistributedType.FSDP and getattr(plugin, "fsdp_version", 2) == 1
+
+
+def build_config(cfg: TrainConfig) -> PretrainedConfig:
+    """LlamaConfig from model.arch (random init) or the checkpoint's config, with RoPE scaling applied."""
+    config = AutoConfig.from_pretrained(cfg.model.path) if cfg.model.path else LlamaConfig(**cfg.model.arch)
+    config.use_cache = False  # no KV cache while training (and required by gradient checkpointing)
+    if cfg.model.rope_scaling:
+        apply_rope_scaling(config, cfg.train.model_max_length)
+    return config
+
+
+def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
+    """Linear RoPE interpolation by ceil(max_length / context) when training past the context (FastChat)."""
+    context = getattr(config, "max_position_embeddings", None)
+    if not context or model_max_length <= context:
+        return
+    factor = float(math.ceil(model_max_length / context))
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if params.get("rope_type", "default") != "default":
+        logger.warning("model already has rope %s; not rescaling", params)
+        return
+    params.update(rope_type="linear", factor=factor)
+    config.rope_parameters = params
+    config.max_position_embeddings = model_max_length
+    logger.info("RoPE linear scaling x%.0f (context %d -> %d)", factor, context, model_max_length)
+
+
+def random_init(config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]) -> PreTrainedModel:
+    """A model with random weights (no model.path: tests, benchmarks), the same seed on every rank.
+    One process initialises on its own device (an 8B init takes minutes on the CPU, seconds on a
+    GPU); several processes build on the CPU, as the sharding that follows expects."""
+    if accelerator.num_processes == 1:
+        with torch.device(accelerator.device):
+            return AutoModelForCausalLM.from_config(config, **kwargs)
+    return AutoModelForCausalLM.from_config(config, **kwargs)
+
+
+def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation: str) -> PreTrainedModel:
+    config = build_config(cfg)
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation,
+                                  dtype=weights_dtype(cfg, uniform=is_fsdp1(accelerator)))
+    rss_before, started = peak_rss_mib(), time.perf_counter()
+    if not cfg.model.path:
+        model = random_init(config, accelerator, kwargs)
+    elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        model = _load_on_rank0_and_broadcast(cfg.model.path, config, accelerator, kwargs)
+    elif accelerator.distributed_type == DistributedType.FSDP and accelerator.num_processes > 1:
+        model = load_for_fsdp(cfg.model.path, config, accelerator, kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, config=config, **kwargs)
+    logger.info("rank %d peak RSS: %.0f MiB before model load, %.0f MiB after (%.1f s)",
+                accelerator.process_index, rss_before, peak_rss_mib(), time.perf_counter() - started)
+    model.config.use_cache = False
+    if cfg.train.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs (LoRA), FSDP2 and keyword arguments (packing).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.train.fused_loss:  # no vocabulary-sized logits (train/kernels/loss.py)
+        use_fused_loss(model, "auto" if cfg.train.fused_loss is True else cfg.train.fused_loss)
+        logger.info("fused loss %r; its softmax/gradient pass here: %s", cfg.train.fused_loss,
+                    logit_grad_pass(accelerator.device))
+    if cfg.train.fused_mlp:
+        apply_fused_mlp(model, cfg, accelerator)
+    if cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
+        compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
+    if cfg.lora.enabled:
+        model = apply_lora(model, cfg)
+    if cfg.train.fused_loss and zero_stage(accelerator) == 3:
+        gather_lm_head_with_root(model)
+    return model
+
+
+def apply_fused_mlp(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelerator) -> None:
+    """train.fused_mlp: "auto" routes every decoder layer's MLP through train/kernels/swiglu.py where it can
+    run (and says why not where it cannot); true fails with a one-line error where it cannot."""
+    blocker = swiglu.unavailable(accelerator.device, cfg.lora.enabled, zero_stage(accelerator))
+    layers = decoder_layers(model)
+    fused = 0 if blocker else swiglu.use_fused_swiglu([layer.mlp for layer in layers])
+    if fused == 0 and blocker is None:
+        blocker = "the model's MLP is not a bias-free SiLU-gated Llama MLP"
+    if blocker and cfg.train.fused_mlp is True:
+        raise ConfigError(f"train.fused_mlp: cannot be used: {blocker}", "train.fused_mlp")
+    if blocker:
+        logger.info("fused SwiGLU MLP off: %s", blocker)
+    else:
+        logger.info("fused SwiGLU MLP (quack GEMMs): %d of %d decoder layers", fused, len(layers))
+
+
+def zero_stage(accelerator: Accelerator) -> int | None:
+    """DeepSpeed's ZeRO stage, None when not under DeepSpeed."""
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return None
+    return int(accelerator.state.deepspeed_plugin.zero_stage)
+
+
+def log_placement(accelerator: Accelerator) -> None:
+    """Where this rank landed (every rank logs it, like the RSS facts): torchrun's GROUP_RANK is the
+    node's machine rank (0 and 1 on a 2-node job, never 0 on both), LOCAL_RANK the process in the node."""
+    logger.info("rank %d of %d: node rank %s, local rank %s, host %s", accelerator.process_index,
+                accelerator.num_processes, os.environ.get("GROUP_RANK", "?"), os.environ.get("LOCAL_RANK", "?"),
+                socket.gethostname())
+
+
+def log_model_ready(accelerator: Accelerator, started: float) -> None:
+    """Every rank: peak RSS once the model is sharded/wrapped (rank-0-only loading is judged on it)."""
+    logger.info("rank %d peak RSS %.0f MiB once sharded; model ready %.1f s after load started",
+                accelerator.process_index, peak_rss_mib(), time.perf_counter() - started)
+
+
+def _load_on_rank0_and_broadcast(
+    path: str, config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]
+) -> PreTrainedModel:
+    model, rss_at_broadcast = load_on_rank0(path, config, accelerator, kwargs)
+    logger.info("rank %d peak RSS %.0f MiB when weights reached the broadcast", accelerator.process_index,
+                rss_at_broadcast)
+    return model
+
+
+def load_on_rank0(
+    path: str, config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]
+) -> tuple[PreTrainedModel, float]:
+    """Rank 0 reads the checkpoint, the others build on meta and receive it by broadcast.
+
+    Returns the model and this rank's peak RSS (MiB) just before the broadcast: on ranks > 0 it
+    stays at the baseline, since nothing was read or allocated yet.
+    """
+    if accelerator.is_main_process:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+    rss_at_broadcast = peak_rss_mib()
+    if not accelerator.is_main_process:
+        model.to_empty(device="cpu")
+        model.tie_weights()  # to_empty re-creates parameters; restore the embedding/lm_head tie
+    broadcast_module(model, accelerator.device)
+    return model, rss_at_broadcast
+
+
+def load_for_fsdp(
+    path: str, config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]
+) -> PreTrainedModel:
+    """Global rank 0 reads the checkpoint; the others get shapes only (see the module docstring)."""
+    if accelerator.is_main_process:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        model.to_empty(device="cpu")
+        model.tie_weights()
+    with torch.no_grad():
+        for _name, buffer in model.named_buffers():
+            staged = buffer.to(accelerator.device)
+            dist.broadcast(staged, src=0)
+            buffer.copy_(staged)
+    return model
+
+
+@torch.no_grad()
+def broadcast_module(model: torch.nn.Module, device: torch.device) -> None:
+    """Copy rank 0's parameters and buffers to every rank (tensor by tensor: bounded extra memory)."""
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    for _name, tensor in tensors:
+        staged = tensor.data.to(device) if tensor.device != device else tensor.data
+        dist.broadcast(staged, src=0)
+        if staged is not tensor.data:
+            tensor.data.copy_(staged)
+
+
+def apply_lora(model: PreTrainedModel, cfg: TrainConfig) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, lora)
+    for parameter in peft_model.parameters():
+        if parameter.requires_grad:  # the adapters: fp32 master weights, like full fine-tuning
+            parameter.data = parameter.data.float()
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in peft_model.parameters())
+    logger.info("LoRA r=%d: %d trainable of %d parameters (%.2f%%)", cfg.lora.r, trainable, total,
+                100.0 * trainable / total)
+    return peft_model

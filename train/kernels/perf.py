@@ -1,0 +1,108 @@
+"""Speed features applied to a built model: fused lm_head + loss, torch.compile per decoder layer.
+
+Both act on one model *instance* (no class is patched) and leave parameter names untouched, so
+checkpoints, FSDP wrapping and the export see the same model as without them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import types
+from typing import Any
+
+import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from train.kernels.loss import IGNORE_INDEX, linear_cross_entropy_sum
+
+logger = logging.getLogger(__name__)
+
+
+def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                   num_items_in_batch: torch.Tensor | int | None = None, *, loss_backend: str = "auto",
+                   **kwargs: Any) -> CausalLMOutputWithPast:
+    """LlamaForCausalLM.forward without materialising the logits when labels are given.
+
+    Runs inside the root module's forward, so under FSDP2 the root's parameters (embedding, final
+    norm, lm_head) are unsharded here exactly as in the stock forward. Loss semantics match
+    transformers' ForCausalLMLoss: sum over tokens / num_items_in_batch (or / label count).
+    """
+    kwargs.pop("logits_to_keep", None)
+    hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
+    if labels is None:
+        return CausalLMOutputWithPast(logits=self.lm_head(hidden))
+    weight = _head_weight(self.lm_head, hidden)
+    if torch.is_autocast_enabled(hidden.device.type):
+        # Autocast would run the lm_head matmul in bf16/fp16; the fused kernels do not see autocast.
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    loss_sum = linear_cross_entropy_sum(hidden, weight, labels, backend=loss_backend)
+    if num_items_in_batch is None:
+        num_items_in_batch = (labels[..., 1:] != IGNORE_INDEX).sum().clamp(min=1)
+    return CausalLMOutputWithPast(loss=loss_sum / num_items_in_batch)
+
+
+def _head_weight(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """lm_head's full weight. Under FSDP2 Accelerate shards lm_head in a unit with the final norm,
+    which the norm's forward unshards; when it finds no norm (a peft-wrapped model) lm_head is a unit
+    alone, which only its own forward unshards: run that forward on zero tokens."""
+    if hasattr(lm_head.weight, "full_tensor"):  # still a sharded DTensor
+        lm_head(hidden[..., :0, :])
+    return lm_head.weight
+
+
+def use_fused_loss(model: torch.nn.Module, backend: str = "auto") -> None:
+    """Make `model(**batch, labels=...)` compute the loss from hidden states (train/kernels/loss.py's backend)."""
+    if not (hasattr(model, "model") and hasattr(model, "lm_head")):
+        raise TypeError(f"fused loss needs a *ForCausalLM model with .model and .lm_head, got {type(model)}")
+    model.forward = types.MethodType(functools.partial(_fused_forward, loss_backend=backend), model)
+
+
+def gather_lm_head_with_root(model: torch.nn.Module) -> None:
+    """ZeRO-3: the fused loss reads lm_head.weight outside lm_head's own forward, where DeepSpeed would
+    leave it partitioned (an empty tensor). Registering it as an external parameter of the root
+    module makes DeepSpeed gather it for the root's forward and backward, which enclose the loss."""
+    from deepspeed.runtime.zero import register_external_parameter
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    register_external_parameter(model, base.lm_head.weight)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return list(base.model.layers)
+
+
+def compile_decoder_layers(model: torch.nn.Module) -> int:
+    """torch.compile each decoder layer's forward (the repeated block; hooks and checkpointing stay
+    outside the compiled region, which keeps FSDP's per-layer hooks and recompute intact)."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+    logger.info("torch.compile: %d decoder layers", len(layers))
+    return len(layers)
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has captured in this process so far. It stays flat after the first step
+    when every pack shape reuses the first graph; a rise mid-run is a recompilation, which every
+    rank waits for (seconds for a large layer)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class RecompileWatch:
+    """Warns when graphs were compiled since the last logged window (the first window's are expected)."""
+
+    def __init__(self) -> None:
+        self.seen: int | None = None
+
+    def check(self, step: int) -> int:
+        graphs = compiled_graphs()
+        if self.seen is not None and graphs > self.seen:
+            logger.warning("torch.compile captured %d new graph(s) before step %d: every rank waited for the "
+                           "compilation (TORCH_LOGS=recompiles names the guard that failed)", graphs - self.seen, step)
+        self.seen = graphs
+        return graphs
