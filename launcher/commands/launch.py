@@ -37,9 +37,8 @@ def main(argv: list[str]) -> int:
     launch = resolve(request_from_args(args))  # ConfigError -> exit 2 in cli.main; nothing written yet
     from launcher.execute.executors import execute
     from launcher.commands.plan_cmd import plan_launch, refuse_unless_fits, refuse_unless_room
-    from launcher.resolve.preflight import check_launch
-
     from launcher.ops import ownership
+    from launcher.resolve.preflight import check_launch
 
     if not args.dry_run:  # a run directory a live job owns: refused before anything else is said
         ownership.precheck(launch.run_dir)
