@@ -42,7 +42,7 @@ def test_failed_job_says_why_in_one_line() -> None:
     write_run(["--cluster", str(HERE / "cluster.toml"), "--nodes", "2", "--model", "tiny", "--data", str(data),
                "--max_steps", "2", "--output", str(run_dir)])  # a dry run checks but writes no run directory
     data.write_text("\n".join(SAMPLE[:6] + ['{"conversations": ['] + SAMPLE[6:40]) + "\n")
-    submit = ("import sys; from pathlib import Path; from launcher import sbatch; "
+    submit = ("import sys; from pathlib import Path; from launcher.execute import sbatch; "
               "from launcher.execute.render import record_submission; d = Path(sys.argv[1]); "
               "j = sbatch.submit(d); record_submission(d, j); print(j)")
     job_id = int(subprocess.run([sys.executable, "-c", submit, str(run_dir)], capture_output=True, text=True,
