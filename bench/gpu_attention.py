@@ -13,12 +13,12 @@ our MFU count (causal: 6·s per token per head-dim unit, fwd + bwd).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from bench.gpu_ceilings import median_ms
+from bench.results_io import write_result
 from bench.synthetic import SHAPES, sample_lengths
 from train.dataset.packing import plan_micro_batches
 
@@ -118,8 +118,8 @@ def main() -> None:
             print(f"{row['kernel']:34} {row['ms']:7.3f} {row['ms'] * layers:9.1f} {row['tflops']:8.0f} "
                   f"{row['max_abs_err']:12.2e}")
     if args.json:
-        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "shape": args.shape,
-                                         "rows": rows}, indent=1))
+        write_result(args.json, {"device": torch.cuda.get_device_name(), "shape": args.shape,
+                                 "tokens": args.tokens, "docs": args.docs, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ Timing: CUDA events, median of repeats after warm-up, random (not zero) inputs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from unittest import mock
 
 import torch
 
+from bench.results_io import write_result
 from bench.synthetic import SHAPES
 
 REPEATS = 20
@@ -120,6 +120,9 @@ def main() -> None:
         losses = loss_ms(arch, args.tokens)
         print(f"\n{torch.cuda.get_device_name()}, lm_head + cross-entropy at {args.tokens} tokens, fwd + bwd: "
               + ", ".join(f"{k} {v:.1f} ms" for k, v in losses.items()))
+        if args.json:
+            write_result(args.json, {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "tokens": args.tokens,
+                                     "loss_fwd_bwd_ms": losses})
         return
     bandwidth = copy_bandwidth_gbs()
     square = 2 * 8192**3 / matmul_ms(8192, 8192, 8192) / 1e9
@@ -131,7 +134,7 @@ def main() -> None:
     result = {"gpu": torch.cuda.get_device_name(), "copy_gbs": bandwidth, "square_bf16_tflops": square,
               "shape": args.shape, "tokens": args.tokens, "steps": table, "loss_fwd_bwd_ms": losses}
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_result(args.json, result)
     print(f"\n{result['gpu']}: copy {bandwidth:,.0f} GB/s (read + write), bf16 8192^3 matmul {square:.0f} TFLOP/s")
     print("lm_head + cross-entropy, forward + backward: " + ", ".join(f"{k} {v:.1f} ms" for k, v in losses.items()))
     for entry in table:

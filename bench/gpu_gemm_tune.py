@@ -1,6 +1,6 @@
 """Pick the configs of the fused MLP's two quack GEMMs (train/kernels/swiglu.py) once per GPU and shape.
 
-    python -m bench.gpu_gemm_tune --shapes 1b,8b --tokens 32768 [--write]
+    python -m bench.gpu_gemm_tune --shapes 1b,8b --tokens 32768 [--write] [--json bench/results/GPU/gemm-tune.json]
 
 For each Llama MLP shape, times the gate/up GEMM with the SwiGLU epilogue ("gated") and the
 dout @ W_down GEMM with the SwiGLU-gradient epilogue ("dgated") under every config quack offers
@@ -21,10 +21,12 @@ import dataclasses
 import importlib
 import json
 import time
+from pathlib import Path
 
 import torch
 
 from bench.gpu_ceilings import median_ms
+from bench.results_io import write_result
 from train.kernels import swiglu
 
 # A pin must beat quack's default by this much: one config timed twice differed by up to 2.6% (H100).
@@ -96,6 +98,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="1b", help=f"comma-separated, of {sorted(MLP_SHAPES)}")
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--write", action="store_true", help=f"merge the pins into {swiglu.GEMM_CONFIGS}")
+    parser.add_argument("--json", type=Path, help="write every tuned GEMM (pinned or not) as a bench/results file")
     args = parser.parse_args()
     reason = swiglu.unavailable(torch.device("cuda"))
     if reason:
@@ -116,6 +119,8 @@ def main() -> None:
         print(f"{key:28} {e['ms']:7.3f} {e['quack_default_ms']:14.3f} {e['cublas_plain_ms']:20.3f} {e['tuning_s']:9.0f}"
               f" {'yes' if e['pinned'] else 'no':>4}  {c['tile_m']}x{c['tile_n']} cluster {c['cluster_m']}x{c['cluster_n']}"
               f" pingpong={c['pingpong']}")
+    if args.json:
+        write_result(args.json, {"gpu": gpu, "tokens": args.tokens, "shapes": args.shapes, "gemms": results})
     if args.write:
         write_pins(results)
 

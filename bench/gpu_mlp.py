@@ -13,7 +13,6 @@ reference, relative to the reference's largest value.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from unittest import mock
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.gpu_ceilings import median_ms
+from bench.results_io import write_result
 from bench.synthetic import SHAPES
 from train.kernels import swiglu
 from train.kernels.swiglu import swiglu_mlp, unavailable
@@ -106,8 +106,8 @@ def main() -> None:
         print(f"{row['path']:36} {row['ms']:7.3f} {row['ms'] * layers:9.1f} {row['saved_gib']:10.2f} "
               f"{row['first_call_s']:8.1f} {row['max_rel_err']:12.2e}")
     if args.json:
-        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "shape": args.shape,
-                                         "tokens": args.tokens, "rows": rows}, indent=1))
+        write_result(args.json, {"device": torch.cuda.get_device_name(), "shape": args.shape,
+                                 "tokens": args.tokens, "rows": rows})
 
 
 if __name__ == "__main__":

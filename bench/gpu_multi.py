@@ -25,11 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_single import TINY, WARMUP_STEPS, steady_state
+from bench.gpu_single import TINY, device_peak, steady_state
+from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_SMOKE = bool(os.environ.get("BENCH_CPU_SMOKE"))  # tiny shapes on CPU: proves the script end to end
+DOCS, MAX_DOC_TOKENS = (300, 512) if CPU_SMOKE else (6000, 4096)
 
 
 def shape(name: str) -> dict:
@@ -142,16 +144,18 @@ def main() -> None:
     parser.add_argument("--tokens8b", type=int, default=16384)
     parser.add_argument("--tokens1b", type=int, default=16384)
     parser.add_argument("--tokens8b-mfu", type=int, default=8192)
-    parser.add_argument("--skip", default="", help="comma list of phases to skip: naive,8b,scaling")
+    parser.add_argument("--skip", default="", help="comma list of phases to skip: naive,8b,scaling,8b-mfu")
+    parser.add_argument("--tag", default="", help="results file multi-<gpus>gpu-<tag>.json (one per set of phases)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
     rows: list[tuple[str, str]] = []
-    result: dict[str, Any] = {"gpu_count": args.gpus}
+    result: dict[str, Any] = {"gpu_count": args.gpus, "docs": DOCS, "max_doc_tokens": MAX_DOC_TOKENS}
 
     result["disk_write_gbps"] = disk_write_gbps(args.out)
     rows.append(("disk write bandwidth", f"{result['disk_write_gbps']:.2f} GB/s"))
-    lengths = sample_lengths(300 if CPU_SMOKE else 6000, seed=0, hi=512 if CPU_SMOKE else 4096)
+    lengths = sample_lengths(DOCS, seed=0, hi=MAX_DOC_TOKENS)
+    args.lengths = lengths
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, shape("llama3-8b")["vocab_size"])
 
@@ -172,24 +176,29 @@ def main() -> None:
         bench_8b_mfu(args, ckpt, data, result, rows)
 
     if args.results:
-        args.results.mkdir(parents=True, exist_ok=True)
-        (args.results / f"multi-{args.gpus}gpu.json").write_text(json.dumps(result, indent=1))
+        write_result(args.results / f"multi-{args.gpus}gpu{'-' + args.tag if args.tag else ''}.json", result)
     print("\n| measurement | value |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value} |")
 
 
-def run_stats(run: Path, code: int, text: str, rows: list, label: str) -> dict | None:
-    """Steady-state throughput of a finished run plus its mean logged MFU after the warm-up steps;
-    None (and a failure row) when the run failed."""
+def run_stats(run: Path, code: int, text: str, rows: list, label: str, arch: dict, gpus: int,
+              lengths: list[int]) -> dict | None:
+    """Steady-state throughput of a finished run: real tokens and seconds over the steps after the
+    warm-up, and the MFU of that aggregate (real tokens / wall seconds, by contract.shape's FLOP
+    count). The mean of the logged per-step MFUs sits beside it as `mean_step_mfu` (a stall in one
+    step barely moves a mean of rates). None (and a failure row) when the run failed."""
     if code != 0:
         print(text[-4000:])
         rows.append((label, f"failed (exit {code})"))
         return None
     stats = steady_state(run / "metrics.jsonl")
+    peak = device_peak()[1]
+    stats.update(gpu_count=gpus, peak_flops=peak,
+                 **throughput_numbers(arch, lengths, stats["real_tokens_per_s"], gpus, peak))
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     mfus = [r["mfu"] for r in records if r.get("mfu") and r["step"] > WARMUP_STEPS]
-    stats["mfu"] = sum(mfus) / len(mfus) if mfus else None
+    stats["mean_step_mfu"] = sum(mfus) / len(mfus) if mfus else None
     return stats
 
 
@@ -200,7 +209,7 @@ def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, row
            "--gradient_checkpointing", "true", "--set", f"data.tokens_per_micro_batch={args.tokens8b}"])
     code, text = launch(run, args.gpus, 29600)
     result["8b_exit"] = code
-    stats = run_stats(run, code, text, rows, "8B FSDP2 run")
+    stats = run_stats(run, code, text, rows, "8B FSDP2 run", shape("llama3-8b"), args.gpus, args.lengths)
     if stats is None:
         return
     result["8b"] = stats
@@ -212,7 +221,7 @@ def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, row
     result["8b_model_ready_s"] = max((float(t) for _, _, t in finals), default=None)
     result["8b_log_tail"] = text[-2000:]
     rows.append(("8B FSDP2 tokens/s/GPU", f"{stats['real_tokens_per_s'] / args.gpus:,.0f}"))
-    rows.append(("8B FSDP2 MFU", f"{(stats['mfu'] or 0) * 100:.1f}%"))
+    rows.append(("8B FSDP2 MFU (aggregate)", f"{(stats['mfu'] or 0) * 100:.1f}%"))
     rows.append(("8B peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
     if result["8b_load"]:
         others = [x for x in result["8b_load"] if x["rank"] != 0]
@@ -242,6 +251,11 @@ def bench_8b(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, row
     if restored:
         result["8b_restore_s"] = float(restored[-1])
         rows.append(("8B checkpoint restore (load_state)", f"{result['8b_restore_s']:.0f} s"))
+    # The resume target is the measured wall time of the resumed run (`8b_resume_total_s`: process
+    # start to exit, 2 steps included); the resumed run's own model-ready + restore times sit beside
+    # it, from the same run's log (never added to numbers of another run).
+    ready2 = re.findall(r"rank \d+ peak RSS [\d.]+ MiB once sharded; model ready ([\d.]+) s", text2)
+    result["8b_resume_model_ready_s"] = max((float(t) for t in ready2), default=None)
 
 
 def bench_8b_mfu(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, rows: list) -> None:
@@ -253,17 +267,19 @@ def bench_8b_mfu(args: argparse.Namespace, ckpt: Path, data: Path, result: dict,
         "--max_steps", str(args.steps8b), "--save_steps", "1000000", "--gradient_checkpointing", "false",
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_mfu}", "--set", f"train.compile={str(compile_layers).lower()}"])
     code, text = launch(run, args.gpus, 29620)
-    stats = run_stats(run, code, text, rows, "8B MFU run (no checkpointing, compile)")
+    stats = run_stats(run, code, text, rows, "8B MFU run (no checkpointing, compile)", shape("llama3-8b"), args.gpus,
+                      args.lengths)
     if stats is None:
         return
     result["8b_mfu_run"] = dict(stats, tokens_per_micro_batch=args.tokens8b_mfu, compile=compile_layers, checkpointing=False)
     rows.append(("8B FSDP2 no-ckpt + compile: tokens/s/GPU", f"{stats['real_tokens_per_s'] / args.gpus:,.0f}"))
-    rows.append(("8B FSDP2 no-ckpt + compile: MFU", f"{(stats['mfu'] or 0) * 100:.1f}%"))
+    rows.append(("8B FSDP2 no-ckpt + compile: MFU (aggregate)", f"{(stats['mfu'] or 0) * 100:.1f}%"))
+    rows.append(("8B FSDP2 no-ckpt + compile: mean of per-step MFU", f"{(stats['mean_step_mfu'] or 0) * 100:.1f}%"))
     rows.append(("8B FSDP2 no-ckpt + compile: peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
 
 
 def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:
-    per_gpu = {}
+    per_gpu, runs = {}, {}
     for gpus in (1, args.gpus):
         run = args.out / f"run-1b-{gpus}gpu"
         render(run, "llama3.2-1b", data, gpus, [
@@ -272,13 +288,13 @@ def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list
             "--set", "model.arch=" + toml_inline(shape("llama3.2-1b")),
             "--set", f"data.tokens_per_micro_batch={args.tokens1b}", "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
         code, text = launch(run, gpus, 29610 + gpus)
-        if code != 0:
-            print(text[-3000:])
-            rows.append((f"1B on {gpus} GPU", f"failed (exit {code})"))
+        stats = run_stats(run, code, text, rows, f"1B on {gpus} GPU", shape("llama3.2-1b"), gpus, args.lengths)
+        if stats is None:
             return
-        per_gpu[gpus] = steady_state(run / "metrics.jsonl")["real_tokens_per_s"] / gpus
+        runs[str(gpus)] = stats
+        per_gpu[gpus] = stats["real_tokens_per_s"] / gpus
         rows.append((f"1B tokens/s/GPU on {gpus} GPU", f"{per_gpu[gpus]:,.0f}"))
-    result["scaling_1b"] = per_gpu
+    result["scaling_1b"] = runs
     result["weak_scaling_efficiency"] = per_gpu[args.gpus] / per_gpu[1]
     rows.append((f"1B weak scaling 1 -> {args.gpus} GPUs", f"{result['weak_scaling_efficiency'] * 100:.0f}%"))
 

@@ -5,10 +5,14 @@ train package on the same documents, in the same run.
     python -m bench.gpu_single --shape llama3-8b --budget 8192 --variants ours-lora --peers trl-lora
     python -m bench.gpu_single --cpu-smoke          # tiny shape on CPU: proves the script runs
 
-Both sides train one epoch over the same synthetic documents (bench/synthetic.py), so they see the
-same real tokens. Throughput is real (non-padding) tokens per second after the first steps
-(warm-up, torch.compile); MFU uses train.observe.metrics.flops_per_token for both sides. Prints a table
-last and writes one JSON file per run (bench/results format).
+Every side (ours and each peer) trains one epoch over the same synthetic documents
+(bench/synthetic.py). Throughput is real (non-padding) tokens per second over the optimizer steps
+after the same WARMUP_STEPS (bench/results_io.py) on every side, on a wall clock that stops when the
+last step's GPU work is done (no model build, no Trainer teardown, no export). What still differs
+between the sides is what a step is: ours and TRL pack up to --budget tokens per step, the
+FastChat-style peer takes 8 padded documents, so the warm-up steps cover different documents and the
+counted `real_tokens` differ (each file records its own). MFU uses contract.shape's FLOP count for
+both sides. Prints a table last and writes one JSON file per run through bench/results_io.py.
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ from typing import Any
 
 import tomli_w
 
-from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
+from bench.results_io import WARMUP_STEPS, document_lengths, throughput_numbers, write_result
+from bench.synthetic import SHAPES, write_token_jsonl
 from contract.gpus import gpu_type_from_device_name, lookup
 from contract.schema import to_dict
 from contract.config import TrainConfig
+from contract.shape import LORA_TARGETS, ModelShape
 
 ROOT = Path(__file__).resolve().parent.parent
-WARMUP_STEPS = 3  # steps excluded from throughput (CUDA context, torch.compile, allocator warm-up)
 LOGGING_STEPS = 4  # the loop reads GPU numbers only when it logs (one host sync per log line)
+assert WARMUP_STEPS % LOGGING_STEPS == 0, "the clock starts at a logged step: warm-up = whole logging windows"
 RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "900"))  # one stuck run must not eat the others' time
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
@@ -76,18 +82,20 @@ def write_train_toml(run_dir: Path, data: Path, arch: dict, budget: int, overrid
     return path
 
 
-def steady_state(metrics: Path) -> dict[str, float]:
-    """Aggregate the logged windows that start after the warm-up steps."""
+def steady_state(metrics: Path) -> dict[str, Any]:
+    """Aggregate the logged windows after the first WARMUP_STEPS optimizer steps: real tokens and
+    wall seconds summed over the windows (an aggregate, not a mean of per-window rates)."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
     # (previous record, current record): the current window's duration is the elapsed_s difference.
     timed = [(prev, cur) for prev, cur in zip(steps, steps[1:]) if prev["step"] >= WARMUP_STEPS]
     seconds = sum(cur["elapsed_s"] - prev["elapsed_s"] for prev, cur in timed)
-    tokens = sum(cur["tokens_per_s"] * (cur["elapsed_s"] - prev["elapsed_s"]) for prev, cur in timed)
+    tokens = round(sum(cur["tokens_per_s"] * (cur["elapsed_s"] - prev["elapsed_s"]) for prev, cur in timed))
     return {
+        "real_tokens": tokens, "seconds": seconds, "warmup_steps": WARMUP_STEPS,
         "real_tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         "peak_mem_gib": max((r.get("peak_mem_gib") or 0.0) for r in steps),
-        "steps": len(timed),
+        "steps": timed[-1][1]["step"] - timed[0][0]["step"] if timed else 0,
         "final_loss": steps[-1]["loss"],
         # Graphs compiled after the first logged window: recompilations that stalled every rank.
         "recompiles_after_first_log": steps[-1].get("compiled_graphs", 0) - steps[0].get("compiled_graphs", 0),
@@ -144,7 +152,7 @@ def main() -> None:
         os.environ["BENCH_CPU"] = "1"
         args.docs, args.budget, args.no_peer = 64, 2048, True
         args.variants = os.environ.get("BENCH_SMOKE_VARIANTS", "ours-nocompile")
-    lengths = sample_lengths(args.docs, seed=0, hi=min(4096, args.budget))
+    lengths = document_lengths(args.docs, args.budget)
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, arch["vocab_size"])
     peers = [] if args.no_peer else [p for p in args.peers.split(",") if p]
@@ -159,10 +167,8 @@ def main() -> None:
 
 
 def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.Namespace) -> None:
-    from train.observe.metrics import flops_per_token
-
     gpu, peak = device_peak()
-    mean_doc = sum(n * n for n in lengths) / sum(lengths)
+    shape = args.shape if not args.cpu_smoke else "tiny"
     peers = [r for r in results if r["path"].startswith("peer-") and "error" not in r]
     peer = max(peers, key=lambda r: r["real_tokens_per_s"], default=None)  # the best peer of this run
     rows = []
@@ -170,10 +176,11 @@ def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.N
         if "error" in r:
             rows.append(f"| {r['path']} | error: {r['error']} | | | |")
             continue
-        tflops = flops_per_token(arch, mean_doc) * r["real_tokens_per_s"] / 1e12
-        r.update(gpu=gpu, gpu_count=1, shape=args.shape if not args.cpu_smoke else "tiny",
-                 tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak if peak else None, budget=args.budget,
-                 total_real_tokens=sum(lengths), docs=len(lengths))
+        # LoRA sides (ours-lora, trl-lora*): r 16 on every linear layer on both, as configured above
+        adapters = ModelShape.from_arch(arch).lora_params(16, LORA_TARGETS) if "lora" in r["path"] else None
+        r.update(gpu=gpu, gpu_count=1, peak_flops=peak, shape=shape, budget=args.budget,
+                 total_real_tokens=sum(lengths), docs=len(lengths), **({"lora_params": adapters} if adapters else {}),
+                 **throughput_numbers(arch, lengths, r["real_tokens_per_s"], 1, peak, adapters))
         if peer:
             r.update(peer=peer["path"], peer_real_tokens_per_s=peer["real_tokens_per_s"],
                      ratio_vs_peer=r["real_tokens_per_s"] / peer["real_tokens_per_s"])
@@ -181,9 +188,10 @@ def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.N
         ratio = f"{r.get('ratio_vs_peer', 0):.2f}x" if peer else "-"
         rows.append(f"| {r['path']} | {r['real_tokens_per_s']:,.0f} | {mfu} | {r['peak_mem_gib'] or 0:.1f} | {ratio} |")
         if args.results:
-            args.results.mkdir(parents=True, exist_ok=True)
-            (args.results / f"single-{r['shape']}-{r['path']}.json").write_text(json.dumps(r, indent=1))
-    print(f"\n{gpu}, {len(lengths)} docs, {sum(lengths):,} real tokens, mean attended length {mean_doc:.0f}")
+            write_result(args.results / f"single-{shape}-{r['path']}.json", r)
+    mean_doc = sum(n * n for n in lengths) / sum(lengths)
+    print(f"\n{gpu}, {len(lengths)} docs, {sum(lengths):,} real tokens, mean attended length {mean_doc:.0f}, "
+          f"{WARMUP_STEPS} warm-up steps skipped on every side")
     best = f" (vs peer = vs {peer['path']}, the fastest peer of this run)" if peer else ""
     print(f"| path | real tokens/s | MFU | peak GiB | vs peer{best} |\n|---|---|---|---|---|")
     print("\n".join(rows))

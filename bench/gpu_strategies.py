@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.strategy_checks import (  # after the sys.path line: runnable as a script
+from bench.results_io import write_result  # after the sys.path line: runnable as a script
+from bench.strategy_checks import (
     CaseError,
     compare_exports,
     export_loads,
@@ -325,9 +326,10 @@ def run_all(cases: list[Case], args: argparse.Namespace, work: Path, env: dict[s
 
 
 def write_json(args: argparse.Namespace, env: dict[str, Any], results: list[Result]) -> None:
-    (args.out / "gpu_strategies.json").write_text(json.dumps(
-        {"environment": env, "args": {k: str(v) for k, v in vars(args).items()},
-         "results": [asdict(r) | {"passed": r.passed} for r in results]}, indent=1) + "\n")
+    record = {"environment": env, "args": {k: str(v) for k, v in vars(args).items()},
+              "results": [asdict(r) | {"passed": r.passed} for r in results]}
+    for path in filter(None, [args.out / "gpu_strategies.json", args.results]):
+        write_result(path, record)
 
 
 def calibration_points(results: list[Result], env: dict[str, Any]) -> list[dict[str, Any]]:
@@ -359,6 +361,8 @@ def write_profile(args: argparse.Namespace, work: Path) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_strategies.json and the logs")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="also write the results here (a bench/results file; never edit it afterwards)")
     parser.add_argument("--cases", nargs="*", help="case names, e.g. fsdp zero3-lora-offload (default: all)")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps; the checkpoint is at steps/2")
     parser.add_argument("--tokens", type=int, default=2048, help="packed tokens per micro-batch")

@@ -8,15 +8,15 @@ fused AdamW, no gradient checkpointing; optionally torch.compile, optionally LoR
 
     python -m bench.peer_trl --data DATA.jsonl --shape llama3.2-1b [--compile] [--lora]
 
-Prints one JSON line (real tokens/s after the warm-up steps, peak memory); bench/gpu_single.py
-drives it. Real tokens = non-padding tokens (the synthetic ids never hit the pad id).
+Prints one JSON line (real tokens and seconds after the warm-up steps on the shared clock,
+bench/peer_clock.py; peak memory); bench/gpu_single.py drives it. Real tokens = non-padding tokens
+(the synthetic ids never hit the pad id).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -24,27 +24,17 @@ from datasets import Dataset
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from trl import SFTConfig, SFTTrainer
 
+from bench.peer_clock import TimedSteps
 from bench.synthetic import SHAPES, read_token_jsonl
 
 TOKENIZER = Path(__file__).resolve().parent.parent / "train" / "assets" / "tiny-tokenizer"
-WARMUP_STEPS = 3  # as bench/gpu_single.py: CUDA context, compile, allocator warm-up
 
 
-class TimedSFTTrainer(SFTTrainer):
-    """Counts real tokens and times optimizer steps after the warm-up (one micro-batch per step)."""
+class TimedSFTTrainer(TimedSteps, SFTTrainer):
+    """SFTTrainer on the shared peer clock (bench/peer_clock.py)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.real_tokens, self.step_count, self.t0 = 0, 0, None
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        if self.step_count == WARMUP_STEPS:
-            torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-        if self.step_count >= WARMUP_STEPS:
-            self.real_tokens += int((inputs["input_ids"] != self.processing_class.pad_token_id).sum())
-        self.step_count += 1
-        return super().training_step(model, inputs, num_items_in_batch)
+    def count_real_tokens(self, inputs):
+        return int((inputs["input_ids"] != self.processing_class.pad_token_id).sum())
 
 
 def build_model(shape: str, lora: bool) -> torch.nn.Module:
@@ -84,14 +74,8 @@ def main() -> None:
                               processing_class=tokenizer, peft_config=peft_config)
     torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - trainer.t0
     name = "peer-trl" + ("-lora" if args.lora else "") + ("-compile" if args.compile else "")
-    print(json.dumps({
-        "path": name, "real_tokens": trainer.real_tokens, "seconds": elapsed, "steps": trainer.step_count,
-        "real_tokens_per_s": trainer.real_tokens / elapsed, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
-    }))
-
+    print(json.dumps(trainer.result(name)))
 
 if __name__ == "__main__":
     main()

@@ -7,9 +7,10 @@ node after srun ended badly (SINCE = the attempt's start, epoch seconds). It pri
     - <reason>            no node to blame: the job ends with its usual failure line (contract.failure)
 
 Evidence, strongest first (only this attempt's: records written since SINCE):
-1. SLURM's own word: a node of the job that is down, not responding, drained or failing.
-2. A rank recorded an error of its own (not a hang, not a lost peer): a code or data bug, never a node,
-   even when the other ranks died before they could record anything.
+1. A rank recorded an error of its own (not a hang, not a lost peer): a code or data bug, never a node,
+   even when the other ranks died before they could record anything, and even when SLURM drains a node
+   of the job at the same time (maintenance would otherwise take the blame for a data bug).
+2. SLURM's own word: a node of the job that is down, not responding, drained or failing.
 3. Progress-watchdog / collective-timeout records (exit 76) naming the silent ranks.
 4. A rank of the roster that died without a failure record while other ranks recorded a lost peer
    (a connection error, a timeout): its process or node vanished.
@@ -90,14 +91,14 @@ def own_errors(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def decide(evidence: Evidence) -> tuple[str, str]:
     """(node or NO_NODE, reason), by the rules of the module docstring, first match wins."""
-    for host, state in sorted(evidence.node_states.items()):
-        if suspect_state(state):
-            return host, f"SLURM reports {host} {state}"
     own = own_errors(evidence.failures)
     if own:
         ranks = sorted({r.get("rank") for r in own if isinstance(r.get("rank"), int)})
         errors = "an error of its own" if len(ranks) == 1 else "errors of their own"
         return NO_NODE, f"{_ranks_text(ranks)} recorded {errors} (a code or data problem, not a node)"
+    for host, state in sorted(evidence.node_states.items()):
+        if suspect_state(state):
+            return host, f"SLURM reports {host} {state}"
     recorded = {r.get("rank") for r in evidence.failures}
     candidates = [
         (hung_ranks(evidence.failures), "stopped making progress (watchdog/collective timeout)"),

@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from contract import protocol
 from contract.schema import ConfigError, build, documented, require
+from contract.sources import DataFormat, DataSource, check_unique_names
 
 AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
-DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "text", "tokens"]  # tokens: pre-tokenized input_ids
 Scheduler = Literal["cosine", "linear", "constant"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]
 
@@ -24,6 +24,7 @@ Precision = Literal["bf16", "fp16", "fp32", "auto"]
 # packages in a checkout and in the wheel), so the launcher can read the sample data without importing train.
 SHIPPED_ASSETS = Path(__file__).resolve().parent.parent / "train" / "assets"
 SHIPPED_DATA = SHIPPED_ASSETS / "sample_chat.jsonl"
+SHIPPED_TOKENIZER = SHIPPED_ASSETS / "tiny-tokenizer"  # model `tiny`'s (and any model without its own)
 
 
 @dataclass
@@ -43,6 +44,8 @@ class ModelSection:
 
 @dataclass
 class DataSection:
+    """[data]: one source (path, format, text_field, eval_*), or several as [[data.sources]]."""
+
     path: str = ""  # "" = the small chat dataset shipped with the project
     format: DataFormat = "auto"
     text_field: str = "text"  # for format = "text" (loss on every token)
@@ -53,10 +56,30 @@ class DataSection:
     packing: bool = True  # padding-free packing; false = padded batches (for comparison)
     tokens_per_micro_batch: int = 0  # packed budget; 0 = per_device_train_batch_size * model_max_length
     num_workers: int = 0
+    sources: list[DataSource] | None = None  # [[data.sources]] (contract/sources.py); None = `path` alone
 
     def validate(self) -> None:
         require(0.0 <= self.eval_fraction < 1.0, "data.eval_fraction", "must be in [0, 1)")
         require(self.tokens_per_micro_batch >= 0, "data.tokens_per_micro_batch", "must be >= 0")
+        if self.sources is not None:
+            require(bool(self.sources), "data.sources", "give at least one [[data.sources]] table")
+            mixed = [key for key in ("path", "eval_path", "eval_fraction") if getattr(self, key)]
+            require(not mixed, f"data.{mixed[0] if mixed else 'path'}",
+                    "set per source in [[data.sources]], not next to them")
+            check_unique_names(self.sources)
+
+    def source_list(self) -> list[DataSource]:
+        """Every source; a lone `path` (or the shipped sample) is one source with the section's settings."""
+        if self.sources:
+            return self.sources
+        return [DataSource(path=self.path or str(SHIPPED_DATA), format=self.format, text_field=self.text_field,
+                           eval_path=self.eval_path, eval_fraction=self.eval_fraction)]
+
+    def key(self, index: int, name: str) -> str:
+        """The dotted key of a source's setting, for error messages."""
+        if self.sources:
+            return f"data.sources[{index}].{name}"
+        return {"path": "data.path", "eval_path": "data.eval_path"}.get(name, f"data.{name}")
 
 
 @dataclass

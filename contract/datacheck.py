@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from contract import protocol
-from contract.formats import BadRowError, detect_format, iter_rows, parse_jsonl_line, parse_row
+from contract.formats import NO_MAPPING, BadRowError, RowMapping, detect_format, parse_row
+from contract.readers import RawRow, iter_hub_rows, iter_rows, parse_jsonl_line
 from contract.schema import ConfigError
 
-CHECK_VERSION = 1  # bump when parse_row's rules change, so cached verdicts are not reused
+CHECK_VERSION = 2  # bump when parse_row's rules change, so cached verdicts are not reused
 MAX_LISTED = 5  # problems kept individually; the rest are only counted
 CACHE_MIN_BYTES = 1 << 20  # files below this are simply checked again
 PROGRESS_EVERY_BYTES = 16 << 20
@@ -44,19 +45,26 @@ class DataCheck:
     sha256: str = ""  # of the file's bytes (of every file, in name order, for a directory)
     problems: list[str] = field(default_factory=list)  # first MAX_LISTED "file:line: reason"
     cached: bool = False
+    name: str = ""  # the source's name (contract/sources.py); set by the caller
+    eval: bool = False  # the source's own eval data (eval_path / eval_split)
+    key: str = ""  # the flag or key that named it (--data, data.sources[1].path, ...)
+    tool_rows: int = 0  # good rows whose conversation has tool calls or tool results
+    first_tool_row: str = ""  # the location of the first of them (the template check renders it)
 
     def describe(self, allow_bad_rows: bool) -> str:
         """The plan's one-line account: rows, format, bad rows and what happens to them."""
-        text = f"{self.rows:,} rows checked ({self.format}), sha256 {self.sha256[:12]}"
+        digest = f"sha256 {self.sha256[:12]}" if self.sha256 else "from the HF cache"
+        text = f"{self.rows:,} rows checked ({self.format}), {digest}"
         if self.bad_rows:
             action = "skipped (data.allow_bad_rows)" if allow_bad_rows else "refused"
             text += f"; {self.bad_rows:,} bad, {action}; first: {self.problems[0]}"
         return text + (" [cached]" if self.cached else "")
 
 
-def check_data(path: Path, fmt: str = "auto", text_field: str = "text", progress: Progress | None = None) -> DataCheck:
+def check_data(path: Path, fmt: str = "auto", text_field: str = "text", progress: Progress | None = None,
+               mapping: RowMapping = NO_MAPPING, split: str = "train") -> DataCheck:
     """Check every row of `path` (cached by size/mtime); format errors raise ConfigError."""
-    key = _cache_key(path, fmt, text_field)
+    key = _cache_key(path, fmt, text_field, mapping, split)
     cache = cache_file(path)
     if cache is not None:
         try:
@@ -65,11 +73,20 @@ def check_data(path: Path, fmt: str = "auto", text_field: str = "text", progress
                 return DataCheck(**stored["check"] | {"cached": True})
         except (OSError, ValueError, TypeError, KeyError):
             pass  # absent or unreadable: check again
-    result = _scan(path, fmt, text_field, progress)
+    result = _scan(path, fmt, text_field, progress, mapping, split)
     result.sha256 = content_sha256(path)
     if cache is not None:
         _store(cache, {"key": key, "check": asdict(result)})
     return result
+
+
+def check_hub(repo_id: str, config: str, split: str, hf_home: str, key: str, fmt: str = "auto",
+              text_field: str = "text", mapping: RowMapping = NO_MAPPING) -> DataCheck:
+    """Every row of a hub dataset's split, read from the HF cache offline (not cached: the cache is the data)."""
+    check = DataCheck(repo_id, fmt)
+    for raw in iter_hub_rows(repo_id, config, split, hf_home, key):
+        _check_row(check, raw, text_field, mapping)
+    return check
 
 
 def require_usable(check: DataCheck, allow_bad_rows: bool, key: str = "data.path") -> None:
@@ -85,22 +102,32 @@ def require_usable(check: DataCheck, allow_bad_rows: bool, key: str = "data.path
         raise ConfigError(f"{check.problems[0]} ({counts}; set data.allow_bad_rows = true to skip them)", key)
 
 
-def _scan(path: Path, fmt: str, text_field: str, progress: Progress | None) -> DataCheck:
+def _check_row(check: DataCheck, raw: RawRow, text_field: str, mapping: RowMapping) -> None:
+    """One row through the training side's parser; the verdict is counted on `check`."""
+    check.rows += 1
+    if check.format == "auto" and not raw.error:
+        check.format = detect_format(raw.data, text_field, raw.location, mapping)
+    try:
+        example = parse_row(raw, check.format, text_field, mapping)
+    except BadRowError as err:
+        check.bad_rows += 1
+        if len(check.problems) < MAX_LISTED:
+            check.problems.append(f"{raw.location}: {err}")
+        return
+    if example.has_tool_calls:
+        check.tool_rows += 1
+        check.first_tool_row = check.first_tool_row or raw.location
+
+
+def _scan(path: Path, fmt: str, text_field: str, progress: Progress | None, mapping: RowMapping = NO_MAPPING,
+          split: str = "train") -> DataCheck:
     if path.suffix == ".jsonl" and path.is_file() and path.stat().st_size >= PARALLEL_MIN_BYTES and _workers() > 1:
-        return _scan_parallel(path, fmt, text_field, progress)
+        return _scan_parallel(path, fmt, text_field, progress, mapping)
     check = DataCheck(str(path), fmt)
     total = _size(path)
     reported = 0
-    for raw in iter_rows(path):
-        check.rows += 1
-        if check.format == "auto" and not raw.error:
-            check.format = detect_format(raw.data, text_field, raw.location)
-        try:
-            parse_row(raw, check.format, text_field)
-        except BadRowError as err:
-            check.bad_rows += 1
-            if len(check.problems) < MAX_LISTED:
-                check.problems.append(f"{raw.location}: {err}")
+    for raw in iter_rows(path, split):
+        _check_row(check, raw, text_field, mapping)
         if progress is not None and raw.offset - reported >= PROGRESS_EVERY_BYTES:
             reported = raw.offset
             progress(reported, total)
@@ -113,13 +140,13 @@ def _workers() -> int:
     return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
 
 
-def _first_format(path: Path, fmt: str, text_field: str) -> str:
+def _first_format(path: Path, fmt: str, text_field: str, mapping: RowMapping) -> str:
     """The format of the first decodable row (what the sequential scan and train detect)."""
     if fmt != "auto":
         return fmt
     for raw in iter_rows(path):
         if not raw.error:
-            return detect_format(raw.data, text_field, raw.location)
+            return detect_format(raw.data, text_field, raw.location, mapping)
     return fmt
 
 
@@ -134,46 +161,50 @@ def _line_chunks(path: Path) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def _check_chunk(path: str, start: int, end: int, fmt: str, text_field: str) -> tuple[int, int, int, list]:
-    """(newlines, rows, bad rows, first problems as (line within the chunk, reason)) of one byte range."""
+def _check_chunk(path: str, start: int, end: int, fmt: str, text_field: str,
+                 mapping: RowMapping) -> tuple[int, DataCheck]:
+    """(newlines, the verdict on its rows with locations "LINE-WITHIN-THE-CHUNK") of one byte range."""
     with open(path, "rb") as handle:
         handle.seek(start)
         data = handle.read(end - start)
-    rows = bad = 0
-    problems: list[tuple[int, str]] = []
+    check = DataCheck(path, fmt)
     for number, line in enumerate(data.split(b"\n"), start=1):
-        raw = parse_jsonl_line("", line)
-        if raw is None:
-            continue
-        rows += 1
-        try:
-            parse_row(raw, fmt, text_field)
-        except BadRowError as err:
-            bad += 1
-            if len(problems) < MAX_LISTED:
-                problems.append((number, str(err)))
-    return data.count(b"\n"), rows, bad, problems
+        raw = parse_jsonl_line(str(number), line)
+        if raw is not None:
+            _check_row(check, raw, text_field, mapping)
+    return data.count(b"\n"), check
 
 
-def _scan_parallel(path: Path, fmt: str, text_field: str, progress: Progress | None) -> DataCheck:
+def _scan_parallel(path: Path, fmt: str, text_field: str, progress: Progress | None,
+                   mapping: RowMapping) -> DataCheck:
     """The same per-row check over line-aligned byte ranges in worker processes (JSON parsing and
     validation are CPU-bound: one core reads ~50 MB/s; a login node has many)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    check = DataCheck(str(path), _first_format(path, fmt, text_field))
+    check = DataCheck(str(path), _first_format(path, fmt, text_field, mapping))
     chunks = _line_chunks(path)
     with ProcessPoolExecutor(_workers()) as pool:
-        futures = [pool.submit(_check_chunk, str(path), start, end, check.format, text_field) for start, end in chunks]
+        futures = [pool.submit(_check_chunk, str(path), start, end, check.format, text_field, mapping)
+                   for start, end in chunks]
         base = 0
         for (start, end), future in zip(chunks, futures):
-            lines, rows, bad, problems = future.result()
-            check.rows, check.bad_rows = check.rows + rows, check.bad_rows + bad
+            lines, part = future.result()
+            check.rows, check.bad_rows = check.rows + part.rows, check.bad_rows + part.bad_rows
             room = MAX_LISTED - len(check.problems)
-            check.problems += [f"{path}:{base + number}: {reason}" for number, reason in problems[:room]]
+            check.problems += [_shift(problem, path, base) for problem in part.problems[:room]]
+            if part.tool_rows:
+                check.tool_rows += part.tool_rows
+                check.first_tool_row = check.first_tool_row or _shift(part.first_tool_row, path, base)
             base += lines
             if progress is not None:
                 progress(end, chunks[-1][1])
     return check
+
+
+def _shift(location: str, path: Path, base: int) -> str:
+    """A chunk's "LINE[: reason]" as the file's "path:LINE[: reason]"."""
+    number, sep, rest = location.partition(":")
+    return f"{path}:{base + int(number)}{sep}{rest}"
 
 
 def _files(path: Path) -> list[Path]:
@@ -195,9 +226,10 @@ def content_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _cache_key(path: Path, fmt: str, text_field: str) -> str:
+def _cache_key(path: Path, fmt: str, text_field: str, mapping: RowMapping, split: str) -> str:
     files = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(path)]
-    parts = {"version": CHECK_VERSION, "files": files, "format": fmt, "text_field": text_field}
+    parts = {"version": CHECK_VERSION, "files": files, "format": fmt, "text_field": text_field,
+             "mapping": asdict(mapping), "split": split}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

@@ -92,6 +92,21 @@ def report(run_dir: Path, since: float, code: int, attempt: str | None = None) -
     return exit_code_of(record, code)
 
 
+def batch_failure(run_dir: Path, since: float = 0.0) -> str | None:
+    """The newest failure the batch shell itself recorded since `since` (a setup line, scontrol, the
+    helpers' python), as one line; lines "JOB RESTART EPOCH EXIT_CODE WHAT..." (protocol.BATCH_FAILURES_FILE)."""
+    try:
+        text = (run_dir / protocol.LOGS_DIR / protocol.BATCH_FAILURES_FILE).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    for line in reversed(text.splitlines()):
+        fields = line.split(" ", 4)
+        if len(fields) == 5 and fields[2].isdigit() and float(fields[2]) >= since - CLOCK_SLACK_S:
+            job, restart, _, code, what = fields
+            return f"batch script of job {job} restart {restart}: {what} exited with {code}"
+    return None
+
+
 def slurm_attempt() -> str | None:
     """The batch shell's attempt (<jobid>-r<restart>) from SLURM's environment, None outside a job."""
     job = os.environ.get("SLURM_JOB_ID")

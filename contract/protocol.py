@@ -45,6 +45,7 @@ HEARTBEAT_DIR = "heartbeats"
 # node's launcher (accelerate/torchrun) stderr (launcher_log_name). The main log keeps local rank 0's
 # progress and the one failure line; tracebacks and other ranks' follow-on errors stay here.
 RANK_LOGS_DIR = "ranks"
+SRUN_LOG = "srun.log"  # RANK_LOGS_DIR/<attempt>/: srun's own messages (the batch log shows them on failure)
 LOCAL_ATTEMPT_PREFIX = "local-"
 # Defaults of the [run] keys that name files (contract.config.RunSection).
 STOP_FILE = "STOP_REQUESTED"
@@ -58,6 +59,13 @@ NODE_FAILURES_FILE = "node_failures.txt"
 # it when it decides the outcome itself, so finding it at start means SLURM ended the previous attempt
 # (a node failure requeued by SLURM): the next start asks for the node to blame then.
 ATTEMPT_FILE = "attempt.txt"
+# LOGS_DIR/BATCH_FAILURES_FILE: one line per failure the batch shell itself saw (a setup line, scontrol,
+# the helpers' python): "JOB RESTART EPOCH EXIT_CODE WHAT..." (`sft-launch status` shows the newest).
+BATCH_FAILURES_FILE = "batch_failures.txt"
+# BATCH_HELPERS_DIR/: a copy of the stdlib-only modules the batch shell runs (contract.protocol,
+# contract.blame, contract.failure, launcher.runrecord, ...), written at submission, so that the node's
+# python needs no installed sft-launch (with a container, the package lives in the image only).
+BATCH_HELPERS_DIR = ".batch-helpers"
 # LOGS_DIR/PROFILE_DIR/steps-A-B.trace.json: the Chrome/Perfetto trace of train.profile_steps (rank 0).
 PROFILE_DIR = "profile"
 

@@ -44,6 +44,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        if len(args) == 2 and type(None) in args:  # Optional[X]: X's own error names the nested key
+            return _coerce(value, next(a for a in args if a is not type(None)), key)
         for arg in args:
             if arg is type(None):
                 continue

@@ -75,7 +75,7 @@ def attach(run_dir: str | Path) -> RunHandle:
 
 
 def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: str | None = None,
-           executor: str = "submitit", output: str | None = None, data: str | None = None,
+           executor: str = "submitit", output: str | None = None, data: str | list[str] | None = None,
            strategy: str | None = None, lora: bool = False, time: str | None = None,
            job_name: str | None = None, sets: list[str] | None = None, **train_flags: Any) -> RunHandle:
     """Validate, render and submit a run; train_flags are [train] keys (max_steps=60, learning_rate=1e-5)."""

@@ -186,6 +186,7 @@ def eval_command(python: str, accelerate: tuple[str, ...], num_processes: int, f
 def render_script(request: EvalRequest, profile_name: str, profile: ClusterProfile, time_limit: str,
                   allow_code_eval: bool) -> str:
     from launcher.execute.render import _environment
+    from launcher.resolve.sbatch_options import profile_sbatch_options, sbatch_line
 
     processes = max(1, profile.gpus_per_node)
     command = eval_command(profile.python, ACCELERATE_CLI, profile.gpus_per_node, request.args)
@@ -196,7 +197,9 @@ def render_script(request: EvalRequest, profile_name: str, profile: ClusterProfi
         time_limit=time_limit, run_dir=str(request.run_dir), output=str(request.output), num_processes=processes,
         allow_code_eval=allow_code_eval, command=command, checkpoint=str(request.export_from or ""),
         export_args=export_args(request, processes) if request.export_from else [],
-        master_port={"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN})
+        master_port={"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN},
+        # The profile's options and its sbatch pass-through table, `exclusive` included, as launch.slurm has them.
+        sbatch_lines=[sbatch_line(flag, value) for flag, value in profile_sbatch_options(profile)])
 
 
 def _local_env(profile: ClusterProfile, allow_code_eval: bool) -> dict[str, str]:

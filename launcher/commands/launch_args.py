@@ -37,7 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", metavar="NAME", help="profile in the cluster file (default: default_profile)")
     parser.add_argument("--nodes", type=int, default=1, metavar="N", help="number of nodes (default 1)")
     parser.add_argument("--model", required=True, metavar="M", help="preset (sft-launch models), local dir or HF id")
-    parser.add_argument("--data", metavar="PATH", help="training data (default: the shipped sample chat set)")
+    parser.add_argument("--data", metavar="PATH[:WEIGHT]", action="append",
+                        help="training data: a JSONL/JSON/Parquet/CSV file, a folder of them, a saved datasets "
+                             "folder or a hub dataset id in the HF cache; repeat to mix sources (WEIGHT: passes "
+                             "per epoch, default 1), or a .toml file with [[data.sources]] (default: the "
+                             "shipped sample chat set)")
     parser.add_argument("--output", metavar="DIR", help="run directory (default: <storage_root>/<profile>-<model>-<hash>)")
     parser.add_argument("--strategy", choices=LAUNCHABLE, help="sharding (default: the profile's, else fsdp = FSDP2)")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")

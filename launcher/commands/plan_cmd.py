@@ -21,11 +21,14 @@ from launcher.plan.memory import GIB
 from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
+from launcher.resolve.plan_sources import source_table
 from launcher.plan.planner import Plan, make_plan, plan_to_dict
 from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
     run_writes
+from launcher.ops import slurm
 
 if TYPE_CHECKING:
+    from contract.datacheck import DataCheck
     from launcher.plan.autofit import MicroBatchChoice
     from launcher.resolve.options import Launch
 
@@ -40,6 +43,7 @@ class LaunchPlan:
     micro_batch: MicroBatchChoice | None = None  # launcher/plan/autofit.py's choice, shown under the header
     checked: list[str] = field(default_factory=list)  # launcher/resolve/preflight.py's data verdicts, one line each
     disk: list[Filesystem] = field(default_factory=list)  # launcher/resolve/storage.py: what the run writes, where
+    sources: list[str] = field(default_factory=list)  # a mixture's table (launcher/resolve/plan_sources.py)
     cluster: ClusterCheck | None = None  # launcher/ops/partition.py: the job against its partition
 
     @property
@@ -54,7 +58,8 @@ class LaunchPlan:
         if self.micro_batch is not None:
             lines.insert(1, f"Micro   {self.micro_batch.describe()}")
         at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
-        lines[at:at] = [f"Checked {line}" for line in self.checked] + [f"Disk    {fs.describe()}" for fs in self.disk]
+        lines[at:at] = ([f"Checked {line}" for line in self.checked] + self.sources
+                        + [f"Disk    {fs.describe()}" for fs in self.disk])
         if self.cluster is not None:
             lines[at:at] = [f"Cluster {self.cluster.line}", *(f"  {p}" for p in self.cluster.problems)]
         if data is None:
@@ -65,6 +70,7 @@ class LaunchPlan:
 
     def to_json(self) -> str:
         extra = {"dataset": asdict(self.data) if self.data else None, "data_checked": self.checked,
+                 "data_sources": self.sources,
                  "micro_batch": self.micro_batch.record() if self.micro_batch else None,
                  "disk": [asdict(fs) | {"total": fs.total, "room": fs.room} for fs in self.disk],
                  "cluster": asdict(self.cluster) if self.cluster else None, "job_fits": self.fits}
@@ -81,13 +87,31 @@ def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
     if launch.executor != "local" and profile.signal_lead_s < plan.signal_lead_s:
         warnings.append(f"signal_lead_s = {profile.signal_lead_s} s in the profile is below the {plan.signal_lead_s} s "
                         "the checkpoint save needs (set profile.signal_lead_s)")
+    requeues = plan.time.requeues
+    if launch.executor != "local" and requeues is not None and requeues > profile.max_timeouts:
+        warnings.append(f"the run needs ~{requeues} time-limit requeues but max_timeouts = {profile.max_timeouts}: "
+                        "it stops early (raise profile.max_timeouts or --time)")
+    grace = slurm.partition_grace_time(profile.partition) if launch.executor != "local" else None
+    if grace and grace < plan.signal_lead_s:  # 0: no GraceTime set, as on partitions without preemption
+        warnings.append(f"partition {profile.partition or '(default)'} has GraceTime={grace} s, below the "
+                        f"{plan.signal_lead_s} s the checkpoint save needs: if its jobs can be preempted, SLURM "
+                        "kills a preempted job mid-save and it resumes from its previous checkpoint")
     return warnings
 
 
 def data_lines(launch: Launch) -> list[str]:
     """One line per checked data file (empty when launcher/resolve/preflight.py has not run)."""
     allow = launch.train.data.allow_bad_rows
-    return [f"{Path(check.path).name}: {check.describe(allow)}" for check in launch.data_checks]
+    return [f"{_checked_name(launch, check)}: {check.describe(allow)}" for check in launch.data_checks]
+
+
+def _checked_name(launch: Launch, check: DataCheck) -> str:
+    """The file's name; with several sources, which source (and whether its eval data) it is."""
+    shown = Path(check.path).name if Path(check.path).is_absolute() else check.path  # a hub id in full
+    if not launch.train.data.sources:
+        return shown
+    label = f"{check.name}{' (eval)' if check.eval else ''}"
+    return label if shown == check.name else f"{label} {shown}"
 
 
 def plan_launch(launch: Launch) -> LaunchPlan:
@@ -99,7 +123,8 @@ def plan_launch(launch: Launch) -> LaunchPlan:
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
     disk = disk_needs(launch, plan, data)
     plan.warnings += room_warnings(disk)
-    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, check_cluster(launch))
+    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, source_table(launch, plan),
+                      check_cluster(launch))
 
 
 def disk_needs(launch: Launch, plan: Plan, data: DataEstimate | None) -> list[Filesystem]:

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 from contract import command, failure, protocol
 from launcher.execute.executors import Started
@@ -44,6 +45,32 @@ def _ignore_usr1() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc (torchrun starts each worker in a session of its own,
+    so signalling the launcher's process group does not reach the training processes)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _kill_training(child: subprocess.Popen) -> None:
+    """SIGKILL the launcher's process group and every process below it."""
+    victims = _descendants(child.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _wait(child: subprocess.Popen, on_stop: Callable[[int, object], None]) -> int:
     """Wait for training. Training runs in its own session, so Ctrl-C reaches only us: the first
     turns into a stop request (checkpoint, exit 75, resumable), a second one kills training."""
@@ -54,8 +81,7 @@ def _wait(child: subprocess.Popen, on_stop: Callable[[int, object], None]) -> in
     try:
         return child.wait()
     except KeyboardInterrupt:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        _kill_training(child)
         return child.wait()
 
 

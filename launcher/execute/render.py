@@ -114,6 +114,10 @@ def context(launch: Launch) -> dict[str, Any]:
         "cancel_file": protocol.CANCEL_FILE,
         "node_failures_file": f"{protocol.LOGS_DIR}/{protocol.NODE_FAILURES_FILE}",
         "attempt_file": f"{protocol.LOGS_DIR}/{protocol.ATTEMPT_FILE}",
+        "batch_failures_file": f"{protocol.LOGS_DIR}/{protocol.BATCH_FAILURES_FILE}",
+        "helpers_dir": protocol.BATCH_HELPERS_DIR,
+        "srun_log": '"' + protocol.rank_logs_dir("$RUN_DIR", protocol.attempt_name("${SLURM_JOB_ID}", "${RESTART}"))
+        + "/" + protocol.SRUN_LOG + '"',
         "files": {"accelerate": protocol.ACCELERATE_CONFIG, "train": protocol.TRAIN_CONFIG,
                   "run": protocol.RUN_RECORD, "logs": protocol.LOGS_DIR},
         "master_port": {"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN},
@@ -162,6 +166,26 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+# What the batch shell runs with `python -m` (stdlib only), copied into the run directory with their packages.
+BATCH_HELPER_MODULES = ("contract.protocol", "contract.liveness", "contract.failure", "contract.blame",
+                        "launcher.runrecord")
+
+
+def write_batch_helpers(run_dir: Path) -> None:
+    """RUN/.batch-helpers/: the modules the batch shell runs, as this sft-launch has them, so that the
+    compute node's python needs only its standard library (contract.protocol.BATCH_HELPERS_DIR)."""
+    import importlib
+
+    target = run_dir / protocol.BATCH_HELPERS_DIR
+    for name in BATCH_HELPER_MODULES:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            module = importlib.import_module(".".join(parts[:depth]))
+            relative = Path(*parts[:depth], "__init__.py") if depth < len(parts) else Path(*parts).with_suffix(".py")
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            _write(target / relative, Path(str(module.__file__)).read_text(encoding="utf-8"))
+
+
 def write_files(directory: Path, files: dict[str, str]) -> None:
     """The rendered files into `directory` (a run directory, or a dry run's temporary one)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -185,7 +209,7 @@ def record_fields(launch: Launch) -> dict[str, Any]:
         "world_size": launch.world_size,
         "time_limit": launch.time_limit,
         "python": sys.executable,
-        # launcher/autofit.py: the micro-batch chosen for the user and why (None: the user fixed it)
+        # launcher/plan/autofit.py: the micro-batch chosen for the user and why (None: the user fixed it)
         "micro_batch": launch.micro_batch.record() if launch.micro_batch else None,
     }
 
@@ -195,6 +219,7 @@ def write_run_dir(launch: Launch, command: list[str]) -> Path:
     files = render_files(launch)
     run_dir = launch.run_dir
     write_files(run_dir, files)
+    write_batch_helpers(run_dir)
     for stale in set(TEMPLATE_NAMES) - set(files):
         (run_dir / stale).unlink(missing_ok=True)  # e.g. deepspeed.json left over from an earlier zero run
     (run_dir / protocol.CANCEL_FILE).unlink(missing_ok=True)  # launching again means: this run should go on

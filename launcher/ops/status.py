@@ -106,13 +106,14 @@ def _updated(run_dir: Path, logs: list[rundir.LogFile]) -> str | None:
 
 
 def failure_line(run_dir: Path, run: dict[str, Any], state: str) -> str | None:
-    """The first failing rank's first error line of the newest attempt (contract/failure.py); None while active."""
+    """The first failing rank's first error line of the newest attempt, else the batch shell's own failure
+    line (a setup line, scontrol: contract/failure.py); None while active."""
     if state in ACTIVE_STATES:
         return None
     starts = [e["time"] for e in run.get("events", []) if e.get("event") == "start" and e.get("time")]
     since = datetime.datetime.fromisoformat(starts[-1]).timestamp() if starts else 0.0
     record = failure.first_failure(run_dir, since)
-    return failure.describe(record) if record else None
+    return failure.describe(record) if record else failure.batch_failure(run_dir, since)
 
 
 def run_status(run_dir: Path, query: JobQuery = slurm.job_fields,
@@ -148,8 +149,23 @@ def run_status(run_dir: Path, query: JobQuery = slurm.job_fields,
         "seconds_per_step": pace, "eta_s": eta, "done": any(r.get("event") == "done" for r in records),
         "cancel_requested": (run_dir / protocol.CANCEL_FILE).exists(), "updated": _updated(run_dir, logs),
         "eval": evalresults.summary(evalresults.latest(run_dir)),
+        "eval_loss": _latest_eval_loss(records),
         "error": failure_line(run_dir, run, state),
     }
+
+
+def _latest_eval_loss(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest eval record of metrics.jsonl: step, eval_loss and each source's eval_loss/<name>."""
+    evals = [r for r in records if "eval_loss" in r]
+    if not evals:
+        return None
+    return {k: v for k, v in evals[-1].items() if k == "step" or k.startswith("eval_loss")}
+
+
+def _eval_loss_line(latest: dict[str, Any]) -> str:
+    per_source = [f"{k.removeprefix('eval_loss/')} {v:.4f}" for k, v in latest.items() if k.startswith("eval_loss/")]
+    return (f"eval loss    {latest['eval_loss']:.4f}" + (f" ({', '.join(per_source)})" if per_source else "")
+            + f" at step {latest.get('step', '-')}")
 
 
 def format_duration(seconds: float | None) -> str:
@@ -188,6 +204,8 @@ def format_status(status: dict[str, Any]) -> str:
     ]
     for out in status.get("excluded_nodes", []):
         lines.append(f"excluded     {out['node']}: {out['reason']} (job {out['job']}, restart {out['restart']})")
+    if status.get("eval_loss"):
+        lines.append(_eval_loss_line(status["eval_loss"]))
     if status.get("eval"):
         lines.append(evalresults.format_summary(status["eval"]))
     if status["cancel_requested"]:

@@ -8,19 +8,23 @@ would cost seconds. So, per row of the file (the formats contract/formats.py rea
 CHARS_PER_TOKEN = 3.5 is a slightly pessimistic figure for English text with LLaMA-family BPE
 vocabularies (32k-150k tokens: ~3.7-4.2 chars/token); code and non-English text run lower.
 Files up to SAMPLE_BYTES are read completely; larger JSON/JSONL files are estimated from their
-first SAMPLE_BYTES, scaled by file size. Parquet files and saved `datasets` directories fall back to
-uncompressed bytes / BYTES_PER_TOKEN (Parquet row-group metadata, Arrow file sizes). Anything else
+first SAMPLE_BYTES, scaled by file size (CSV likewise; a folder of shards sums its files). Parquet
+files and saved `datasets` directories fall back to uncompressed bytes / BYTES_PER_TOKEN (Parquet
+row-group metadata, Arrow file sizes). Anything else
 (e.g. a dataset id) gives None: the plan then reports no step count.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from contract.readers import is_saved_dataset, shard_files
 
 CHARS_PER_TOKEN = 3.5
 MESSAGE_OVERHEAD_TOKENS = 6  # chat template: role header + end-of-turn markers per message
@@ -118,14 +122,43 @@ def _estimate_parquet(path: Path) -> DataEstimate | None:
     return _estimate_bytes(uncompressed, meta.num_rows, "Parquet uncompressed")
 
 
+def _estimate_csv(path: Path, size: int, max_length: int) -> DataEstimate | None:
+    """Like JSON: every string cell of the first SAMPLE_BYTES' records, scaled by file size."""
+    with path.open("rb") as handle:
+        raw = handle.read(SAMPLE_BYTES)
+    lines = raw.decode("utf-8-sig", errors="ignore").splitlines()
+    complete = size <= SAMPLE_BYTES
+    counts = [row_tokens(row, max_length) for row in csv.DictReader(lines if complete else lines[:-1])]
+    if not counts:
+        return None
+    scale = 1.0 if complete else size / len(raw)
+    how = f"{len(counts)} CSV rows read, chars/{CHARS_PER_TOKEN}" if complete else \
+        f"first {len(counts)} CSV rows scaled to {size >> 20} MiB"
+    return DataEstimate(int(sum(counts) * scale), int(len(counts) * scale), how, complete)
+
+
+def _estimate_shards(files: list[Path], max_length: int) -> DataEstimate | None:
+    """A folder of shards: the sum of each file's estimate (None if any is unknown)."""
+    parts = [estimate_tokens(file, max_length) for file in files]
+    if not parts or any(part is None for part in parts):
+        return None
+    known = [part for part in parts if part is not None]
+    return DataEstimate(sum(p.tokens for p in known), sum(p.rows for p in known),
+                        f"{len(known)} shards, {known[0].method}", all(p.exact_rows for p in known))
+
+
 def estimate_tokens(path: Path, max_length: int) -> DataEstimate | None:
-    """Token estimate of a training data file or saved `datasets` directory; None when unknown."""
+    """Token estimate of a training data file, a folder of shards or a saved `datasets` directory; None when unknown."""
     try:
-        if path.is_dir():
+        if is_saved_dataset(path):
             arrow = sum(p.stat().st_size for p in path.rglob("*.arrow"))
             return _estimate_bytes(arrow, 0, "Arrow")
+        if path.is_dir():
+            return _estimate_shards(shard_files(path), max_length)
         if path.suffix in (".json", ".jsonl"):
             return _estimate_json(path, path.stat().st_size, max_length)
+        if path.suffix == ".csv":
+            return _estimate_csv(path, path.stat().st_size, max_length)
         if path.suffix == ".parquet":
             return _estimate_parquet(path)
     except (OSError, ImportError, ValueError):

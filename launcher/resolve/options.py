@@ -22,6 +22,7 @@ from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.plan.autofit import MicroBatchChoice, fit_micro_batch
 from launcher.resolve.plan_input import plan_input_from_launch
+from launcher.resolve.data_args import absolute_paths, data_table
 from launcher.resolve.presets import Preset, resolve_model
 from launcher.resolve.profile import (
     ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
@@ -43,7 +44,7 @@ class LaunchRequest:
     nodes: int = 1
     cluster: str | None = None
     profile: str | None = None
-    data: str | None = None
+    data: str | list[str] | None = None  # --data, repeatable (launcher/resolve/data_args.py)
     output: str | None = None
     strategy: str | None = None
     lora: bool = False
@@ -153,15 +154,6 @@ def resolve_profile(request: LaunchRequest, profile_sets: dict[str, Any]) -> tup
     return name, build_profile(raw, name, cluster, cli_keys), cluster
 
 
-def _resolve_data_path(data: str) -> str:
-    path = Path(data).expanduser()
-    if path.exists():
-        return str(path.resolve())
-    if path.suffix in (".json", ".jsonl", ".parquet", ".csv", ".txt") or data.startswith((".", "/", "~")):
-        raise ConfigError(f"--data {data}: no such file")
-    return data  # e.g. a dataset id the train side knows how to load
-
-
 def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterProfile,
                        train_sets: dict[str, Any]) -> TrainConfig:
     data: dict[str, Any] = {
@@ -174,12 +166,15 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
     }
     if not preset.hf_id:
         data["model"]["arch"] = dict(preset.arch)
-    if request.data:
-        data["data"] = {"path": _resolve_data_path(request.data)}
+    flags = [request.data] if isinstance(request.data, str) else list(request.data or [])
+    if flags:
+        data["data"] = data_table(flags)
     for name, value in request.train_flags.items():
         data["train"][name] = value
     for key, value in train_sets.items():
         set_dotted(data, key, value)
+    if any(key.startswith("data.") for key in train_sets):
+        absolute_paths(data["data"], Path.cwd())  # --set data.sources=[{path = "a.jsonl"}] as --data would
     return build(TrainConfig, data)
 
 

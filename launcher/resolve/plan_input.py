@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract.config import SHIPPED_DATA, TrainConfig
+from contract.datacheck import DataCheck
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 from launcher.plan.datasize import DataEstimate, estimate_tokens
 from launcher.plan.planner import PlanInput
 from launcher.resolve.presets import Preset
 from launcher.resolve.profile import ClusterProfile
+from launcher.resolve.plan_sources import mixture_estimate
 
 CPU_RAM_FRACTION = 0.9  # of a CPU node's RAM, shared by its processes (the OS and slurmstepd keep the rest)
 _MEM = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -33,6 +35,7 @@ class LaunchView(Protocol):
     strategy: str
     time_limit_s: int
     executor: str
+    data_checks: list[DataCheck]  # launcher/resolve/preflight.py's verdicts ([] before it ran)
 
     @property
     def mixed_precision(self) -> str: ...
@@ -47,8 +50,11 @@ def mem_gib(mem: str) -> float | None:
 
 
 def data_estimate(launch: LaunchView) -> DataEstimate | None:
-    """Tokens of the training file ("" = the shipped sample), minus the share split off for eval."""
+    """Tokens of the training file ("" = the shipped sample), minus the share split off for eval; of one
+    epoch of the mixture with [[data.sources]] (launcher/resolve/plan_sources.py)."""
     data = launch.train.data
+    if data.sources:
+        return mixture_estimate(launch)
     estimate = estimate_tokens(Path(data.path) if data.path else SHIPPED_DATA, launch.train.train.model_max_length)
     if estimate is None or data.eval_path or not data.eval_fraction:
         return estimate

@@ -14,14 +14,17 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-from contract.config import SHIPPED_DATA
-from contract.datacheck import DataCheck, check_data, require_usable
+from contract.config import SHIPPED_DATA, SHIPPED_TOKENIZER
+from contract.datacheck import DataCheck, check_data, check_hub, require_usable
+from contract.formats import CHAT_FORMATS
 from contract.schema import ConfigError
+from contract.sources import DataSource, looks_like_hub_id
 from launcher.resolve.options import Launch
+from launcher.resolve.presets import cached_hf_config
 
-CHAT_FORMATS = ("sharegpt", "messages", "alpaca")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 PROGRESS_MIN_BYTES = 64 << 20  # show a progress line for data files at least this large
 
@@ -30,38 +33,48 @@ def check_launch(launch: Launch) -> None:
     """All login-node checks of a resolved launch; the data verdicts are kept on `launch.data_checks`."""
     launch.data_checks = check_launch_data(launch)
     check_model(launch)
+    check_tool_templates(launch)
     check_container(launch)
     check_writable(launch.run_dir)
     check_shared(launch)
 
 
-def _data_path(launch: Launch, value: str, key: str) -> Path:
-    """data.path as the options resolved it (absolute), data.eval_path as given (relative to here)."""
-    if not value:
-        return SHIPPED_DATA
-    path = Path(value).expanduser()
-    if path.exists():
-        return path.resolve()
-    flag = "--data" if key == "data.path" else key
-    raise ConfigError(f"{flag} {value}: no such file or directory (a hub dataset id is not read on the "
-                      "compute nodes: save it with datasets' save_to_disk on shared storage and pass that folder)",
-                      key)
+def _flag(key: str) -> str:
+    return "--data" if key == "data.path" else key
 
 
 def check_launch_data(launch: Launch) -> list[DataCheck]:
+    """Every row of every source (and of each source's own eval data) through the training side's parser."""
     data = launch.train.data
     checks = []
-    for key, value in (("data.path", data.path), ("data.eval_path", data.eval_path)):
-        if key == "data.eval_path" and not value:
-            continue
-        path = _data_path(launch, value, key)
-        progress = _progress_printer(path)
-        check = check_data(path, data.format, data.text_field, progress)
-        if progress is not None and not check.cached:
-            print(file=sys.stderr)  # end the progress line
-        require_usable(check, data.allow_bad_rows, key)
-        checks.append(check)
+    for index, source in enumerate(data.source_list()):
+        wanted = [(source.path, source.split, data.key(index, "path"), False)]
+        if source.eval_path:
+            wanted.append((source.eval_path, "train", data.key(index, "eval_path"), True))
+        elif source.eval_split:
+            wanted.append((source.path, source.eval_split, data.key(index, "eval_split"), True))
+        for value, split, key, is_eval in wanted:
+            check = _check_source_data(launch, source, value, split, key)
+            require_usable(check, data.allow_bad_rows, key)
+            check.name, check.eval, check.key = source.label, is_eval, _flag(key)
+            checks.append(check)
     return checks
+
+
+def _check_source_data(launch: Launch, source: DataSource, value: str, split: str, key: str) -> DataCheck:
+    """A local file / folder (cached verdict), else a hub id read from the profile's HF cache."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        if not looks_like_hub_id(value):
+            raise ConfigError(f"{_flag(key)} {value}: no such file or directory", key)
+        return check_hub(value, source.config, split, launch.profile.hf_home, _flag(key), source.format,
+                         source.text_field, source.mapping)
+    path = path.resolve()
+    progress = _progress_printer(path)
+    check = check_data(path, source.format, source.text_field, progress, source.mapping, split)
+    if progress is not None and not check.cached:
+        print(file=sys.stderr)  # end the progress line
+    return check
 
 
 def _progress_printer(path: Path):  # type: ignore[no-untyped-def]
@@ -106,13 +119,42 @@ def check_model(launch: Launch) -> None:
     if not has_chat_template(tokenizer_dir):
         raise ConfigError(f"{key}: the tokenizer in {tokenizer_dir} has no chat template, but the data is "
                           "chat (use an instruct model's tokenizer via model.tokenizer, or data.format = \"text\")", key)
-    check_masking(tokenizer_dir, key, launch.data_checks[0])
+    check_masking(tokenizer_dir, key, mask_samples(launch))
 
 
-def check_masking(tokenizer_dir: Path, key: str, data: DataCheck) -> None:
-    """The training code masks a sample conversation with this tokenizer. In a subprocess: transformers
-    imports torch (seconds), which this process never does; without transformers here, not checked."""
-    result = subprocess.run([sys.executable, "-m", "train.dataset.maskcheck", str(tokenizer_dir), data.path, data.format],
+def check_tool_templates(launch: Launch) -> None:
+    """Chat data with tool calls and a tokenizer `check_model` did not look at (the shipped one of model
+    `tiny`, or an HF id's in profile.hf_home's cache): can its template render them?"""
+    model = launch.train.model
+    source = model.tokenizer or model.path
+    if not any(check.tool_rows for check in launch.data_checks) or _local_dir(source) is not None:
+        return  # no tool calls, or a local tokenizer: check_model rendered them
+    tokenizer_dir = SHIPPED_TOKENIZER if not source else \
+        _cached_snapshot(launch.profile.hf_home, source) if launch.profile.hf_home else None
+    if tokenizer_dir is not None:
+        check_masking(tokenizer_dir, "model.tokenizer" if model.tokenizer or not source else "model.path",
+                      mask_samples(launch))
+
+
+def mask_samples(launch: Launch) -> list[dict]:
+    """What `python -m train.dataset.maskcheck` reads: each chat source's data, format and mapping."""
+    sources = {source.label: source for source in launch.train.data.source_list()}
+    samples = []
+    for check in launch.data_checks:
+        if check.format not in CHAT_FORMATS or check.eval:
+            continue
+        source = sources[check.name]
+        samples.append({"path": check.path, "format": check.format, "text_field": source.text_field,
+                        "split": source.split, "config": source.config, "hf_home": launch.profile.hf_home,
+                        "mapping": asdict(source.mapping), "tool_row": check.first_tool_row})
+    return samples
+
+
+def check_masking(tokenizer_dir: Path, key: str, samples: list[dict]) -> None:
+    """The training code masks a sample conversation of every chat source with this tokenizer, and
+    renders their tool calls. In a subprocess: transformers imports torch (seconds), which this process
+    never does; without transformers here, not checked."""
+    result = subprocess.run([sys.executable, "-m", "train.dataset.maskcheck", str(tokenizer_dir), json.dumps(samples)],
                             capture_output=True, text=True, check=False)
     if result.returncode == 2:
         reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "mask check failed"
@@ -128,10 +170,15 @@ def check_hub_model(launch: Launch) -> None:
     hub = Path(hf_home).expanduser() / "hub"
     if not Path(hf_home).expanduser().is_dir():
         return
-    snapshots = hub / f"models--{model_id.replace('/', '--')}" / "snapshots"
-    if not any(snapshots.glob("*/config.json")):
+    if _cached_snapshot(hf_home, model_id) is None:
         raise ConfigError(f"model.path {model_id}: not in profile.hf_home's cache ({hub}); the compute nodes load "
                           f"local files only: HF_HOME={hf_home} huggingface-cli download {model_id}", "model.path")
+
+
+def _cached_snapshot(hf_home: str, model_id: str) -> Path | None:
+    """The newest snapshot of an HF id in hf_home's hub cache that has a config.json (None: not there)."""
+    config = cached_hf_config(model_id, hf_home)
+    return config.parent if config is not None else None
 
 
 def _local_dir(value: str) -> Path | None:
@@ -174,8 +221,8 @@ def check_writable(run_dir: Path) -> None:
 def node_paths(launch: Launch) -> dict[str, Path]:
     """What the compute nodes read or write, by the flag or key that named it."""
     model, data = launch.train.model, launch.train.data
-    paths = {key: Path(check.path) for key, check in zip(("--data", "data.eval_path"), launch.data_checks)
-             if Path(check.path) != SHIPPED_DATA}
+    paths = {check.key: Path(check.path) for check in launch.data_checks
+             if Path(check.path) != SHIPPED_DATA and Path(check.path).is_absolute()}  # hub ids: the HF cache
     paths |= {key: directory for key, value in (("model.path", model.path), ("model.tokenizer", model.tokenizer))
               if (directory := _local_dir(value)) is not None}
     if data.cache_dir and Path(data.cache_dir).is_absolute():

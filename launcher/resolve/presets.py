@@ -95,9 +95,11 @@ def preset_from_config_json(path: Path, name: str, hf_id: str) -> Preset:
     return Preset(name, hf_id, arch, layer_class=_layer_class(config))
 
 
-def _hf_cache_config(hf_id: str) -> Path | None:
-    """config.json of a cached HF snapshot, newest first; None when not downloaded."""
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+def cached_hf_config(hf_id: str, hf_home: str = "") -> Path | None:
+    """config.json of the newest cached HF snapshot (in hf_home's hub cache, else this environment's);
+    None when not downloaded."""
+    hub = Path(hf_home) / "hub" if hf_home else \
+        Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
     snapshots = hub.expanduser() / f"models--{hf_id.replace('/', '--')}" / "snapshots"
     candidates = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     return candidates[0] if candidates else None
@@ -118,7 +120,7 @@ def resolve_model(spec: str) -> Preset:
         for preset in PRESETS.values():
             if preset.hf_id == spec:
                 return preset
-        cached = _hf_cache_config(spec)
+        cached = cached_hf_config(spec)
         if cached is not None:
             return preset_from_config_json(cached, spec.split("/")[1], spec)
         raise ConfigError(f"--model {spec}: not a preset and not in the HF cache; download it first "

@@ -26,6 +26,14 @@ def test_slurm_node_state_wins() -> None:
     assert decide(evidence) == ("node2", "SLURM reports node2 down*")
     assert decide(Evidence(node_states={"node1": "mixed*"}))[0] == "node1"  # `*`: not responding
     assert decide(Evidence(node_states={"node1": "drained"}))[0] == "node1"
+    # ... over the ranks' lost-peer records, but never over a rank's own error (a data bug on rank 0
+    # while node2 is drained for maintenance is the data bug).
+    lost_peer = Evidence(node_states={"node2": "draining"}, failures=[record(0, PEER_LOST, 76)], hosts=HOSTS)
+    assert decide(lost_peer)[0] == "node2"
+    data_bug = Evidence(node_states={"node1": "mixed", "node2": "draining"},
+                        failures=[record(0, "ValueError: data.jsonl:7: no 'messages'")], hosts=HOSTS)
+    node, reason = decide(data_bug)
+    assert node == NO_NODE and "rank 0 recorded an error of its own" in reason
 
 
 def test_an_own_error_is_never_a_node_even_if_peers_died_silently() -> None:

@@ -9,8 +9,9 @@ import os
 _STOP_AT = os.environ.get("SFT_FAULT_STOP_AT_STEP", "")
 _SLOW_SAVE = os.environ.get("SFT_FAULT_SLOW_SAVE_STEP", "")
 _RAISE_AT = os.environ.get("SFT_FAULT_RAISE_AT_STEP", "")
+_SLOW_STOP_SAVE_S = os.environ.get("SFT_FAULT_SLOW_STOP_SAVE_S", "")
 
-if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT):
+if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_SAVE_S):
     import time
     from pathlib import Path
 
@@ -31,5 +32,21 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT):
         if str(step) == _RAISE_AT:
             raise RuntimeError(f"injected fault at step {step}")
 
-    HOOKS.after_step = _raise_at if _RAISE_AT else _stop_at if _STOP_AT else None
-    HOOKS.before_checkpoint_publish = _slow_save if _SLOW_SAVE else None
+    _stop_file: list[Path] = []  # the run's stop file, learnt at the first step boundary
+
+    def _slow_stop_save(step: int) -> None:
+        # The save that answers a stop request (preemption, time limit) takes this long, as a large
+        # model's does: longer than torchrun's 30 s SIGTERM-to-SIGKILL default.
+        if _stop_file and _stop_file[0].exists():
+            time.sleep(float(_SLOW_STOP_SAVE_S))
+
+    _after_step = _raise_at if _RAISE_AT else _stop_at if _STOP_AT else None
+
+    def _learn_stop_file(step: int, is_main_process: bool, stop_file: Path) -> None:
+        _stop_file[:] = [stop_file]
+        if _after_step is not None:
+            _after_step(step, is_main_process, stop_file)
+
+    HOOKS.after_step = _learn_stop_file if _SLOW_STOP_SAVE_S else _after_step
+    HOOKS.before_checkpoint_publish = (_slow_save if _SLOW_SAVE else _slow_stop_save if _SLOW_STOP_SAVE_S
+                                       else None)

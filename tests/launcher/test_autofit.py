@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
+from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, rendered_dir, run_cli
 from launcher.plan.autofit import MIN_MICRO_BATCH_TOKENS, Rules, _trial, candidates, search
 from launcher.plan.planner import PlanInput, make_plan
 from launcher.resolve.presets import PRESETS
@@ -32,16 +31,9 @@ def _cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return run_cli([*args, "--output", str(tmp_path / "run")], tmp_path, env=cli_env(PATH=path_without("sbatch")))
 
 
-def _rendered(result: subprocess.CompletedProcess[str]) -> Path:
-    """The temporary directory a dry run rendered into (named on its output)."""
-    match = re.search(r"dry run: rendered into (\S+)", result.stdout)
-    assert match, result.stdout
-    return Path(match[1])
-
-
 def _written(result: subprocess.CompletedProcess[str]) -> tuple[dict, dict]:
     """train.toml and run.json as the dry run rendered them."""
-    run = _rendered(result)
+    run = rendered_dir(result)
     return (tomllib.loads((run / "train.toml").read_text()), json.loads((run / "run.json").read_text()))
 
 
@@ -110,7 +102,7 @@ def test_headline_70b_on_two_a100_nodes_fits_and_states_its_micro_batch(roomy_tm
     train, run = _written(result)
     assert train["data"]["tokens_per_micro_batch"] == 2048 and train["train"]["gradient_checkpointing"] is True
     assert train["train"]["gradient_accumulation_steps"] == 1  # the blog's run: 1 x 2048 tokens, GA 1, 16 GPUs
-    assert "# Micro-batch chosen by sft-launch" in (_rendered(result) / "train.toml").read_text()
+    assert "# Micro-batch chosen by sft-launch" in (rendered_dir(result) / "train.toml").read_text()
     choice = run["micro_batch"]
     assert (choice["tokens"], choice["source"], choice["usable_gib"]) == (2048, "auto", 76.0)
     assert [t["tokens"] for t in choice["trials"]] == [16384, 8192, 4096, 2048]

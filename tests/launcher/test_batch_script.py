@@ -18,14 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.shellcheck import shellcheck
 from tests.launcher.conftest import REPO, write_stub
 from launcher.resolve.options import LaunchRequest, resolve
 from launcher.execute.render import write_run_dir
 
-# The stub plays SLURM and training: USR1 to the batch shell, wait (bounded) until the shell forwards
-# it, then "checkpoint" and exit 75. Waiting for the forward, not a fixed sleep, keeps a loaded
-# machine from turning a slow trap into a failure.
-STOP_AND_WAIT = ('kill -USR1 "$PPID"; for _ in $(seq 100); do [[ -s "$STUB_LOG/srun.signals" ]] && break; '
+# The stub plays SLURM and training: USR1 to the batch shell, wait (bounded) until its trap wrote the
+# stop file (training's only channel), then "checkpoint" and exit 75. Waiting for the file, not a fixed
+# sleep, keeps a loaded machine from turning a slow trap into a failure.
+STOP_AND_WAIT = ('kill -USR1 "$PPID"; for _ in $(seq 100); do [[ -e STOP_REQUESTED ]] && break; '
                  'sleep 0.1; done; ')
 STOP_THEN_75 = STOP_AND_WAIT + "exit 75"
 HOSTILE = "we ird 'q\" $(touch PWNED) ; `touch PWNED2` é☃ \\n"
@@ -39,9 +40,25 @@ printf '%s\\0' "$@" > "$STUB_LOG/srun.argv"
 printf '%s' "${{WEIRD_VALUE-unset}}" > "$STUB_LOG/srun.env"
 {behaviour}
 """)
+    # scontrol: `show node` gives a NodeAddr; `show job` tells the job's state ($STUB_JOB_STATE, RUNNING)
+    # and PreemptTime ($STUB_PREEMPT_TIME, None by default);
+    # `requeue` fails the first $STUB_FAIL_REQUEUE times (a controller timing out).
     write_stub(bin_dir, "scontrol", """
 printf '%s\\0' "$@" >> "$STUB_LOG/scontrol.argv"
-if [[ "$1" == show ]]; then printf 'node1\\nnode2\\n'; fi
+if [[ "$1 $2" == "show node" ]]; then
+  echo "NodeName=$4 Arch=x86_64 NodeAddr=10.0.0.${4#node} NodeHostName=$4"
+elif [[ "$1 $2" == "show job" ]]; then
+  echo "JobId=4242 JobState=${STUB_JOB_STATE:-RUNNING} PreemptTime=${STUB_PREEMPT_TIME:-None} ExcNodeList=(null)"
+elif [[ "$1" == show ]]; then
+  printf 'node1\\nnode2\\n'
+elif [[ "$1" == requeue ]]; then
+  failed=$(cat "$STUB_LOG/requeue.failed" 2>/dev/null || echo 0)
+  if ((failed < ${STUB_FAIL_REQUEUE:-0})); then
+    echo $((failed + 1)) > "$STUB_LOG/requeue.failed"
+    echo "scontrol: error: Socket timed out on send/recv operation" >&2
+    exit 1
+  fi
+fi
 """)
 
 
@@ -52,7 +69,7 @@ def _render(tmp_path: Path, run_name: str, sets: list[str], time_limit: str = "1
 
 
 def _run_script(tmp_path: Path, run_dir: Path, behaviour: str, restart: int | None = None,
-                elapsed_s: int | None = None) -> subprocess.CompletedProcess[str]:
+                elapsed_s: int | None = None, **env_extra: str) -> subprocess.CompletedProcess[str]:
     """Run the batch script with stubs; `elapsed_s` starts bash's $SECONDS there (bash imports it from
     the environment), i.e. pretends the job has already run that long when the signal arrives."""
     bin_dir, log_dir = tmp_path / "bin", tmp_path / "stublog"
@@ -65,6 +82,7 @@ def _run_script(tmp_path: Path, run_dir: Path, behaviour: str, restart: int | No
         env["SLURM_RESTART_COUNT"] = str(restart)
     if elapsed_s is not None:
         env["SECONDS"] = str(elapsed_s)
+    env.update(env_extra)
     return subprocess.run(["bash", str(run_dir / "launch.slurm")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
 
@@ -75,7 +93,7 @@ def _argv(path: Path) -> list[str]:
 
 def test_hostile_names_render_safely_and_nothing_executes(tmp_path: Path) -> None:
     run_dir = _render(tmp_path, HOSTILE.replace("\\n", "n"), [f"profile.env.WEIRD_VALUE={HOSTILE}"])
-    lint = subprocess.run(["shellcheck", str(run_dir / "launch.slurm")], capture_output=True, text=True)
+    lint = shellcheck(run_dir / "launch.slurm")
     assert lint.returncode == 0, lint.stdout
     result = _run_script(tmp_path, run_dir, "exit 0")
     assert result.returncode == 0, result.stderr
@@ -86,7 +104,8 @@ def test_hostile_names_render_safely_and_nothing_executes(tmp_path: Path) -> Non
     assert argv[-1] == str(run_dir / "train.toml")
     command = next(a for a in argv if "accelerate launch" in a)
     assert '--machine_rank "$SLURM_NODEID"' in command and '--num_machines "$SLURM_NNODES"' in command
-    assert argv[argv.index("_") + 2 : argv.index("_") + 5] == ["4", "node1", str(20000 + 4242 % 10000)]
+    # MASTER_ADDR: the first node's NodeAddr, the address SLURM itself reaches it at (not its name).
+    assert argv[argv.index("_") + 2 : argv.index("_") + 5] == ["4", "10.0.0.1", str(20000 + 4242 % 10000)]
     assert (tmp_path / "stublog" / "srun.env").read_text() == HOSTILE
     log = (run_dir / "logs" / "4242-r0.log").read_text()
     assert "training exited with 0" in log
@@ -106,7 +125,7 @@ def test_exit_75_after_early_signal_is_a_preemption_and_requeues(tmp_path: Path)
     result = _run_script(tmp_path, run_dir, STOP_THEN_75, restart=2)
     assert result.returncode == 0, result.stderr
     assert (run_dir / "STOP_REQUESTED").exists()
-    assert (tmp_path / "stublog" / "srun.signals").read_text() == "USR1\n", "the trap forwards USR1 to srun"
+    assert not (tmp_path / "stublog" / "srun.signals").exists(), "the stop file, not a signal, reaches the step"
     assert _argv(tmp_path / "stublog" / "scontrol.argv")[-2:] == ["requeue", "4242"]
     assert "preemption" in (run_dir / "logs" / "4242-r2.log").read_text()
     events = json.loads((run_dir / "run.json").read_text())["events"]
@@ -179,22 +198,26 @@ def test_failure_without_checkpoint_is_not_requeued(tmp_path: Path) -> None:
     assert not (run_dir / "STOP_REQUESTED").exists()
 
 
-@pytest.mark.parametrize("python", ["/nonexistent/python3"])
-def test_missing_python_does_not_fail_the_job(tmp_path: Path, python: str) -> None:
-    run_dir = _render(tmp_path, "run", [f"profile.python={python}"])
-    result = _run_script(tmp_path, run_dir, "exit 0")
-    assert result.returncode == 0
-    assert "run.json not updated" in (run_dir / "logs" / "4242-r0.log").read_text()
-
-
-def test_the_checkpointed_after_stop_question_without_python_is_a_logged_no(tmp_path: Path) -> None:
-    # The rule lives in contract.protocol; a batch shell that cannot ask it says so and does not requeue.
+def test_a_python_that_cannot_run_the_helpers_stops_the_job_at_once_with_one_line(tmp_path: Path) -> None:
     run_dir = _render(tmp_path, "run", ["profile.python=/nonexistent/python3"])
+    result = _run_script(tmp_path, run_dir, "exit 0")
+    assert result.returncode == 2
+    assert not (tmp_path / "stublog" / "srun.argv").exists(), "training must not start without its requeue decisions"
+    line = (run_dir / "logs" / "batch_failures.txt").read_text().strip()
+    assert line.startswith("4242 0 ") and "'/nonexistent/python3'" in line and "set python in the profile" in line
+
+
+def test_requeue_needs_no_sft_launch_installed_on_the_node(tmp_path: Path) -> None:
+    # The node's python sees neither the installed package (-S: no site-packages) nor PYTHONPATH: the
+    # batch shell's helpers run from the run directory's copy (a container's package is not the host's).
+    bare = write_stub(tmp_path / "bin", "bare-python", f'exec {sys.executable} -S "$@"')
+    run_dir = _render(tmp_path, "run", [f"profile.python={bare}"])
     behaviour = (STOP_AND_WAIT + 'mkdir -p "$PWD/checkpoints/step-00000007"; '
                  'touch "$PWD/checkpoints/step-00000007/COMPLETE"; exit 1')
-    result = _run_script(tmp_path, run_dir, behaviour)
-    assert result.returncode == 1
-    assert "no answer from contract.protocol" in (run_dir / "logs" / "4242-r0.log").read_text()
+    result = _run_script(tmp_path, run_dir, behaviour, PYTHONPATH="")
+    assert result.returncode == 0, (run_dir / "logs" / "4242-r0.log").read_text()
+    assert "requeue" in _argv(tmp_path / "stublog" / "scontrol.argv")
+    assert [e["event"] for e in json.loads((run_dir / "run.json").read_text())["events"]] == ["start", "requeue"]
 
 
 # Training as a dead rank 1 leaves it: both ranks in the roster, only rank 0's lost-peer record (exit 76).
@@ -252,3 +275,125 @@ exit 1
     assert "ChildFailedError: train FAILED" in launcher_log.read_text()
     argv = _argv(tmp_path / "stublog" / "accelerate.argv")
     assert argv[-4:] == ["--config", str(run_dir / "train.toml"), "--attempt", "4242-r0"]
+
+
+# --- signals at every instant, SLURM's preemption, a failing controller (issue #34) ---
+CHECKPOINT = 'mkdir -p "$PWD/checkpoints/step-00000007"; touch "$PWD/checkpoints/step-00000007/COMPLETE"; '
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "run.json").read_text())["events"]
+
+
+def _requeues(tmp_path: Path) -> int:
+    calls = tmp_path / "stublog" / "scontrol.argv"
+    return _argv(calls).count("requeue") if calls.exists() else 0
+
+
+def test_sigterm_checkpoints_and_never_requeues(tmp_path: Path) -> None:
+    # A plain scancel: SIGTERM to the batch shell (and the steps); training checkpoints; torchrun says 1.
+    run_dir = _render(tmp_path, "run", [])
+    behaviour = STOP_AND_WAIT.replace("-USR1", "-TERM") + CHECKPOINT + "exit 1"
+    result = _run_script(tmp_path, run_dir, behaviour, STUB_JOB_STATE="CANCELLED")
+    assert result.returncode == 0 and _requeues(tmp_path) == 0
+    assert "cancelled (SIGTERM) at a complete checkpoint; not requeueing" in (run_dir / "logs" / "4242-r0.log").read_text()
+    assert (_events(run_dir)[-1]["event"], _events(run_dir)[-1]["outcome"]) == ("finish", "cancelled")
+
+
+def test_sigterm_of_a_node_failure_leaves_the_decision_and_the_evidence_to_slurm(tmp_path: Path) -> None:
+    # SLURM ends the job because a node died (NODE_FAIL, it requeues the job itself): no requeue, no
+    # outcome here, and logs/attempt.txt stays so that the restart blames the node.
+    run_dir = _render(tmp_path, "run", [])
+    behaviour = STOP_AND_WAIT.replace("-USR1", "-TERM") + "exit 1"
+    result = _run_script(tmp_path, run_dir, behaviour, STUB_JOB_STATE="NODE_FAIL")
+    assert result.returncode == 1 and _requeues(tmp_path) == 0
+    assert "SIGTERM while SLURM ends the job (NODE_FAIL); not requeueing" in (run_dir / "logs" / "4242-r0.log").read_text()
+    assert [e["event"] for e in _events(run_dir)] == ["start"]
+    assert (run_dir / "logs" / "attempt.txt").read_text().startswith("4242 0 ")
+
+
+def test_a_second_signal_after_the_checkpoint_does_not_undo_it(tmp_path: Path) -> None:
+    # USR1 -> complete checkpoint -> TERM (sft-launch cancel's scancel, or the time limit) before srun ends.
+    run_dir = _render(tmp_path, "run", [])
+    behaviour = STOP_AND_WAIT + "sleep 0.05; " + CHECKPOINT + 'kill -TERM "$PPID"; sleep 1.5; exit 1'
+    result = _run_script(tmp_path, run_dir, behaviour)
+    marker = run_dir / "checkpoints" / "step-00000007" / "COMPLETE"
+    assert marker.stat().st_mtime >= (run_dir / "STOP_REQUESTED").stat().st_mtime, "the stop file was touched again"
+    assert result.returncode == 0 and _requeues(tmp_path) == 1
+    assert _events(run_dir)[-1]["kind"] == "preemption"
+
+
+@pytest.mark.parametrize("signal", ["USR1", "TERM"])
+def test_a_signal_during_the_setup_lines_is_not_lost(tmp_path: Path, signal: str) -> None:
+    # Before training starts (module loads, venv activation): the trap is already there; training is not
+    # started at all, and the newest complete checkpoint stands.
+    run_dir = _render(tmp_path, "run", [f'profile.setup=["kill -{signal} $$; sleep 0.2"]'])
+    result = _run_script(tmp_path, run_dir, "exit 0", STUB_JOB_STATE="RUNNING" if signal == "USR1" else "CANCELLED")
+    assert result.returncode == 0, (run_dir / "logs" / "4242-r0.log").read_text()
+    assert not (tmp_path / "stublog" / "srun.argv").exists()
+    assert _requeues(tmp_path) == (1 if signal == "USR1" else 0)
+    assert _events(run_dir)[-1]["event"] == ("requeue" if signal == "USR1" else "finish")
+
+
+def test_a_signal_while_srun_starts_reaches_training_through_the_stop_file(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", [])
+    behaviour = 'kill -USR1 "$PPID"; sleep 1.2; [[ -e STOP_REQUESTED ]] || exit 9; ' + CHECKPOINT + "exit 1"
+    result = _run_script(tmp_path, run_dir, behaviour)
+    assert result.returncode == 0 and _requeues(tmp_path) == 1
+
+
+def test_a_preemption_slurm_reports_requeues_even_when_the_save_was_cut_short(tmp_path: Path) -> None:
+    # PreemptMode=REQUEUE without send_user_signal: only the steps get SIGTERM; the batch shell asks SLURM.
+    run_dir = _render(tmp_path, "run", [])
+    preempted = {"STUB_PREEMPT_TIME": "2026-11-26T14:00:00"}
+    saved = _run_script(tmp_path, run_dir, 'touch STOP_REQUESTED; sleep 0.05; ' + CHECKPOINT + "exit 1", **preempted)
+    assert saved.returncode == 0 and _requeues(tmp_path) == 1
+    assert (_events(run_dir)[-1]["event"], _events(run_dir)[-1]["kind"]) == ("requeue", "preemption")
+    killed = _run_script(tmp_path, run_dir, "exit 143", restart=1, **preempted)  # SIGKILLed mid-save
+    assert killed.returncode == 0 and _requeues(tmp_path) == 2
+
+
+def test_a_stop_nobody_asked_to_requeue_is_not_requeued(tmp_path: Path) -> None:
+    # Training stopped at a checkpoint (a SIGTERM to the steps only), no signal here, no preemption reported.
+    run_dir = _render(tmp_path, "run", [])
+    result = _run_script(tmp_path, run_dir, 'touch STOP_REQUESTED; sleep 0.05; ' + CHECKPOINT + "exit 1")
+    assert result.returncode == 0 and _requeues(tmp_path) == 0
+    assert _events(run_dir)[-1]["outcome"] == "stopped"
+
+
+def test_scontrol_requeue_is_retried_and_a_lasting_failure_is_one_line(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", [])
+    result = _run_script(tmp_path, run_dir, STOP_THEN_75, STUB_FAIL_REQUEUE="2")
+    assert result.returncode == 0 and _requeues(tmp_path) == 3
+    assert _events(run_dir)[-1]["event"] == "requeue"
+    (tmp_path / "stublog" / "scontrol.argv").unlink()
+    (tmp_path / "stublog" / "requeue.failed").unlink()
+    result = _run_script(tmp_path, run_dir, STOP_THEN_75, restart=1, STUB_FAIL_REQUEUE="9")
+    assert result.returncode == 1 and _requeues(tmp_path) == 5
+    assert _events(run_dir)[-1]["outcome"] == "requeue-failed"
+    (line,) = (run_dir / "logs" / "batch_failures.txt").read_text().splitlines()
+    assert line.startswith("4242 1 ") and "scontrol requeue 4242 (5 tries" in line
+
+
+def test_a_failing_setup_line_is_recorded_with_its_exit_code(tmp_path: Path) -> None:
+    run_dir = _render(tmp_path, "run", ['profile.setup=["module_load_that_fails() { return 3; }", '
+                                        '"module_load_that_fails cuda/12"]'])
+    result = _run_script(tmp_path, run_dir, "exit 0")
+    assert result.returncode == 3
+    (line,) = (run_dir / "logs" / "batch_failures.txt").read_text().splitlines()
+    assert line.startswith("4242 0 ") and line.endswith(" 3 setup line `module_load_that_fails cuda/12`"), line
+    assert "sft-launch: error: setup line `module_load_that_fails cuda/12` exited with 3" in \
+        (run_dir / "logs" / "4242-r0.log").read_text()
+    from launcher.ops.status import run_status  # `sft-launch status` shows it, SLURM having forgotten the job
+
+    assert run_status(run_dir, query=lambda job_id: None)["error"] == \
+        "batch script of job 4242 restart 0: setup line `module_load_that_fails cuda/12` exited with 3"
+
+
+def test_budgets_count_this_submission_only(tmp_path: Path) -> None:
+    # An earlier submission's time-limit hits and blamed nodes do not count against this job.
+    run_dir = _render(tmp_path, "run", ["profile.signal_lead_s=60", "profile.max_timeouts=1"], time_limit="2")
+    (run_dir / "logs" / "timeouts.txt").write_text("1111 0 70\n1111 1 70\n")
+    result = _run_script(tmp_path, run_dir, STOP_THEN_75, elapsed_s=60)
+    assert result.returncode == 0 and _requeues(tmp_path) == 1
+    assert _events(run_dir)[-1]["kind"] == "timeout" and str(_events(run_dir)[-1]["timeouts"]) == "1"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.conftest import EXAMPLE_CLUSTER, REPO, cli_env, path_without, run_cli, write_stub
+from tests.launcher.conftest import EXAMPLE_CLUSTER, REPO, cli_env, path_without, rendered_dir, run_cli, write_stub
 
 
 def _no_sbatch_env(**extra: str) -> dict[str, str]:
@@ -88,14 +88,7 @@ def test_dry_run_without_sbatch_prints_summary(roomy_tmp: Path) -> None:
     assert "global batch 128" in result.stdout and "sbatch not found" in result.stdout
     assert not (roomy_tmp / "run").exists(), "a dry run writes no run directory"
     assert f"a launch would create {roomy_tmp / 'run'}" in result.stdout
-    assert (rendered(result) / "launch.slurm").is_file() and (rendered(result) / "train.toml").is_file()
-
-
-def rendered(result: subprocess.CompletedProcess[str]) -> Path:
-    """The temporary directory a dry run rendered into (named on its output)."""
-    match = re.search(r"dry run: rendered into (\S+)", result.stdout)
-    assert match, result.stdout
-    return Path(match[1])
+    assert (rendered_dir(result) / "launch.slurm").is_file() and (rendered_dir(result) / "train.toml").is_file()
 
 
 def test_submit_records_job_id_and_sbatch_refusal_exits_1(tmp_path: Path) -> None:
@@ -135,7 +128,7 @@ def test_secrets_in_the_environment_never_reach_rendered_files(roomy_tmp: Path) 
                       "--report_to", "wandb", "--output", str(roomy_tmp / "run")], roomy_tmp,
                      env=_no_sbatch_env(**secrets))
     assert result.returncode == 0, result.stderr
-    for path in rendered(result).rglob("*"):
+    for path in rendered_dir(result).rglob("*"):
         if path.is_file():
             text = path.read_text()
             assert not any(value in text for value in secrets.values()), path

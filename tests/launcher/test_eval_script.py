@@ -12,6 +12,7 @@ import pytest
 
 from launcher.commands.eval_cmd import EvalRequest, render_script
 from launcher.resolve.profile import build_profile, read_cluster_file, select_profile
+from tests.shellcheck import shellcheck
 from tests.launcher.conftest import EXAMPLE_CLUSTER, GOLDEN_DIR, cli_env, run_cli
 
 # CPU (one process), 8 GPUs (accelerate launch), pyxis container; a checkpoint exported first.
@@ -44,7 +45,7 @@ def test_eval_script_matches_golden_and_passes_shellcheck(profile_name: str, che
     script = tmp_path / "eval.slurm"
     script.write_text(text, encoding="utf-8")
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    lint = subprocess.run(["shellcheck", "--shell=bash", str(script)], capture_output=True, text=True)
+    lint = shellcheck(script)
     assert lint.returncode == 0, lint.stdout
     sbatch_lines = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --nodes=1" in sbatch_lines and not any("$" in line for line in sbatch_lines)

@@ -108,3 +108,39 @@ def test_real_train_module_stop_exit_75_and_resume(tmp_path: Path) -> None:
     resumed = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert (run_dir / "export").is_dir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+@pytest.mark.slow
+def test_real_train_second_ctrl_c_kills_it(tmp_path: Path) -> None:
+    """README: Ctrl-C asks the run to checkpoint, a second Ctrl-C kills it. The real `train` package,
+    its stop checkpoint held up (a fault stalls that save): the second SIGINT ends the launcher at once,
+    no training process survives, and no checkpoint is published (nothing half-written to resume from)."""
+    import json
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--max_steps", "1000",
+               "--save_steps", "1000", "--output", str(run_dir)]
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=fault_env(cli_env(), stop_at_step=2, slow_save_step=2),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint)
+    try:
+        _wait_for([run_dir / "checkpoints" / ".tmp-step-00000002"], timeout=240)  # the stop's save, stalled
+        roster = [json.loads(line) for line in (run_dir / "logs" / "ranks.jsonl").read_text().splitlines()]
+        pids = [r["pid"] for r in roster]
+        launcher.send_signal(signal.SIGINT)  # first: a stop request (one is already being saved)
+        time.sleep(1)
+        launcher.send_signal(signal.SIGINT)  # second: kill
+        output, _ = launcher.communicate(timeout=20)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode not in (0, 75), output
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)], f"training processes survived: {pids}"
+    assert not (run_dir / "checkpoints" / "step-00000002").exists(), "a checkpoint was published"

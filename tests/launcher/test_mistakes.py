@@ -78,11 +78,11 @@ def _files(root: Path) -> None:
                                   + json.dumps({"instruction": "c", "answer": "d"}) + "\n",
         "tokens_negative.jsonl": json.dumps({"input_ids": [1, 2, 3]}) + "\n" + json.dumps({"input_ids": [1, -5]}) + "\n",
         "tokens_labels.jsonl": json.dumps({"input_ids": [1, 2, 3], "labels": [1, 2]}) + "\n",
-        "unknown_format.jsonl": json.dumps({"prompt": "a", "completion": "b"}) + "\n",
+        "unknown_format.jsonl": json.dumps({"question": "a", "reply": "b"}) + "\n",
         "all_bad.jsonl": "{oops\n{nope\n",
         "empty.jsonl": "",
         "array_bad.json": "[\n" + SAMPLE[0] + ",\n{broken\n]\n",
-        "data.csv": "prompt,completion\na,b\n",
+        "data.tsv": "prompt\tcompletion\na\tb\n",
         "mixed_formats.jsonl": SAMPLE[0] + "\n" + _chat(("user", "hi"), ("assistant", "yo"), key="messages",
                                                          role="role", text="content") + "\n",
     }
@@ -106,8 +106,41 @@ def _files(root: Path) -> None:
     (root / "hf_home").mkdir()
     (root / "shared.toml").write_text(CLUSTER + f'shared_paths = ["{root / "hf_home"}"]\n')
     (root / "hfhome.toml").write_text(CLUSTER + f'hf_home = "{root / "hf_home"}"\n')
+    _mixtures(root)
     (root / "apptainer.toml").write_text(CLUSTER + '[profiles.cpu.container]\nkind = "apptainer"\n'
                                          'image = "/nonexistent/images/sft.sif"\n')
+
+
+def _mixtures(root: Path) -> None:
+    """Data files with [[data.sources]] (train.toml's [data] table) and a fake HF cache with one dataset."""
+    import datasets
+
+    from tests.hub_fixture import build_hub_cache
+
+    qa = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(900)]
+    del qa[811]["question"]
+    (root / "qa.jsonl").write_text("".join(json.dumps(row) + "\n" for row in qa))
+    chats = [json.loads(line) for line in SAMPLE[:6]]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(chats)}).save_to_disk(str(root / "saved_dict"))
+    build_hub_cache(root / "hf_home", "sft-test/tiny_qa", {"train": qa[:5], "test": qa[5:7]})
+    qa_source = '[[data.sources]]\npath = "{path}"\nformat = "prompt_completion"\n' \
+                'columns = {{prompt = "question", completion = "answer"}}\n{extra}'
+    toml = {
+        "mapped_column.toml": qa_source.format(path="qa.jsonl", extra=""),
+        "no_split.toml": '[[data.sources]]\npath = "saved_dict"\nsplit = "validation"\n',
+        "hub_no_split.toml": qa_source.format(path="sft-test/tiny_qa", extra='split = "validation"\n'),
+        "same_name.toml": '[[data.sources]]\npath = "good.jsonl"\nname = "chat"\n'
+                          '[[data.sources]]\npath = "text.jsonl"\nname = "chat"\n',
+        "zero_weight.toml": '[[data.sources]]\npath = "good.jsonl"\nweight = 0\n',
+        "tool_calls.toml": '[[data.sources]]\npath = "tools.jsonl"\nformat = "messages"\n',
+    }
+    for name, text in toml.items():
+        (root / name).write_text(text)
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lima"}'}}]}
+    tools = {"messages": [{"role": "user", "content": "Weather in Lima?"}, call,
+                          {"role": "tool", "content": "22 C, sunny"}, {"role": "assistant", "content": "Sunny, 22 C."}]}
+    (root / "tools.jsonl").write_text(json.dumps(tools) + "\n")
 
 
 def _columnar(root: Path, rows: list[dict]) -> None:
@@ -145,14 +178,25 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("every-row-bad", [*D, "all_bad.jsonl", "--set", "data.allow_bad_rows=true"], "all_bad.jsonl:1: invalid JSON"),
     ("empty-file", [*D, "empty.jsonl"], "empty.jsonl: no rows"),
     ("json-array-syntax", [*D, "array_bad.json"], "array_bad.json:3: invalid JSON"),
-    ("csv-file", [*D, "data.csv"], "data.csv: unsupported data file"),
+    ("tsv-file", [*D, "data.tsv"], "data.tsv: unsupported data file"),
     ("mixed-formats", [*D, "mixed_formats.jsonl"], "mixed_formats.jsonl:2: field 'conversations'"),
     ("text-field-missing", [*D, "text.jsonl", "--set", "data.format=text"], "text.jsonl:2: missing field 'text'"),
     ("wrong-format-forced", [*D, "good.jsonl", "--set", "data.format=alpaca"], "good.jsonl:1: missing field"),
     ("parquet-bad-row", [*D, "bad.parquet"], "bad.parquet[row 6]: conversations[1]: unknown role 'bot'"),
     ("saved-dataset-bad-row", [*D, "saved"], "saved[row 6]: conversations[1]: unknown role 'bot'"),
     ("missing-data-file", [*D, "nope.jsonl"], "--data nope.jsonl: no such file"),
-    ("hub-dataset-id", [*D, "someorg/some-dataset"], "--data someorg/some-dataset: no such file or directory"),
+    ("hub-dataset-not-cached", [*D, "someorg/some-dataset", "--cluster", "hfhome.toml"],
+     "--data someorg/some-dataset: not in the HF datasets cache ("),
+    # --- several sources ([[data.sources]], repeated --data) ---
+    ("weight-zero", [*D, "good.jsonl", "--data", "text.jsonl:0"], "--data text.jsonl:0: weight must be > 0"),
+    ("weight-negative", [*D, "good.jsonl:-0.5"], "--data good.jsonl:-0.5: weight must be > 0"),
+    ("weight-zero-toml", [*D, "zero_weight.toml"], "data.sources[0].weight: must be > 0, got 0"),
+    ("mapped-column-missing", [*D, "mapped_column.toml"], "qa.jsonl:812: missing field 'question'"),
+    ("split-missing-saved", [*D, "no_split.toml"], "saved_dict: no split 'validation' (has train)"),
+    ("split-missing-hub", [*D, "hub_no_split.toml", "--cluster", "hfhome.toml"],
+     'sft-test/tiny_qa: Unknown split "validation"'),
+    ("source-names-clash", [*D, "same_name.toml"], "data.sources[1].name: 'chat' is also the name of data.sources[0]"),
+    ("template-without-tools", [*D, "tool_calls.toml"], "tools.jsonl:1: the chat template does not render tool calls"),
     ("missing-eval-file", [*D, "good.jsonl", "--set", "data.eval_path=missing.jsonl"],
      "data.eval_path missing.jsonl: no such file"),
     ("bad-eval-row", [*D, "good.jsonl", "--set", "data.eval_path=wizard.jsonl"], "wizard.jsonl:7: conversations[1]"),

@@ -166,3 +166,26 @@ def test_dataset_estimates(tmp_path: Path) -> None:
     assert not scaled.exact_rows and scaled.rows == pytest.approx(SAMPLE_BYTES // len(line) * 3, rel=0.01)
     assert estimate_tokens(tmp_path / "missing.jsonl", 100) is None
     assert estimate_tokens(Path("some/hub-dataset-id"), 100) is None
+
+
+def test_more_time_limit_requeues_than_max_timeouts_warns(tmp_path: Path) -> None:
+    launch = resolve(_a100("llama-70b", nodes=2, tmp=tmp_path / "run",
+                           sets=["profile.time=1:00:00", "profile.max_timeouts=0", "train.max_steps=20000"]))
+    report = plan_launch(launch)
+    assert report.plan.time.requeues and report.plan.time.requeues > 0
+    (warning,) = [w for w in report.plan.warnings if "max_timeouts" in w]
+    assert f"~{report.plan.time.requeues} time-limit requeues but max_timeouts = 0" in warning
+
+
+def test_a_partition_grace_time_shorter_than_the_save_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SLURM reachable: `scontrol show partition -o gpu` says GraceTime=30 (a stub on PATH).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\n[[ \"$*\" == 'show partition -o gpu' ]] && "
+                                      "echo 'PartitionName=gpu AllowGroups=ALL Default=NO GraceTime=30 Hidden=NO'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{path_without('scontrol')}")
+    launch = resolve(_a100("llama3-8b", nodes=2, tmp=tmp_path / "run"))
+    report = plan_launch(launch)
+    (warning,) = [w for w in report.plan.warnings if "GraceTime" in w]
+    assert f"GraceTime=30 s, below the {report.plan.signal_lead_s} s the checkpoint save needs" in warning

@@ -52,9 +52,26 @@ def test_prediction_within_tolerance_of_measured_peak(point):
 
 
 STRATEGY_POINTS = DATA.get("strategy_points", [])
+# Measured peaks the planner misses by more than the tolerance (BENCHMARKS.md, issue #17): expected
+# failures that must keep failing until the memory model is fixed (strict: a pass is reported as
+# an error, so the mark is removed together with the fix).
+KNOWN_MISSES = {
+    "strategies-zero2-offload-1gpu": "predicts 0.47 GiB allocated, measured 0.64 (-26%)",
+    "strategies-zero3-lora-offload-1gpu": "predicts 0.51 GiB allocated, measured 0.61 (-17%)",
+}
 
 
-@pytest.mark.parametrize("point", STRATEGY_POINTS, ids=[p["name"] for p in STRATEGY_POINTS])
+def _strategy_param(point: dict):
+    miss = KNOWN_MISSES.get(point["name"])
+    marks = [pytest.mark.xfail(strict=True, reason=f"known planner miss: {miss}")] if miss else []
+    return pytest.param(point, id=point["name"], marks=marks)
+
+
+def test_known_misses_are_fixture_points():
+    assert set(KNOWN_MISSES) <= {p["name"] for p in STRATEGY_POINTS}
+
+
+@pytest.mark.parametrize("point", [_strategy_param(p) for p in STRATEGY_POINTS])
 def test_every_strategy_allocated_within_tolerance(point):
     """Issue #17: FSDP1, ZeRO-2/3 and CPU offload against bench/gpu_strategies.py's peaks (136M, one
     H100). Allocated only: at that size the reserve is fixed-size allocator pools (fixture note)."""

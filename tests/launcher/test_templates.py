@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.shellcheck import shellcheck
 from tests.launcher.conftest import CASES, Case, case_launch, render_case
 from launcher.resolve.options import LaunchRequest, resolve
 from launcher.execute.render import render_files, timeout_threshold_s, write_run_dir
@@ -25,7 +26,7 @@ def test_launch_slurm_passes_shellcheck_and_bash_n(case: Case, tmp_path: Path) -
     script = _write(tmp_path, "launch.slurm", render_case(case)["launch.slurm"])
     syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
-    lint = subprocess.run(["shellcheck", "--shell=bash", str(script)], capture_output=True, text=True)
+    lint = shellcheck(script)
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
@@ -80,7 +81,7 @@ def test_train_toml_reads_back_with_train_config(case: Case, tmp_path: Path) -> 
     assert loaded.run.dir == str((tmp_path / "run").resolve())
     assert loaded.model == launch.train.model and loaded.train == launch.train.train
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
-        ["launch.slurm", "accelerate.yaml", "train.toml", "run.json", "logs"]
+        ["launch.slurm", "accelerate.yaml", "train.toml", "run.json", "logs", ".batch-helpers"]
         + (["deepspeed.json"] if launch.strategy in ("zero2", "zero3") else []))
 
 

@@ -61,8 +61,11 @@ def test_wheel_installs_into_fresh_venv_and_renders_a_run(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stderr
     rendered = Path(result.stdout.split("dry run: rendered into ")[1].split()[0])
     names = sorted(p.name for p in rendered.iterdir())
-    assert names == ["accelerate.yaml", "launch.slurm", "logs", "run.json", "train.toml"]
+    assert names == [".batch-helpers", "accelerate.yaml", "launch.slurm", "logs", "run.json", "train.toml"]
     assert not (outside / "run").exists(), "a dry run writes no run directory"
+    # The batch shell's stdlib-only helpers, copied from the installed wheel.
+    assert (rendered / ".batch-helpers" / "contract" / "blame.py").is_file()
+    assert (rendered / ".batch-helpers" / "launcher" / "runrecord.py").is_file()
     models = subprocess.run([str(venv / "bin" / "sft-launch"), "models"], cwd=outside, env=env, capture_output=True,
                             text=True, timeout=60)
     assert models.returncode == 0 and "llama3-70b" in models.stdout

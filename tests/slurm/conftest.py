@@ -1,9 +1,9 @@
-"""pytest glue for the real-SLURM tests: skip `slurm`-marked tests when the local cluster is not up,
+"""pytest glue for the real-SLURM tests: skip `slurm`-marked tests when the local cluster is not up
+(fail them under $SFT_REQUIRE_SLURM_NODES, as scripts/test.sh sets it),
 and a `slurm_jobs` fixture that submits scripts and cancels whatever a test leaves running."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
@@ -11,16 +11,9 @@ import pytest
 from tests.slurm import slurm_harness as sh
 
 
-@functools.cache
-def _cluster_problem() -> str | None:
-    return sh.cluster_problem(min_idle_nodes=2)
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("slurm") is not None:
-        problem = _cluster_problem()
-        if problem:
-            pytest.skip(problem)
+        sh.require_cluster()
 
 
 class SlurmJobs:

@@ -6,6 +6,8 @@ finished jobs visible for MinJobAge (30 min in slurm.conf.in).
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import shutil
 import subprocess
@@ -51,6 +53,30 @@ def cluster_problem(min_idle_nodes: int = 2) -> str | None:
     if len(usable) < min_idle_nodes:
         return f"{NOT_UP_REASON} (usable nodes: {sorted(usable) or 'none'})"
     return None
+
+
+# Set by scripts/test.sh (which brings up the 3-node cluster first): a cluster with fewer usable nodes
+# than this fails the real-SLURM tests instead of skipping them, so a DOWN node cannot pass as green.
+REQUIRE_NODES_ENV = "SFT_REQUIRE_SLURM_NODES"
+
+
+@functools.cache
+def _first_cluster_problem(min_idle_nodes: int) -> str | None:
+    """Checked once per session: a node a test kills on purpose must not fail the tests after it."""
+    return cluster_problem(min_idle_nodes)
+
+
+def require_cluster(min_idle_nodes: int = 2) -> None:
+    """Skip the calling test when the cluster is not usable; fail it instead under
+    $SFT_REQUIRE_SLURM_NODES (which also raises the node count every test asks for)."""
+    import pytest
+
+    required = int(os.environ.get(REQUIRE_NODES_ENV, "0") or 0)
+    problem = _first_cluster_problem(max(min_idle_nodes, required))
+    if problem and required:
+        pytest.fail(f"{problem}; {REQUIRE_NODES_ENV}={required}: the suite needs that many usable nodes")
+    if problem:
+        pytest.skip(f"{problem}; this test needs {min_idle_nodes} nodes: tests/slurm/cluster.sh up --nodes 3")
 
 
 def parse_fields(line: str) -> dict[str, str]:

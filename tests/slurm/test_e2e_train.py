@@ -117,14 +117,17 @@ def send_preemptions(run: Run) -> None:
             run.signals_sent += 1
 
 
+def runs_root(prefix: str) -> Path:
+    """The cluster must be up (sh.require_cluster: a skip, or under scripts/test.sh a failure); then a fresh
+    folder for a module's run directories. Not pytest's tmp_path: concurrent pytest sessions prune each
+    other's older base dirs, and these jobs run for minutes. Kept for inspection when a test fails."""
+    sh.require_cluster()
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
+
+
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, Run]]:
-    problem = sh.cluster_problem()
-    if problem:
-        pytest.skip(problem)
-    # Not pytest's tmp_path: concurrent pytest sessions prune each other's older base dirs, and
-    # these jobs run for minutes. Kept for inspection when a test fails.
-    root = Path(tempfile.mkdtemp(prefix="sft-e2e-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
+    root = runs_root("sft-e2e-")
     common = ("--max_steps", str(STEPS), "--save_steps", str(SAVE_STEPS))
     started = [
         launch("baseline", root, "cpu", *common),

@@ -27,9 +27,7 @@ SAMPLE = (HERE.parents[1] / "train" / "assets" / "sample_chat.jsonl").read_text(
 
 
 def test_failed_job_says_why_in_one_line() -> None:
-    problem = sh.cluster_problem()
-    if problem:
-        pytest.skip(problem)
+    sh.require_cluster()
     root = Path(tempfile.mkdtemp(prefix="sft-fail-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
     data, run_dir = root / "chat.jsonl", root / "run"
     data.write_text("\n".join(SAMPLE[:40]) + "\n")

@@ -37,6 +37,11 @@ PROFILE = "cpu-nodefail"
 STEPS, SAVE_STEPS = 200, 20
 FAULT_AFTER_STEPS = 30  # past the first checkpoint (step 20): the requeued run resumes from it
 REQUEUE_BOUND_S = 300  # issue #15: a hung rank is detected and the job requeued within 5 minutes
+# Fault -> restarted without the bad node, on this cluster (20 s hang/collective bounds, SlurmdTimeout
+# 20 s): the bounds README.md states. Measured once at 16 s, 35 s and 48 s; the margin covers a
+# loaded 2-core host. A killed rank is noticed at once, a frozen one after the 20 s bound, a dead node
+# after SlurmdTimeout (+ up to a third of it) and SLURM's own requeue.
+RESTART_BOUNDS_S = {"kill-rank": 60, "stop-rank": 120, "dead-node": 150}
 PHASE_TIMEOUT_S = 420
 
 Fault = Callable[[Run], str]  # does the damage, returns the host it hit
@@ -72,9 +77,7 @@ def drive(runs: list[Run], faults: dict[str, Fault], fired: dict[str, tuple[str,
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[tuple[dict[str, Run], dict[str, tuple[str, float]]]]:
-    problem = sh.cluster_problem(min_idle_nodes=3)
-    if problem:
-        pytest.skip(f"{problem}; these tests need 3 nodes: tests/slurm/cluster.sh up --nodes 3")
+    sh.require_cluster(min_idle_nodes=3)
     root = Path(tempfile.mkdtemp(prefix="sft-nodefail-", dir=os.environ.get("SFT_SLURM_DIR", "/tmp")))
     common = ("--max_steps", str(STEPS), "--save_steps", str(SAVE_STEPS))
     fired: dict[str, tuple[str, float]] = {}
@@ -133,6 +136,7 @@ def test_killed_rank_requeues_without_its_node_and_resumes_bitwise(scenario):
     seconds = assert_requeued_without(run, reference, host, at)
     assert "ExcNodeList=" + host in " ".join(f"{k}={v}" for k, v in run.job.items())
     print(f"\nkill-rank: SIGKILL of rank 1 on {host} -> restarted without it in {seconds:.0f} s")
+    assert seconds < RESTART_BOUNDS_S["kill-rank"], f"kill-rank restarted {seconds:.0f} s after SIGKILL"
 
 
 def test_stopped_rank_is_detected_and_requeued_within_five_minutes(scenario):
@@ -140,8 +144,8 @@ def test_stopped_rank_is_detected_and_requeued_within_five_minutes(scenario):
     seconds = assert_requeued_without(run, reference, host, at)
     failures = [json.loads(line) for line in (run.dir / "logs" / "failures.jsonl").read_text().splitlines()]
     assert any(r["exit_code"] == 76 and r["host"] != host for r in failures), failures
-    assert seconds < REQUEUE_BOUND_S, f"stop-rank restarted {seconds:.0f} s after SIGSTOP"
     print(f"\nstop-rank: SIGSTOP of rank 1 on {host} -> detected, requeued, restarted without it in {seconds:.0f} s")
+    assert seconds < min(REQUEUE_BOUND_S, RESTART_BOUNDS_S["stop-rank"]), f"stop-rank restarted {seconds:.0f} s after SIGSTOP"
 
 
 def test_dead_node_is_requeued_by_slurm_recorded_and_resumes_bitwise(scenario):
@@ -149,6 +153,7 @@ def test_dead_node_is_requeued_by_slurm_recorded_and_resumes_bitwise(scenario):
     seconds = assert_requeued_without(run, reference, host, at, by_slurm=True)
     assert f"blame: {host} SLURM reports {host} down" in log_text(run, 1)
     print(f"\ndead-node: {host} killed -> SLURM requeued, restarted without it in {seconds:.0f} s")
+    assert seconds < RESTART_BOUNDS_S["dead-node"], f"dead-node restarted {seconds:.0f} s after the kill"
 
 
 def test_code_bug_on_every_rank_is_not_requeued(runs):

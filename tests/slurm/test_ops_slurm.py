@@ -1,9 +1,10 @@
 """Run operations on the real 2-node cluster: status through a requeue, `logs -f` across a restart,
-`cancel` with a final checkpoint, and the submitit executor preempted (USR1 through submitit's own
-signal path) and resumed to completion.
+`cancel` with a final checkpoint, the submitit executor preempted (USR1 through submitit's own
+signal path) and resumed to completion, and the Python API (launcher.api: submit, status, cancel,
+wait) with `sft-launch runs` listing its run while it trains.
 
-The three runs are submitted together and driven by one loop (two cores: one after the other would
-take three times as long); each test then asserts on one run.
+The four runs are submitted together and driven by one loop (two cores: one after the other would
+take four times as long); each test then asserts on one run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import api
 from tests.slurm import slurm_harness as sh
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -53,8 +55,9 @@ class Run:
     acted: bool = False
     mid_status: dict = field(default_factory=dict)  # `status --json` taken after the requeue
     follower: subprocess.Popen | None = None  # `sft-launch logs -f`
-    canceller: subprocess.Popen | None = None  # `sft-launch cancel`
+    canceller: subprocess.Popen | None = None  # `sft-launch cancel` (the API's cancel for "api")
     job: dict[str, str] = field(default_factory=dict)
+    listing: str = ""  # `sft-launch runs` while this run trains
 
 
 def launch(root: Path, name: str, *flags: str) -> Run:
@@ -65,11 +68,27 @@ def launch(root: Path, name: str, *flags: str) -> Run:
     return Run(name, run_dir, int(json.loads((run_dir / "run.json").read_text())["job_ids"][-1]))
 
 
+# The API's cancel in a process of its own (it blocks until the final checkpoint), printing its result.
+API_CANCEL = "import json, sys; from launcher.api import attach; print(json.dumps(attach(sys.argv[1]).cancel(wait_s=120)))"
+
+
+def submit_with_api(root: Path) -> Run:
+    handle = api.submit("tiny", nodes=2, cluster=str(CLUSTER_TOML), profile="cpu", executor="sbatch",
+                        output=str(root / "api"), logging_steps=1, save_steps=10, max_steps=2000)
+    assert handle.run_dir == root / "api" and handle.job_id is not None
+    return Run("api", handle.run_dir, int(handle.job_id))
+
+
 def act(run: Run) -> None:
     """One step of the driver for one run: preempt / cancel once it trains, note mid-run status."""
     if not run.acted and len(steps_of_restart(run.dir, 0)) >= 3:
         run.acted = True
-        if run.name == "requeue":
+        if run.name == "api":
+            run.mid_status = api.attach(run.dir).status()
+            run.listing = sft("runs", "--root", str(run.dir.parent)).stdout
+            run.canceller = subprocess.Popen([sys.executable, "-c", API_CANCEL, str(run.dir)], env=ENV,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        elif run.name == "requeue":
             sh.signal_batch(run.job_id)  # the batch shell's trap: preemption
         elif run.name == "submitit":
             subprocess.run(["scancel", "--signal=USR1", str(run.job_id)], check=True)  # submitit's path
@@ -82,13 +101,12 @@ def act(run: Run) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Run]:
-    problem = sh.cluster_problem()
-    if problem:
-        pytest.skip(problem)
+    sh.require_cluster()
     root = tmp_path_factory.mktemp("ops")
     started = [launch(root, "requeue", "--max_steps", "30"),
                launch(root, "cancel", "--max_steps", "2000"),
-               launch(root, "submitit", "--max_steps", "30", "--executor", "submitit")]
+               launch(root, "submitit", "--max_steps", "30", "--executor", "submitit"),
+               submit_with_api(root)]
     started[0].follower = subprocess.Popen(["sft-launch", "logs", "-f", str(started[0].dir)], env=ENV,
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + SUITE_TIMEOUT_S
@@ -162,3 +180,21 @@ def test_submitit_executor_preempted_and_resumed(runs: dict[str, Run]) -> None:
     assert events[-1]["exit_code"] == 0
     assert (run.dir / "logs" / f"{run.job_id}-r0.log").is_file() and (run.dir / "logs" / f"{run.job_id}-r1.log").is_file()
     assert json.loads(sft("status", str(run.dir), "--json").stdout)["state"] == "COMPLETED"
+
+
+def test_python_api_submit_status_cancel_wait_and_runs_listing(runs: dict[str, Run]) -> None:
+    run = runs["api"]
+    handle = api.attach(run.dir)
+    assert run.mid_status["state"] == "RUNNING" and run.mid_status["job_ids"] == [str(run.job_id)], run.mid_status
+    assert run.mid_status["step"] is not None and run.mid_status["total_steps"] == 2000
+    line = next((line for line in run.listing.splitlines() if line.startswith("api ")), "")
+    assert "RUNNING" in line and "/2000" in line, run.listing  # `sft-launch runs` with the job live
+    output = run.canceller.stdout.read()
+    assert run.canceller.returncode == 0, output
+    cancelled = json.loads(output.strip().splitlines()[-1])
+    assert cancelled["checkpoint_step"] is not None, cancelled
+    step = cancelled["checkpoint_step"]
+    assert (run.dir / "checkpoints" / f"step-{step:08d}" / "COMPLETE").is_file()
+    final = handle.wait(timeout_s=60, poll_s=1)
+    assert final["state"] == "CANCELLED" and handle.finished(), final
+    assert run.job["JobState"] == "CANCELLED", run.job

@@ -1,5 +1,6 @@
 """Run by test_loading_rank0.py under `accelerate launch` (2 CPU ranks): load a checkpoint the way
-training does and write this rank's peak-RSS numbers and a weight checksum as JSON.
+training does and write this rank's peak-RSS numbers as JSON and the weights it holds (DDP: every
+tensor; FSDP2: its local shard of each) as safetensors, for the test to compare with the file.
 
 Mode "ddp": train.engine.model.load_on_rank0 (the DDP path). Mode "fsdp2": the CPU training path —
 train.engine.sharding.build_accelerator (FSDP2 over gloo), train.engine.model.load_for_fsdp, then Accelerate's
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+from safetensors.torch import save_file
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import AutoConfig
@@ -21,16 +22,10 @@ from train.engine.model import load_for_fsdp, load_on_rank0
 from train.engine.sharding import build_accelerator
 
 
-def _sharded_checksum(model: torch.nn.Module, rank: int) -> float:
-    """Σ of the whole model's weights: each rank's local shards, replicated tensors counted once."""
-    total = torch.zeros((), dtype=torch.float64)
-    for tensor in model.state_dict().values():
-        if hasattr(tensor, "to_local"):
-            total += tensor.to_local().double().sum()
-        elif rank == 0:
-            total += tensor.double().sum()
-    dist.all_reduce(total)
-    return float(total)
+def held_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What this rank holds of each weight: the local shard of a sharded (DTensor) one, else the tensor."""
+    return {name: (t.to_local() if hasattr(t, "to_local") else t).detach().contiguous().clone()
+            for name, t in model.state_dict().items()}
 
 
 def rss_mib() -> float:
@@ -50,17 +45,16 @@ def main() -> None:
     baseline, baseline_now = peak_rss_mib(), rss_mib()
     if mode == "ddp":
         model, at_broadcast = load_on_rank0(checkpoint, config, accelerator, {"dtype": torch.float32})
-        checksum = sum(float(t.double().sum()) for t in model.state_dict().values())
     else:
         assert accelerator.distributed_type == DistributedType.FSDP, accelerator.distributed_type
         model = load_for_fsdp(checkpoint, config, accelerator, {"dtype": torch.float32})
         at_broadcast = peak_rss_mib()
         # FSDP2 in Accelerate prepares the model with its optimizer (SGD: no state to allocate).
         model, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.0))
-        checksum = _sharded_checksum(model, accelerator.process_index)
     result = {"baseline_mib": baseline, "at_broadcast_mib": at_broadcast, "after_mib": peak_rss_mib(),
-              "checksum": checksum, "rss_now_mib": rss_mib(), "baseline_now_mib": baseline_now}
+              "rss_now_mib": rss_mib(), "baseline_now_mib": baseline_now, "world": accelerator.num_processes}
     (out_dir / f"rank{accelerator.process_index}.json").write_text(json.dumps(result))
+    save_file(held_tensors(model), str(out_dir / f"rank{accelerator.process_index}.safetensors"))
     accelerator.wait_for_everyone()
 
 

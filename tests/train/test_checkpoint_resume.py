@@ -26,9 +26,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """One uninterrupted 30-step run that the interrupted runs must reproduce."""
+    """One uninterrupted 30-step run that the interrupted runs must reproduce. It must learn: a resume
+    that reproduces a run whose optimizer never steps would prove nothing."""
     run_dir = write_run(tmp_path_factory.mktemp("reference"))
     assert run_training(run_dir) == 0, read_log(run_dir)
+    curve = losses(run_dir)
+    assert curve[max(curve)] < curve[min(curve)] - 0.5, f"the loss does not drop: {curve}"
     return run_dir
 
 

@@ -5,11 +5,13 @@ CI has no GPU; these run on the GPU machine (see BENCHMARKS.md for the command).
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from contract.protocol import EXIT_REQUEUE
 from tests.faults import STOP_AT_STEP_ENV
 from tests.train.run_helpers import metrics, read_log, run_training, write_run
 from train.kernels.attention import PACKED_BACKENDS, setup_attention
@@ -18,6 +20,8 @@ from train.dataset.packing import collate_packed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on CI)")
 
+# cuBLAS is reproducible run to run only with a fixed workspace (CUDA docs, "Results reproducibility").
+DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 GPU_ARCH = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
             "tie_word_embeddings": False}
@@ -180,25 +184,57 @@ def test_fused_mlp_is_used_by_a_llama_model_and_trains_like_stock():
     assert ((grads[1] - grads[0]).norm() / grads[0].norm()).item() < 2e-2
 
 
-@pytest.mark.parametrize("backend", ["varlen", "fa4"])
-def test_bf16_training_stops_saves_and_resumes(tmp_path, backend):
-    _backend_or_skip(backend)
-    gpus = 2 if torch.cuda.device_count() >= 2 else 1
-    run = write_run(tmp_path / "run", {
+def _bf16_run(path, backend: str, gpus: int):
+    run = write_run(path, {
         "model": {"arch": GPU_ARCH, "attn_implementation": backend, "precision": "bf16"},
         "data": {"tokens_per_micro_batch": 2048},
-        "train": {"max_steps": 16, "save_steps": 1000, "compile": True, "gradient_checkpointing": True},
+        "train": {"max_steps": 16, "save_steps": 1000, "logging_steps": 1, "compile": True,
+                  "gradient_checkpointing": True, "deterministic": True},
     }, processes=gpus)
     yaml = run / "accelerate.yaml"
     yaml.write_text(yaml.read_text().replace("mixed_precision: 'no'", "mixed_precision: 'bf16'"))
-    first = run_training(run, {STOP_AT_STEP_ENV: "6"}, timeout=400)
-    assert first != 0, read_log(run)
-    assert (run / "checkpoints" / "step-00000006" / MARKER).exists(), read_log(run)
-    assert run_training(run, timeout=400, log_name="resume.log") == 0, read_log(run, "resume.log")
+    return run
+
+
+def _losses(run) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in metrics(run) if "loss" in r}
+
+
+@pytest.mark.parametrize("backend", ["varlen", "fa4"])
+def test_bf16_training_stops_saves_and_resumes_like_an_uninterrupted_run(tmp_path, backend):
+    """Stop at step 6 (exit 75 on every rank, which torchrun reports as its own 1), checkpoint, resume
+    in the same run directory: the resumed run ends where an uninterrupted run of the same config
+    ends. With train.deterministic the two are expected bit for bit; where a kernel is not
+    reproducible run to run (a second uninterrupted run differs too), the resumed run must be no
+    further from the reference than that second run is."""
+    from bench.strategy_checks import compare_exports
+
+    _backend_or_skip(backend)
+    gpus = 2 if torch.cuda.device_count() >= 2 else 1
+    reference = _bf16_run(tmp_path / "reference", backend, gpus)
+    assert run_training(reference, DETERMINISTIC_ENV, timeout=400) == 0, read_log(reference)
+
+    run = _bf16_run(tmp_path / "run", backend, gpus)
+    first = run_training(run, {**DETERMINISTIC_ENV, STOP_AT_STEP_ENV: "6"}, timeout=400)
+    log = read_log(run)
+    assert first == 1 and set(re.findall(r"exitcode\s*: (-?\d+)", log)) == {str(EXIT_REQUEUE)}, log
+    assert (run / "checkpoints" / "step-00000006" / MARKER).exists(), log
+    assert not (run / "export").exists()
+    assert run_training(run, DETERMINISTIC_ENV, timeout=400, log_name="resume.log") == 0, read_log(run, "resume.log")
     log = read_log(run, "resume.log")
-    assert f"attention: {backend} for packed batches" in log
+    assert f"attention: {backend} for packed batches" in log and "(step 6," in log
     if gpus == 2:
         assert "FSDP" in log
     records = [r for r in metrics(run) if "loss" in r]
     assert records[-1]["step"] == 16 and records[-1]["peak_mem_gib"] > 0
-    assert (run / "export" / "config.json").exists()
+
+    bitwise, worst = compare_exports(reference / "export", run / "export")
+    if not bitwise:
+        control = _bf16_run(tmp_path / "control", backend, gpus)
+        assert run_training(control, DETERMINISTIC_ENV, timeout=400) == 0, read_log(control)
+        control_bitwise, noise = compare_exports(reference / "export", control / "export")
+        assert not control_bitwise, f"resumed run differs from the uninterrupted one by up to {worst}"
+        assert worst <= 10 * noise, f"resumed run differs by {worst}, two uninterrupted runs by {noise}"
+    resumed, want = _losses(run), _losses(reference)
+    assert resumed.keys() >= set(range(7, 17)) and all(resumed[s] == pytest.approx(want[s], rel=2e-2)
+                                                        for s in range(7, 17)), (resumed, want)

@@ -21,7 +21,7 @@ import torch
 
 from tests.train.conftest import TINY_ARCH
 from tests.train.run_helpers import assert_sharded_checkpoint, exported_tensors, metrics, read_log, run_training, write_run
-from tests.train.test_gpu import GPU_ARCH
+from tests.train.test_gpu import DETERMINISTIC_ENV, GPU_ARCH
 from train.engine.checkpoint import MARKER
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
 
@@ -37,8 +37,6 @@ CONFIG = {
     "train": {"max_steps": STEPS, "save_steps": 1000, "logging_steps": 1, "compile": False, "fused_loss": False,
               "gradient_checkpointing": True},
 }
-# cuBLAS is reproducible run to run only with a fixed workspace (CUDA docs, "Results reproducibility").
-DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 
 
 def _fsdp2_bf16_run(path):

@@ -1,12 +1,15 @@
 """Tokenizer loading and the tokenized train/eval datasets (train.dataset.load in docs/ARCHITECTURE.md).
 
-`build_datasets` reads the data file(s), normalises every row (contract.formats), tokenizes it with
-loss only on assistant tokens (train.dataset.chat), truncates to `train.model_max_length`, and caches the
-result with `datasets.save_to_disk` under `data.cache_dir` (default RUN_DIR/cache). The cache key
-hashes the data files' path/size/mtime, the tokenizer (vocabulary, merges, specials, chat
-template), the max length and the format, so a requeued job loads the cache instead of
-re-tokenizing. A cache entry appears atomically (written to a temp dir, then renamed), so a job
-killed while tokenizing never leaves a half-written cache behind.
+`build_datasets` reads every source (`data.source_list()`: a file, a folder of shards, a saved
+`datasets` folder or a hub dataset from the HF cache, contract/readers.py), normalises every row with
+the source's format and mapping (contract.formats), tokenizes it with loss only on assistant tokens
+(train.dataset.chat), truncates to `train.model_max_length`, and caches each source's result with
+`datasets.save_to_disk` under `data.cache_dir` (default RUN_DIR/cache). The cache key hashes the
+data files' path/size/mtime, the tokenizer (vocabulary, merges, specials, chat template), the max
+length, the format and mapping, so a requeued job loads the cache instead of re-tokenizing. A cache
+entry appears atomically (written to a temp dir, then renamed), so a job killed while tokenizing
+never leaves a half-written cache behind. The sources' examples are concatenated in order; which of
+them an epoch takes is the bundle's `Mixture` (contract/sources.py).
 
 Distributed use: only the local main process tokenizes; the others wait and then read the cache:
     build_datasets(cfg, tok, is_main=accelerator.is_local_main_process,
@@ -22,25 +25,27 @@ import json
 import logging
 import os
 import shutil
+import re
 import socket
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import datasets
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from contract.config import SHIPPED_ASSETS, SHIPPED_DATA, TrainConfig
+from contract.config import SHIPPED_TOKENIZER, TrainConfig
 from contract.failure import PeerFailedError
-from contract.formats import BadRowError, RawRow, detect_format, iter_rows, parse_row
+from contract.formats import BadRowError, detect_format, parse_row
+from contract.readers import RawRow, hub_cache_folder, iter_hub_rows, iter_rows
 from contract.schema import ConfigError
+from contract.sources import DataSource, Mixture, epoch_examples, looks_like_hub_id
 from train.dataset.chat import IGNORE_INDEX, MaskError, has_generation_markers, tokenize_chat, tokenize_text
 
 logger = logging.getLogger(__name__)
 
-SHIPPED_TOKENIZER = SHIPPED_ASSETS / "tiny-tokenizer"
-CACHE_VERSION = 2  # bump when tokenization/masking changes so old caches are not reused
+CACHE_VERSION = 3  # bump when tokenization/masking changes so old caches are not reused
 CHUNK_EXAMPLES = 8192  # examples per Arrow chunk while tokenizing (bounds Python-list memory)
 MAX_LISTED_SKIPS = 20  # skipped rows named individually in stats/logs; the rest only counted
 FEATURES = datasets.Features(
@@ -80,9 +85,19 @@ class SplitStats:
 
 @dataclass
 class DataBundle:
-    train: datasets.Dataset  # columns input_ids, labels (-100 = no loss), length
-    eval: datasets.Dataset | None
-    stats: dict[str, Any]  # train split's SplitStats fields, plus "eval": {...} and eval_examples
+    train: datasets.Dataset  # every source's examples, in source order; columns input_ids, labels (-100), length
+    eval: datasets.Dataset | None  # every source's eval examples
+    stats: dict[str, Any]  # train split's SplitStats fields, plus "eval": {...} and eval_examples; summed
+    # over the sources with several, each source's own under "sources"
+    mixture: Mixture | None = None  # which examples each epoch takes (contract/sources.py)
+    eval_parts: dict[str, datasets.Dataset] = field(default_factory=dict)  # by source name, with several sources
+
+    @property
+    def eval_sets(self) -> dict[str, datasets.Dataset]:
+        """The eval sets to report, by source name ("" = one source's, reported as `eval_loss` alone)."""
+        if self.eval_parts:
+            return self.eval_parts
+        return {"": self.eval} if self.eval is not None and len(self.eval) else {}
 
 
 def load_tokenizer(cfg: TrainConfig) -> PreTrainedTokenizerBase:
@@ -102,10 +117,61 @@ def load_tokenizer(cfg: TrainConfig) -> PreTrainedTokenizerBase:
 
 def resolve_data_path(cfg: TrainConfig, value: str, key: str) -> Path:
     """A data path as given (absolute or relative to the working dir), else relative to run.dir."""
+    path = _local_path(cfg, value)
+    if path is None:
+        raise ConfigError(f"{key}: {value!r} does not exist (relative paths: working dir or run.dir)", key)
+    return path
+
+
+def _local_path(cfg: TrainConfig, value: str) -> Path | None:
     for candidate in (Path(value), cfg.run.resolve(value)):
         if candidate.exists():
             return candidate.resolve()
-    raise ConfigError(f"{key}: {value!r} does not exist (relative paths: working dir or run.dir)", key)
+    return None
+
+
+@dataclass(frozen=True)
+class SourceInput:
+    """Rows to tokenize: a source's train (or eval) data, a local path or a hub id read from the HF cache."""
+
+    source: DataSource
+    path: Path | None  # None: the hub dataset `source.path`, split `split`
+    split: str
+    key: str  # the config key that named it, for errors
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else f"{self.source.path}[{self.split}]"
+
+    def rows(self) -> Iterator[RawRow]:
+        if self.path is not None:
+            return iter_rows(self.path, self.split, self.key)
+        return iter_hub_rows(self.source.path, self.source.config, self.split, "", self.key)
+
+    def files(self) -> list[Path]:
+        """What the tokenized cache is keyed on: the data's files (a hub id: its prepared cache)."""
+        if self.path is None:
+            root = hub_cache_folder(self.source.path, "")
+            return sorted(p for p in root.rglob("*") if p.is_file())
+        return sorted(p for p in self.path.rglob("*") if p.is_file()) if self.path.is_dir() else [self.path]
+
+
+def source_inputs(cfg: TrainConfig, index: int, source: DataSource) -> tuple[SourceInput, SourceInput | None]:
+    """A source's train input and its eval input (eval_path / eval_split), if it has its own."""
+    key = cfg.data.key(index, "path")
+    train = _source_input(cfg, source, source.path, source.split, key)
+    if source.eval_path:
+        return train, _source_input(cfg, source, source.eval_path, "train", cfg.data.key(index, "eval_path"))
+    if source.eval_split:
+        return train, SourceInput(source, train.path, source.eval_split, cfg.data.key(index, "eval_split"))
+    return train, None
+
+
+def _source_input(cfg: TrainConfig, source: DataSource, value: str, split: str, key: str) -> SourceInput:
+    path = _local_path(cfg, value)
+    if path is None and not looks_like_hub_id(value):
+        raise ConfigError(f"{key}: {value!r} does not exist (relative paths: working dir or run.dir)", key)
+    return SourceInput(replace(source, path=value), path, split, key)
 
 
 def build_datasets(
@@ -115,32 +181,61 @@ def build_datasets(
     is_main: bool = True,
     barrier: Callable[[], Any] | None = None,
 ) -> DataBundle:
-    """Tokenized train (and eval) datasets, from the cache when it is there. See the module doc."""
-    paths = {"train": resolve_data_path(cfg, cfg.data.path, "data.path") if cfg.data.path else SHIPPED_DATA}
-    if cfg.data.eval_path:
-        paths["eval"] = resolve_data_path(cfg, cfg.data.eval_path, "data.eval_path")
+    """Tokenized train (and eval) datasets of every source, from the cache when it is there. See the module doc."""
+    sources = cfg.data.source_list()
+    inputs = {}
+    for index, source in enumerate(sources):
+        inputs[(index, "train")], eval_input = source_inputs(cfg, index, source)
+        if eval_input is not None:
+            inputs[(index, "eval")] = eval_input
     cache_root = cfg.run.resolve(cfg.data.cache_dir or "cache")
-    entries = {name: cache_root / f"tokenized-{cache_key(path, tokenizer, cfg)}" for name, path in paths.items()}
+    entries = {name: cache_root / f"tokenized-{cache_key(item, tokenizer, cfg)}" for name, item in inputs.items()}
     if is_main:
         try:
-            loaded = {name: _load_or_tokenize(paths[name], entries[name], tokenizer, cfg) for name in paths}
+            loaded = {name: _load_or_tokenize(inputs[name], entries[name], tokenizer, cfg) for name in inputs}
         finally:  # release the waiting processes even on failure, so they fail fast instead of hanging
             if barrier is not None:
                 barrier()
     else:
         if barrier is not None:
             barrier()
-        loaded = {name: _load_cached(entries[name]) for name in paths}
-    train, train_stats = loaded["train"]
-    if "eval" in loaded:
-        eval_set, eval_stats = loaded["eval"]
-    else:
-        train, eval_set = split_eval(train, cfg.data.eval_fraction, cfg.train.seed)
-        eval_stats = None
-    stats = {**asdict(train_stats), "eval": asdict(eval_stats) if eval_stats else None}
-    stats["eval_examples"] = len(eval_set) if eval_set is not None else 0
-    stats["train_examples"] = len(train)
-    return DataBundle(train=train, eval=eval_set, stats=stats)
+        loaded = {name: _load_cached(entries[name]) for name in inputs}
+    return _bundle(cfg, sources, loaded)
+
+
+def _bundle(cfg: TrainConfig, sources: list[DataSource],
+            loaded: dict[tuple[int, str], tuple[datasets.Dataset, SplitStats]]) -> DataBundle:
+    """Each source's train and eval sets (own eval data, else a seeded fraction), joined into one bundle."""
+    trains, evals, per_source = [], {}, []
+    for index, source in enumerate(sources):
+        train, train_stats = loaded[(index, "train")]
+        eval_set, eval_stats = loaded.get((index, "eval"), (None, None))
+        if eval_set is None:
+            train, eval_set = split_eval(train, source.eval_fraction, cfg.train.seed)
+        trains.append(train)
+        if eval_set is not None and len(eval_set):
+            evals[source.label] = eval_set
+        stats = {**asdict(train_stats), "eval": asdict(eval_stats) if eval_stats else None}
+        per_source.append(stats | {"name": source.label, "eval_examples": len(eval_set) if eval_set else 0,
+                                   "train_examples": len(train)})
+    mixture = Mixture(tuple(len(t) for t in trains),
+                      tuple(epoch_examples(s, len(t)) for s, t in zip(sources, trains)))
+    train = trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
+    eval_set = None if not evals else datasets.concatenate_datasets(list(evals.values())) if len(evals) > 1 \
+        else next(iter(evals.values()))
+    stats = per_source[0] if len(sources) == 1 else _summed(per_source)
+    for entry, take in zip(per_source, mixture.takes):
+        entry["epoch_examples"] = take
+    return DataBundle(train=train, eval=eval_set, stats=stats, mixture=mixture,
+                      eval_parts=evals if len(sources) > 1 else {})
+
+
+def _summed(per_source: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mixture's stats: every count summed over the sources, each source's own under "sources"."""
+    counts = [f.name for f in fields(SplitStats) if f.type == "int"] + ["eval_examples", "train_examples"]
+    total: dict[str, Any] = {name: sum(s[name] for s in per_source) for name in counts}
+    total["skipped_examples"] = [line for s in per_source for line in s["skipped_examples"]][:MAX_LISTED_SKIPS]
+    return total | {"path": ", ".join(s["path"] for s in per_source), "format": "mixture", "sources": per_source}
 
 
 def split_eval(
@@ -157,17 +252,19 @@ def split_eval(
     return dataset.select(train_idx), dataset.select(eval_idx)
 
 
-def cache_key(path: Path, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig) -> str:
+def cache_key(item: SourceInput, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig) -> str:
     """Hash of everything that changes the tokenized result (not the file contents: stats suffice)."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    source = item.source
     parts = {
         "version": CACHE_VERSION,
-        "files": [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files],
+        "files": [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in item.files()],
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "max_length": cfg.train.model_max_length,
-        "format": cfg.data.format,
-        "text_field": cfg.data.text_field,
+        "format": source.format,
+        "text_field": source.text_field,
         "allow_bad_rows": cfg.data.allow_bad_rows,
+        "mapping": asdict(source.mapping),
+        "input": [source.path if item.path is None else "", source.config, item.split],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -188,13 +285,13 @@ def _load_cached(entry: Path) -> tuple[datasets.Dataset, SplitStats]:
 
 
 def _load_or_tokenize(
-    path: Path, entry: Path, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig
+    item: SourceInput, entry: Path, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig
 ) -> tuple[datasets.Dataset, SplitStats]:
     if (entry / "stats.json").exists():
-        logger.info("tokenized cache hit: %s (%s)", entry, path)
+        logger.info("tokenized cache hit: %s (%s)", entry, item.where)
         return _load_cached(entry)
-    logger.info("tokenizing %s (cache %s)", path, entry)
-    dataset, stats = tokenize_file(path, tokenizer, cfg)
+    logger.info("tokenizing %s (cache %s)", item.where, entry)
+    dataset, stats = tokenize_input(item, tokenizer, cfg)
     tmp = entry.parent / f".tmp-{entry.name}-{socket.gethostname()}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -207,22 +304,23 @@ def _load_or_tokenize(
     return _load_cached(entry)[0], stats
 
 
-def tokenize_file(
-    path: Path, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig
+def tokenize_input(
+    item: SourceInput, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig
 ) -> tuple[datasets.Dataset, SplitStats]:
-    """Every usable row of `path` tokenized and truncated; bad rows raise (or are counted)."""
-    stats = SplitStats(path=str(path), format=cfg.data.format)
+    """Every usable row of one source's data tokenized and truncated; bad rows raise (or are counted)."""
+    source = item.source
+    stats = SplitStats(path=item.where, format=source.format)
     use_markers = has_generation_markers(tokenizer)
     if not use_markers:
         logger.info("chat template has no {%% generation %%} markers: assistant masks turn by turn")
     columns: dict[str, list] = {"input_ids": [], "labels": [], "length": []}
     chunks: list[datasets.Dataset] = []
-    for index, raw in enumerate(iter_rows(path)):
+    for index, raw in enumerate(item.rows()):
         stats.rows += 1
         if stats.format == "auto" and not raw.error:
-            stats.format = detect_format(raw.data, cfg.data.text_field, raw.location)
-            logger.info("data format of %s: %s", path, stats.format)
-        tokenized = _tokenize_row(raw, index, tokenizer, use_markers, cfg, stats)
+            stats.format = detect_format(raw.data, source.text_field, raw.location, source.mapping)
+            logger.info("data format of %s: %s", item.where, stats.format)
+        tokenized = _tokenize_row(raw, index, tokenizer, use_markers, cfg, stats, source)
         if tokenized is None:
             continue
         input_ids, labels = tokenized
@@ -236,10 +334,10 @@ def tokenize_file(
     if stats.examples == 0:
         first = f"; first: {stats.skipped_examples[0]}" if stats.skipped_examples else ""
         summary = f"{stats.rows} rows, {stats.skipped} skipped{first}"
-        raise ConfigError(f"{path}: no usable examples ({summary})", "data.path")
+        raise ConfigError(f"{item.where}: no usable examples ({summary})", item.key)
     logger.info(
         "%s: %d examples from %d rows (%d skipped, %d truncated), %d tokens, %d with loss",
-        path, stats.examples, stats.rows, stats.skipped, stats.truncated, stats.tokens, stats.loss_tokens,
+        item.where, stats.examples, stats.rows, stats.skipped, stats.truncated, stats.tokens, stats.loss_tokens,
     )
     return datasets.concatenate_datasets(chunks), stats
 
@@ -251,10 +349,11 @@ def _tokenize_row(
     use_markers: bool,
     cfg: TrainConfig,
     stats: SplitStats,
+    source: DataSource,
 ) -> tuple[list[int], list[int]] | None:
     """(input_ids, labels) of one row, truncated; None when the row is skipped (and counted)."""
     try:
-        example = parse_row(raw, stats.format, cfg.data.text_field)
+        example = parse_row(raw, stats.format, source.text_field, source.mapping)
     except BadRowError as err:
         if not cfg.data.allow_bad_rows:
             raise ConfigError(f"{raw.location}: {err} (set data.allow_bad_rows = true to skip bad rows)") from None

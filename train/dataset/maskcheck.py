@@ -1,66 +1,121 @@
-"""Can this tokenizer mask the data's conversations? Asked by the launcher before it submits.
+"""Can this tokenizer mask (and render) the data's conversations? Asked by the launcher before it submits.
 
-    python -m train.dataset.maskcheck TOKENIZER_DIR DATA_PATH FORMAT
-exits 0 when the tokenizer loads and `train.dataset.chat.tokenize_chat` (the training code) finds the
-assistant tokens of at least one of the first SAMPLES good rows, else 2 with one line naming why.
+    python -m train.dataset.maskcheck TOKENIZER_DIR SOURCES_JSON
+SOURCES_JSON lists each chat source: {path, format, text_field, split, config, hf_home, mapping,
+tool_row}. Exits 0 when the tokenizer loads, `train.dataset.chat.tokenize_chat` (the training code) finds
+the assistant tokens of at least one of each source's first SAMPLES good rows, and a template asked
+to render tool calls shows every call and every tool result; else 2 with one line naming why.
 A separate process: transformers imports torch (seconds), and the launcher itself never does.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from contract.formats import BadRowError, detect_format, iter_rows, parse_row
+from contract.formats import BadRowError, Example, RowMapping, detect_format, parse_row
+from contract.readers import RawRow, iter_hub_rows, iter_rows
 from contract.schema import ConfigError
 
 SAMPLES = 8  # good chat rows tried before the tokenizer is declared unable to mask
 
 
-def first_chat_examples(path: Path, fmt: str, count: int) -> list[list[dict[str, str]]]:
-    """The messages of the first `count` good chat rows (none for text / pre-tokenized data)."""
-    examples: list[list[dict[str, str]]] = []
-    for raw in iter_rows(path):
+def _rows(sample: dict[str, Any]) -> Iterator[RawRow]:
+    path = Path(sample["path"])
+    if path.exists():
+        return iter_rows(path, sample.get("split", "train"))
+    return iter_hub_rows(sample["path"], sample.get("config", ""), sample.get("split", "train"),
+                         sample.get("hf_home", ""), "data")
+
+
+def first_chat_examples(sample: dict[str, Any], count: int) -> tuple[list[Example], list[tuple[str, Example]]]:
+    """The first `count` good chat rows, and (location, example) of the first rows with tool calls."""
+    fmt, text_field = sample.get("format", "auto"), sample.get("text_field", "text")
+    mapping = RowMapping(**sample.get("mapping", {}))
+    examples: list[Example] = []
+    tools: list[tuple[str, Example]] = []
+    for raw in _rows(sample):
         if fmt == "auto" and not raw.error:
-            fmt = detect_format(raw.data, "text", raw.location)
+            fmt = detect_format(raw.data, text_field, raw.location, mapping)
         try:
-            example = parse_row(raw, fmt, "text")
+            example = parse_row(raw, fmt, text_field, mapping)
         except BadRowError:
             continue
         if example.messages is None:
-            return []
-        examples.append(example.messages)
-        if len(examples) >= count:
+            return [], []
+        if example.has_tool_calls and len(tools) < count:
+            tools.append((raw.location, example))
+        if len(examples) < count:
+            examples.append(example)
+        if len(examples) >= count and (len(tools) >= count or not sample.get("tool_row")):
             break
-    return examples
+    return examples, tools
 
 
-def check(tokenizer_dir: str, data: Path, fmt: str) -> str | None:
-    """None when a sample masks; else the reason, one line."""
-    from transformers import AutoTokenizer
+def unrendered_tool_part(rendered: str, messages: list[dict[str, Any]]) -> str | None:
+    """The first tool call name or tool result the rendering lacks (None when all are there)."""
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            if call["function"]["name"] not in rendered:
+                return f"tool call {call['function']['name']!r}"
+        if message["role"] == "tool" and message["content"].strip() not in rendered:
+            return f"tool result {message['content'][:40]!r}"
+    return None
 
+
+def check_source(tokenizer: Any, sample: dict[str, Any]) -> str | None:
+    """None when a sample masks and every tool call renders; else the reason, one line."""
     from train.dataset.chat import MaskError, has_generation_markers, tokenize_chat
+
+    examples, tools = first_chat_examples(sample, SAMPLES)
+    markers = has_generation_markers(tokenizer)
+    reasons = []
+    for example in examples:
+        try:
+            tokenize_chat(tokenizer, example.messages, markers)
+            break
+        except MaskError as err:
+            reasons.append(str(err))
+    else:
+        if reasons:
+            return f"cannot mask the assistant turns of the first {len(reasons)} rows of {sample['path']}: {reasons[0]}"
+    for location, example in tools:
+        try:
+            rendered = tokenizer.apply_chat_template(example.messages, tokenize=False)
+            tokenize_chat(tokenizer, example.messages, markers)
+        except Exception as err:  # jinja's raise_exception, MaskError
+            return f"{location}: the chat template cannot render this conversation with tool calls: {err}"
+        missing = unrendered_tool_part(rendered, example.messages)
+        if missing:
+            return (f"{location}: the chat template does not render tool calls ({missing} is missing from its "
+                    "output); use a tool-calling model's tokenizer (model.tokenizer) or drop the tool rows")
+    return None
+
+
+def check(tokenizer_dir: str, samples: list[dict[str, Any]]) -> str | None:
+    """None when every source's sample masks; else the reason, one line."""
+    from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     except (OSError, ValueError) as err:
         return f"cannot load the tokenizer: {str(err).strip().splitlines()[0] if str(err).strip() else err!r}"
-    reasons = []
-    for messages in first_chat_examples(data, fmt, SAMPLES):
-        try:
-            tokenize_chat(tokenizer, messages, has_generation_markers(tokenizer))
-            return None
-        except MaskError as err:
-            reasons.append(str(err))
-    return f"cannot mask the assistant turns of the first {len(reasons)} rows: {reasons[0]}" if reasons else None
+    for sample in samples:
+        reason = check_source(tokenizer, sample)
+        if reason:
+            return reason
+    return None
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python -m train.dataset.maskcheck TOKENIZER_DIR DATA_PATH FORMAT", file=sys.stderr)
+    if len(argv) != 2:
+        print("usage: python -m train.dataset.maskcheck TOKENIZER_DIR SOURCES_JSON", file=sys.stderr)
         return 2
     try:
-        reason = check(argv[0], Path(argv[1]), argv[2])
+        reason = check(argv[0], json.loads(argv[1]))
     except ConfigError as err:
         reason = str(err)
     if reason:

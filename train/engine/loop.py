@@ -31,6 +31,7 @@ from accelerate.utils import DistributedType, set_seed
 from contract.config import TrainConfig
 from contract.protocol import EXIT_REQUEUE, LOGS_DIR, PROFILE_DIR
 from contract.schema import ConfigError
+from contract.sources import Mixture
 from train.kernels.attention import setup_attention
 from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
 from train.dataset.load import build_datasets, load_tokenizer
@@ -58,12 +59,21 @@ class Batches:
     seed: int
     packed: bool
     pad_id: int
+    mixture: Mixture | None = None  # several sources / weights: the examples each epoch takes
     _plans: dict[int, list[list[int]]] = field(default_factory=dict)
 
     def plan(self, epoch: int) -> list[list[int]]:
         if epoch not in self._plans:
-            self._plans = {epoch: plan_micro_batches(self.lengths, self.budget, self.seed, epoch)}
+            self._plans = {epoch: self._plan(epoch)}
         return self._plans[epoch]
+
+    def _plan(self, epoch: int) -> list[list[int]]:
+        """The epoch's micro-batches: of every example (one plain source), else of the mixture's choice."""
+        if self.mixture is None or self.mixture.is_plain:
+            return plan_micro_batches(self.lengths, self.budget, self.seed, epoch)
+        chosen = self.mixture.select(self.seed, epoch)
+        bins = plan_micro_batches([self.lengths[i] for i in chosen], self.budget, self.seed, epoch)
+        return [[chosen[j] for j in micro_batch] for micro_batch in bins]
 
     def collate(self, indices: list[int]) -> dict[str, Any]:
         """The micro-batch on the CPU (counting its tokens there costs no device sync)."""
@@ -130,7 +140,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
                             barrier=accelerator.wait_for_everyone)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
-                      cfg.data.packing, pad_id)
+                      cfg.data.packing, pad_id, bundle.mixture)
     attn = setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing)
     started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)
@@ -146,7 +156,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
         state = load_checkpoint(accelerator, latest)  # restores RNG last: nothing may consume it after
     _log_summary(cfg, accelerator, bundle.stats, batches, steps_per_epoch, total_steps, state)
 
-    loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval, total_steps, steps_per_epoch)
+    loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval_sets, total_steps,
+                steps_per_epoch)
     sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
     watchdog = Watchdog(Path(cfg.run.dir), cfg.run.hang_timeout_s)
     watchdog.start(state.step)
@@ -156,8 +167,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
             stop.restore_default_handlers()
             return EXIT_REQUEUE
         with watchdog.paused():  # the final eval and the export are not steps
-            if bundle.eval is not None and len(bundle.eval) > 0:
-                sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": loop.evaluate()})
+            if loop.evals:
+                sink.write({"step": state.step, "epoch": state.epoch, **loop.evaluate()})
             export_model(accelerator, model, tokenizer, cfg)
         sink.write({"event": "done", "step": state.step, "epoch": state.epoch, "elapsed_s": state.elapsed_s,
                     "tokens_seen": state.tokens_seen})
@@ -197,25 +208,30 @@ def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches
     if not accelerator.is_main_process:
         return
     plan = batches.plan(0)
-    real = sum(batches.lengths)
+    real = sum(batches.lengths[i] for micro_batch in plan for i in micro_batch)
     slots = len(plan) * batches.budget
+    for source in stats.get("sources", []):
+        logger.info("source %s: %d examples (%d rows, %d skipped), %d per epoch, %d eval", source["name"],
+                    source["train_examples"], source["rows"], source["skipped"], source["epoch_examples"],
+                    source["eval_examples"])
     per_step = cfg.micro_batch_tokens * cfg.train.gradient_accumulation_steps * accelerator.num_processes
     data_stats = {k: stats.get(k) for k in ("rows", "skipped", "truncated", "eval_examples")}
     logger.info(
         "world size %d (%s) | %d examples, %d tokens, data stats %s | %d micro-batches/epoch, "
         "packing efficiency %.3f | token slots per optimizer step %d | %d steps/epoch, %d steps total, "
-        "starting at step %d", accelerator.num_processes, accelerator.distributed_type, len(batches.lengths),
+        "starting at step %d", accelerator.num_processes, accelerator.distributed_type,
+        sum(len(micro_batch) for micro_batch in plan),
         real, data_stats, len(plan), real / slots if slots else 0.0, per_step, steps_per_epoch, total_steps,
         state.step)
 
 
 class Loop:
     def __init__(self, cfg: TrainConfig, accelerator: Accelerator, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, scheduler: Any, batches: Batches, eval_dataset: Any,
+                 optimizer: torch.optim.Optimizer, scheduler: Any, batches: Batches, evals: dict[str, Any],
                  total_steps: int, steps_per_epoch: int):
         self.cfg, self.acc, self.model = cfg, accelerator, model
         self.optimizer, self.scheduler, self.batches = optimizer, scheduler, batches
-        self.eval_dataset, self.total_steps, self.steps_per_epoch = eval_dataset, total_steps, steps_per_epoch
+        self.evals, self.total_steps, self.steps_per_epoch = evals, total_steps, steps_per_epoch
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         self.accumulation = cfg.train.gradient_accumulation_steps
         self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type)
@@ -241,10 +257,10 @@ class Loop:
                 self._settle(state, window, watch)
                 sink.write(self.record(state, window, lr))
                 window = Window()
-            if self.cfg.train.eval_steps and state.step % self.cfg.train.eval_steps == 0 and self.eval_dataset:
+            if self.cfg.train.eval_steps and state.step % self.cfg.train.eval_steps == 0 and self.evals:
                 self._settle(state, window, watch)
                 with watchdog.paused():
-                    sink.write({"step": state.step, "epoch": state.epoch, "eval_loss": self.evaluate()})
+                    sink.write({"step": state.step, "epoch": state.epoch, **self.evaluate()})
                 watch.lap()  # eval is not training throughput
             if HOOKS.after_step is not None:
                 HOOKS.after_step(state.step, self.acc.is_main_process, stop.stop_file)
@@ -319,12 +335,24 @@ class Loop:
             packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s,
             compiled_graphs=self.recompiles.check(state.step), lora_params=self.lora_params)
 
+    def evaluate(self) -> dict[str, float]:
+        """`eval_loss`: mean token loss over every eval example; with several sources also
+        `eval_loss/<source>`, each source's own (the overall one weighs them by their label tokens)."""
+        sums = {name: self._eval_sums(dataset) for name, dataset in self.evals.items()}
+        total = torch.stack(list(sums.values())).sum(dim=0)
+        record = {"eval_loss": float(total[0] / torch.clamp(total[1], min=1.0))}
+        for name, (loss, tokens) in sums.items():
+            if name:
+                record[f"eval_loss/{name}"] = float(loss / torch.clamp(tokens, min=1.0))
+        return record
+
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean token loss on the eval split. Every rank runs the same number of forwards (DDP syncs
-        buffers and FSDP gathers in forward), padding with a repeated batch whose loss is dropped."""
-        lengths = list(self.eval_dataset["length"])
-        evals = Batches(self.eval_dataset, lengths, self.batches.budget, self.cfg.train.seed,
+    def _eval_sums(self, dataset: Any) -> torch.Tensor:
+        """(token-loss sum, label tokens) of one eval set over all ranks. Every rank runs the same number
+        of forwards (DDP syncs buffers and FSDP gathers in forward), padding with a repeated batch
+        whose loss is dropped."""
+        lengths = list(dataset["length"])
+        evals = Batches(dataset, lengths, self.batches.budget, self.cfg.train.seed,
                         self.cfg.data.packing, self.batches.pad_id)
         plan = evals.plan(0)
         sums = torch.zeros(2, dtype=torch.float64, device=self.acc.device)
@@ -337,8 +365,7 @@ class Loop:
             if g < len(plan):
                 sums += torch.stack([loss_sum.double(), (batch["labels"][..., 1:] != -100).sum().double()])
         self.model.train()
-        sums = self.acc.reduce(sums, reduction="sum")
-        return float(sums[0] / torch.clamp(sums[1], min=1.0))
+        return self.acc.reduce(sums, reduction="sum").cpu()
 
 
 def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: bool) -> None:

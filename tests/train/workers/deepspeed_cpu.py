@@ -1,24 +1,43 @@
-"""Worker for test_deepspeed_cpu: one training process of a rendered run directory under DeepSpeed
-(its CPU accelerator, gloo), built the way `accelerate launch` with the rendered accelerate.yaml builds
-it (a DeepSpeedPlugin from deepspeed.json), then the real train.engine.loop.train. Usage: RUN_DIR PORT."""
+"""Worker for test_deepspeed_cpu: one rank started by `accelerate launch --config_file RUN/accelerate.yaml`
+(the file sft-launch rendered, 2 processes) on CPU. DeepSpeed runs on its CPU accelerator over gloo; the
+Accelerator is built from what the launcher exported for that file (ACCELERATE_USE_DEEPSPEED, the
+rendered deepspeed.json, zero3_init_flag), then the real train.engine.loop.train runs. Rank 0 also writes the
+model's initial weights to RUN/initial.safetensors (gathered under ZeRO-3), so the test can tell an
+export that trained from one that did not. Usage: RUN_DIR"""
 import os
 import sys
 
-run_dir, port = sys.argv[1], sys.argv[2]
-os.environ.update(DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                  MASTER_ADDR="127.0.0.1", MASTER_PORT=port, ACCELERATE_USE_DEEPSPEED="true")
-import json
+os.environ["DS_ACCELERATOR"] = "cpu"
 from pathlib import Path
 
-from accelerate import Accelerator
-from accelerate.utils import DeepSpeedPlugin
+import deepspeed
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DistributedType
+from safetensors.torch import save_file
 
+import train.engine.loop
 from contract.config import load_train_config
-from train.engine.loop import train
 from train.main import _configure_logging
 
+run_dir = Path(sys.argv[1])
+build_model = train.engine.loop.build_model
+
+
+def build_and_keep_initial(cfg, accelerator, attn):
+    model = build_model(cfg, accelerator, attn)
+    params = dict(model.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values())):  # a no-op unless ZeRO-3 partitioned them
+        if accelerator.is_main_process:
+            save_file({name: p.detach().float().clone().contiguous() for name, p in params.items()},
+                      str(run_dir / "initial.safetensors"))
+    return model
+
+
 _configure_logging(Path.cwd(), attempt=None)  # no --attempt: output stays on the console
-stage = json.loads(Path(run_dir, "deepspeed.json").read_text())["zero_optimization"]["stage"]
-plugin = DeepSpeedPlugin(hf_ds_config=f"{run_dir}/deepspeed.json", zero3_init_flag=stage == 3)
-accelerator = Accelerator(deepspeed_plugin=plugin, mixed_precision="bf16")
-sys.exit(train(load_train_config(f"{run_dir}/train.toml"), accelerator))
+PartialState(backend="gloo")  # no CUDA: Accelerate picks no backend by itself (it would count 1 process)
+accelerator = Accelerator()
+assert accelerator.distributed_type == DistributedType.DEEPSPEED, accelerator.distributed_type
+assert accelerator.num_processes == 2 and not torch.cuda.is_available(), accelerator.num_processes
+train.engine.loop.build_model = build_and_keep_initial
+sys.exit(train.engine.loop.train(load_train_config(run_dir / "train.toml"), accelerator))

@@ -1,0 +1,57 @@
+"""The peers' clock, the same as ours (bench/gpu_single.py): real tokens and wall seconds over the
+optimizer steps after bench.results_io.WARMUP_STEPS, stopped when the last step's GPU work is done
+(inside the Trainer's loop, before its teardown: end-of-train callbacks, model card, memory
+release). One micro-batch per optimizer step on every peer (no gradient accumulation)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from bench.results_io import WARMUP_STEPS
+
+
+class _StopAtLastStep(TrainerCallback):
+    def __init__(self, clock: TimedSteps):
+        self.clock = clock
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            torch.cuda.synchronize()
+            self.clock.t_end = time.perf_counter()
+
+
+class TimedSteps:
+    """Mixin for a transformers Trainer subclass: `count_real_tokens(inputs)` says what a batch holds."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.real_tokens, self.step_count = 0, 0
+        self.t0: float | None = None
+        self.t_end: float | None = None
+        self.add_callback(_StopAtLastStep(self))
+
+    def count_real_tokens(self, inputs: dict[str, Any]) -> int:
+        raise NotImplementedError
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.step_count == WARMUP_STEPS:
+            torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+        if self.step_count >= WARMUP_STEPS:
+            self.real_tokens += self.count_real_tokens(inputs)
+        self.step_count += 1
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def result(self, path: str) -> dict[str, Any]:
+        """The peer's JSON line (bench/gpu_single.py adds the derived numbers)."""
+        if self.t0 is None or self.t_end is None:
+            raise SystemExit(f"{path}: only {self.step_count} steps, the clock needs more than {WARMUP_STEPS}")
+        seconds = self.t_end - self.t0
+        return {"path": path, "real_tokens": self.real_tokens, "seconds": seconds,
+                "steps": self.step_count - WARMUP_STEPS, "warmup_steps": WARMUP_STEPS,
+                "real_tokens_per_s": self.real_tokens / seconds,
+                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}

@@ -1,0 +1,240 @@
+"""Reading raw dataset rows, wherever a user keeps them: one file, a folder of shards, a saved
+`datasets` folder, or a hub dataset in the Hugging Face cache (read offline).
+
+Every row carries its location (`file:line`, 1-based, for JSON/JSONL/CSV; `file[row N]` for Parquet,
+saved `datasets` folders and hub datasets) so a bad row is reported where the user can find it.
+Torch-free; JSONL is read line by line (a multi-GB file never sits in memory). `contract.formats`
+turns what these yield into examples; train and the launcher's check both read through here.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from contract.schema import ConfigError
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+BINARY_SNIFF_BYTES = 8192  # the head of a JSON file searched for NUL bytes
+
+
+@dataclass
+class RawRow:
+    location: str  # "file:line" or "file[row N]"
+    data: Any = None  # the decoded row (a dict when well-formed)
+    error: str = ""  # why the row could not even be decoded (non-UTF-8, invalid JSON)
+    offset: int = 0  # JSON/JSONL: bytes of the file read up to the end of this row (for progress)
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """A folder written by `datasets`' save_to_disk (a Dataset or a DatasetDict)."""
+    return path.is_dir() and any((path / name).is_file() for name in ("state.json", "dataset_dict.json"))
+
+
+def shard_files(path: Path, key: str = "data.path") -> list[Path]:
+    """The data files of a folder of shards, in name order (one format: the first file's suffix)."""
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES
+                   and not p.name.startswith("."))
+    if not files:
+        raise ConfigError(f"{path}: no data files ({', '.join(DATA_SUFFIXES)}) in this folder", key)
+    mixed = sorted({p.suffix for p in files})
+    if len(mixed) > 1:
+        raise ConfigError(f"{path}: a folder of shards holds one kind of file, found {', '.join(mixed)}", key)
+    return files
+
+
+def iter_rows(path: Path, split: str = "train", key: str = "data.path") -> Iterator[RawRow]:
+    """Every row of a JSON / JSONL / Parquet / CSV file, a folder of such shards, or a saved `datasets` folder."""
+    if is_saved_dataset(path):
+        yield from _iter_saved_dataset(path, split, key)
+    elif path.is_dir():
+        for file in shard_files(path, key):
+            yield from iter_rows(file, split, key)
+    elif path.suffix == ".parquet":
+        yield from _iter_parquet(path)
+    elif path.suffix == ".csv":
+        yield from _iter_csv(path, key)
+    elif path.suffix in (".jsonl", ".json"):
+        with path.open("rb") as handle:
+            head = handle.read(BINARY_SNIFF_BYTES)
+            _refuse_binary(path, head, key)
+            handle.seek(0)
+            if head.lstrip()[:1] == b"[":
+                yield from _iter_json_array(path, handle.read(), key)
+            else:
+                yield from _iter_jsonl(path, handle)
+    else:
+        raise ConfigError(f"{path}: unsupported data file (use .jsonl, .json, .parquet, .csv, a folder of them "
+                          "or a saved datasets dir)", key)
+
+
+def _refuse_binary(path: Path, head: bytes, key: str) -> None:
+    """Binary garbage (a NUL byte never appears in UTF-8 JSON text) is one error, not a row error per line."""
+    if b"\x00" in head:
+        line = head.count(b"\n", 0, head.index(b"\x00")) + 1
+        raise ConfigError(f"{path}:{line}: binary data (NUL byte), not JSON text; is this the right file?", key)
+
+
+def parse_jsonl_line(location: str, line: bytes, offset: int = 0) -> RawRow | None:
+    """One JSONL line decoded (None for a blank line); undecodable lines carry their error."""
+    if not line.strip():
+        return None
+    try:
+        text = line.rstrip(b"\r\n").decode("utf-8")
+    except UnicodeDecodeError as err:
+        return RawRow(location, error=f"not valid UTF-8 (byte {err.start})", offset=offset)
+    try:
+        return RawRow(location, json.loads(text), offset=offset)
+    except json.JSONDecodeError as err:
+        return RawRow(location, error=f"invalid JSON: {err.msg} (column {err.colno})", offset=offset)
+
+
+def _iter_jsonl(path: Path, handle: BinaryIO) -> Iterator[RawRow]:
+    offset = 0
+    for number, line in enumerate(handle, start=1):
+        offset += len(line)
+        row = parse_jsonl_line(f"{path}:{number}", line, offset)
+        if row is not None:
+            yield row
+
+
+def _iter_json_array(path: Path, raw: bytes, key: str) -> Iterator[RawRow]:
+    """A JSON array of objects, decoded one element at a time so each row keeps its line number."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (a JSON array cannot skip one row)", key) from None
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        pos = _skip_separators(text, pos)
+        if pos >= len(text) or text[pos] == "]":
+            return
+        line = text.count("\n", 0, pos) + 1
+        try:
+            row, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}:{err.lineno}: invalid JSON: {err.msg}", key) from None
+        yield RawRow(f"{path}:{line}", row, offset=len(raw) * pos // max(1, len(text)))
+
+
+def _skip_separators(text: str, pos: int) -> int:
+    while pos < len(text) and (text[pos].isspace() or text[pos] == ","):
+        pos += 1
+    return pos
+
+
+def _iter_csv(path: Path, key: str) -> Iterator[RawRow]:
+    """A CSV file with a header row; every value is a string (empty cells are empty strings)."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not valid UTF-8 (byte {err.start})", key) from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    line = 2  # the first record starts after the header
+    try:
+        for record in reader:
+            if None in record:
+                yield RawRow(f"{path}:{line}", error=f"{len(reader.fieldnames or [])} columns in the header, "
+                                                      "more values in this record")
+            else:
+                yield RawRow(f"{path}:{line}", dict(record), offset=0)
+            line = reader.line_num + 1
+    except csv.Error as err:
+        raise ConfigError(f"{path}:{reader.line_num}: {err}", key) from None
+
+
+def _iter_parquet(path: Path) -> Iterator[RawRow]:
+    import pyarrow.parquet as pq
+
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            yield RawRow(f"{path}[row {index}]", row)
+            index += 1
+
+
+def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:
+    import datasets
+
+    if not isinstance(loaded, datasets.DatasetDict):
+        return loaded
+    if split not in loaded:
+        raise ConfigError(f"{where}: no split {split!r} (has {', '.join(sorted(loaded))}); set the source's split",
+                          key)
+    return loaded[split]
+
+
+def _iter_saved_dataset(path: Path, split: str, key: str) -> Iterator[RawRow]:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not a saved datasets directory (no dataset_info.json/state.json)", key) from None
+    for index, row in enumerate(_pick_split(loaded, split, str(path), key)):
+        yield RawRow(f"{path}[row {index}]", row)
+
+
+def hub_datasets_cache(hf_home: str) -> Path:
+    """Where `datasets` keeps prepared hub datasets: HF_DATASETS_CACHE, else <HF_HOME>/datasets."""
+    if not hf_home and os.environ.get("HF_DATASETS_CACHE"):
+        return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
+    home = hf_home or os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
+    return Path(home).expanduser() / "datasets"
+
+
+def hub_cache_folder(repo_id: str, hf_home: str) -> Path:
+    """The folder `datasets` prepares a hub dataset in: <cache>/ORG___NAME, NAME in snake case (as its
+    `camelcase_to_snakecase` writes it)."""
+    *namespace, name = repo_id.split("/")
+    snake = re.sub(r"([a-z\d])([A-Z])", r"\1_\2", re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)).lower()
+    return hub_datasets_cache(hf_home) / "___".join([*namespace, snake])
+
+
+def fetch_command(repo_id: str, config: str, split: str, hf_home: str) -> str:
+    """The command that puts a hub dataset into the cache, on a machine with network."""
+    args = ", ".join(repr(a) for a in (repo_id, *([config] if config else []))) + f", split={split!r}"
+    home = f"HF_HOME={hf_home} " if hf_home else ""
+    return f'{home}python -c "import datasets; datasets.load_dataset({args})"'
+
+
+def open_hub_dataset(repo_id: str, config: str, split: str, hf_home: str, key: str) -> Any:
+    """A hub dataset's split from the local cache only (the compute nodes have no network)."""
+    import datasets
+
+    datasets.config.HF_HUB_OFFLINE = True  # never reach for the network: read what the cache holds
+    cache = hub_datasets_cache(hf_home)
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity_error()  # "using the latest cached version": expected, not news
+    try:
+        return datasets.load_dataset(repo_id, config or None, split=split, cache_dir=str(cache))
+    except (ConnectionError, FileNotFoundError) as err:
+        if "not cached" not in str(err) and "Couldn't reach" not in str(err):
+            raise
+    except ValueError as err:
+        message = str(err).splitlines()[0]
+        if "split" in message.lower():
+            raise ConfigError(f"{key} {repo_id}: {message}", key) from None
+        if "config" in message.lower() or "Couldn't find cache" in message:
+            raise ConfigError(f"{key} {repo_id}: config {config or 'default'!r} not in the cache ({cache}): "
+                              f"{' '.join(str(err).split())}", key) from None
+        raise
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+    raise ConfigError(f"{key} {repo_id}: not in the HF datasets cache ({cache}) and the hub is not read from here "
+                      f"(offline); on a machine with network run: {fetch_command(repo_id, config, split, hf_home)} "
+                      "and copy the cache over", key)
+
+
+def iter_hub_rows(repo_id: str, config: str, split: str, hf_home: str, key: str) -> Iterator[RawRow]:
+    for index, row in enumerate(open_hub_dataset(repo_id, config, split, hf_home, key)):
+        yield RawRow(f"{repo_id}[row {index}]", row)

@@ -1,0 +1,144 @@
+"""Data sources and their mixture: `[[data.sources]]` in train.toml, `--data PATH[:WEIGHT]` on the CLI.
+
+A source is a file (JSONL/JSON/Parquet/CSV), a folder of such shards, a saved `datasets` folder, or a
+hub dataset id read from the HF cache with the hub offline, plus its format, column and role mapping,
+a weight (or a fixed number of samples), and its own eval split. Torch-free: the launcher validates
+and plans with it, train builds the mixture with it.
+
+The mixture of one epoch: source i contributes `epoch_examples(i)` examples: `samples` if set, else
+round(weight x its examples): weight 1 = every example once (a single source is exactly today's
+epoch), 0.3 = a seeded 30% drawn anew each epoch, 2.5 = two passes plus a seeded half. The chosen
+examples of all sources are packed together (documents of different sources share micro-batches),
+so the epoch's plan is a function of (lengths, budget, seed, epoch, weights), and a resume needs only
+(epoch, micro-batch index), as for one file.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from contract.formats import COLUMNS, ROLES, RowMapping
+from contract.readers import DATA_SUFFIXES
+from contract.schema import ConfigError, require
+
+DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "prompt_completion", "text", "tokens"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")
+
+
+@dataclass
+class DataSource:
+    """One `[[data.sources]]` table."""
+
+    path: str  # file, folder of shards, saved `datasets` folder, or hub dataset id (from the HF cache)
+    name: str = ""  # unique; names its eval loss (eval_loss/<name>) and its plan row; "" = from the path
+    format: DataFormat = "auto"
+    text_field: str = "text"  # format "text": the column holding the text
+    config: str = ""  # hub id: the dataset's config name ("" = its only/default one)
+    split: str = "train"  # hub id or saved DatasetDict: the split to train on
+    columns: dict[str, str] = field(default_factory=dict)  # the format's column -> the data's, e.g. prompt = "question"
+    roles: dict[str, str] = field(default_factory=dict)  # the data's role -> system/user/assistant/tool
+    system_prompt: str = ""  # the first turn of every conversation that has no system turn
+    weight: float = 1.0  # examples per epoch = weight x the source's examples (1 = each once)
+    samples: int = 0  # > 0: exactly this many examples per epoch (instead of weight)
+    eval_fraction: float = 0.0  # split off this share of the source for eval
+    eval_path: str = ""  # or: the source's own eval data (same format and mapping)
+    eval_split: str = ""  # or, for a hub id / saved DatasetDict: this split of it
+
+    def validate(self) -> None:
+        require(bool(self.path), "path", "give a file, folder or hub dataset id")
+        require(self.weight > 0, "weight", f"must be > 0, got {self.weight:g} (leave a source out instead of 0)")
+        require(self.samples >= 0, "samples", "must be >= 0 (0 = use weight)")
+        require(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "must be in [0, 1)")
+        require(sum(map(bool, (self.eval_fraction, self.eval_path, self.eval_split))) <= 1, "eval_fraction",
+                "give one of eval_fraction, eval_path, eval_split")
+        require(not self.name or bool(_NAME.match(self.name)), "name",
+                f"{self.name!r}: letters, digits, '.', '_', '-' only (it names metrics keys)")
+        known = set(COLUMNS.get(self.format, ())) if self.format != "auto" else \
+            {c for names in COLUMNS.values() for c in names}
+        unknown = sorted(set(self.columns) - known)
+        require(not unknown, "columns", f"unknown column name(s) {unknown} for format {self.format!r}; "
+                f"valid: {', '.join(sorted(known))}")
+        bad_roles = sorted(r for r in self.roles.values() if r not in ROLES)
+        require(not bad_roles, "roles", f"roles map onto {', '.join(ROLES)}; got {bad_roles}")
+
+    @property
+    def mapping(self) -> RowMapping:
+        return RowMapping(dict(self.columns), dict(self.roles), self.system_prompt)
+
+    @property
+    def label(self) -> str:
+        """The source's name: `name`, else the file's stem / the hub id's last part."""
+        return self.name or default_name(self.path)
+
+
+def default_name(path: str) -> str:
+    stem = Path(path.rstrip("/")).name
+    for suffix in DATA_SUFFIXES:
+        stem = stem.removesuffix(suffix)
+    return re.sub(r"[^\w.-]+", "_", stem) or "data"
+
+
+def looks_like_hub_id(value: str) -> bool:
+    """`org/name` or `name` that is no local path: read from the HF cache, never from the network."""
+    return bool(_HUB_ID.match(value)) and not value.endswith(DATA_SUFFIXES) and not Path(value).expanduser().exists()
+
+
+def check_unique_names(sources: list[DataSource], key: str = "data.sources") -> None:
+    seen: dict[str, int] = {}
+    for index, source in enumerate(sources):
+        if source.label in seen:
+            raise ConfigError(f"{key}[{index}].name: {source.label!r} is also the name of {key}[{seen[source.label]}]"
+                              " (names must be unique: set name = \"...\" on one of them)", f"{key}[{index}].name")
+        seen[source.label] = index
+
+
+def parse_data_flag(value: str) -> tuple[str, float | None]:
+    """`--data PATH[:WEIGHT]` -> (path, weight or None); a path that exists as given keeps its colon."""
+    path, sep, tail = value.rpartition(":")
+    if not sep or not path or Path(value).expanduser().exists():
+        return value, None
+    try:
+        weight = float(tail)
+    except ValueError:
+        return value, None
+    if weight <= 0:
+        raise ConfigError(f"--data {value}: weight must be > 0, got {tail} (leave the source out instead)", "--data")
+    return path, weight
+
+
+def epoch_examples(source: DataSource, examples: int) -> int:
+    """How many examples of `source` (which has `examples`) one epoch of the mixture takes."""
+    if examples == 0:
+        return 0
+    return source.samples if source.samples else max(1, round(source.weight * examples))
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """Which examples (indices into all sources' examples concatenated) each epoch trains on."""
+
+    sizes: tuple[int, ...]  # examples of each source, in order
+    takes: tuple[int, ...]  # examples per epoch of each source (`epoch_examples`)
+
+    @property
+    def is_plain(self) -> bool:
+        """Every example once per epoch, in order: one file's behaviour."""
+        return self.sizes == self.takes
+
+    def select(self, seed: int, epoch: int) -> list[int]:
+        """Whole passes over each source, then a seeded sample of the rest (anew each epoch)."""
+        chosen: list[int] = []
+        offset = 0
+        for index, (size, take) in enumerate(zip(self.sizes, self.takes)):
+            passes, rest = divmod(take, size) if size else (0, 0)
+            chosen += list(range(offset, offset + size)) * passes
+            if rest:
+                rng = random.Random((seed * 1_000_003 + epoch) * 1_000_003 + index)  # integers only: same everywhere
+                chosen += sorted(offset + i for i in rng.sample(range(size), rest))
+            offset += size
+        return chosen

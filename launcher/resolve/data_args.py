@@ -1,0 +1,90 @@
+"""`--data` on the command line -> the [data] table of train.toml.
+
+    --data chats.jsonl                      one source: data.path, exactly as before
+    --data chats.jsonl --data code.parquet:0.3
+                                            [[data.sources]], each PATH[:WEIGHT] (weight: contract/sources.py)
+    --data mix.toml                         a [data] table written by hand: [[data.sources]] with formats,
+                                            column/role mappings, eval splits (relative paths: from its folder)
+A path that exists is made absolute (the nodes start elsewhere); anything else that looks like
+`org/name` stays a hub dataset id, read from the profile's HF cache.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from contract.schema import ConfigError
+from contract.sources import default_name, parse_data_flag
+
+DATA_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".txt")
+
+
+def resolve_data_path(data: str, flag: str = "--data") -> str:
+    path = Path(data).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if path.suffix in DATA_FILE_SUFFIXES or data.startswith((".", "/", "~")):
+        raise ConfigError(f"{flag} {data}: no such file")
+    return data  # a hub dataset id: preflight looks for it in the profile's HF cache
+
+
+def data_table(flags: list[str]) -> dict[str, Any]:
+    """The [data] settings the --data flags ask for ({} when none)."""
+    if not flags:
+        return {}
+    if any(flag.endswith(".toml") for flag in flags):
+        if len(flags) > 1:
+            raise ConfigError("--data FILE.toml: give the data file alone (list every source in it)", "--data")
+        return _read_data_toml(Path(flags[0]).expanduser())
+    parsed = [parse_data_flag(flag) for flag in flags]
+    if len(parsed) == 1 and parsed[0][1] is None:
+        return {"path": resolve_data_path(parsed[0][0])}  # one file: today's data.path
+    sources, names = [], set()
+    for path, weight in parsed:
+        source: dict[str, Any] = {"path": resolve_data_path(path)}
+        if weight is not None:
+            source["weight"] = weight
+        name = default_name(path)
+        if name in names:  # two shards both called train.jsonl: number them
+            name = f"{name}-{len(sources)}"
+            source["name"] = name
+        names.add(name)
+        sources.append(source)
+    return {"sources": sources}
+
+
+def _read_data_toml(path: Path) -> dict[str, Any]:
+    """A TOML file with a [data] table (train.toml's, typically [[data.sources]]); paths from its folder."""
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(f"--data {path}: {err.strerror}", "--data") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"--data {path}: {err}", "--data") from None
+    table = document.get("data")
+    if not isinstance(table, dict) or set(document) - {"data"}:
+        raise ConfigError(f"--data {path}: expected only a [data] table (e.g. [[data.sources]] entries), "
+                          f"found {sorted(document)}", "--data")
+    return absolute_paths(table, path.parent)
+
+
+def absolute_paths(table: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A [data] table whose local paths (data.path, eval_path, each source's) are absolute, taken from
+    `folder` when relative: the nodes start elsewhere. Hub ids are left as they are."""
+    for index, source in enumerate(table.get("sources") or []):
+        for key in ("path", "eval_path"):
+            if isinstance(source, dict) and isinstance(source.get(key), str) and source[key]:
+                source[key] = _from_folder(folder, source[key], f"data.sources[{index}].{key}")
+    for key in ("path", "eval_path"):
+        if isinstance(table.get(key), str) and table[key]:
+            table[key] = _from_folder(folder, table[key], f"data.{key}")
+    return table
+
+
+def _from_folder(folder: Path, value: str, key: str) -> str:
+    candidate = (folder / Path(value).expanduser())
+    if candidate.exists():
+        return str(candidate.resolve())
+    return resolve_data_path(value, key)

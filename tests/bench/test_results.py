@@ -1,0 +1,186 @@
+"""Every committed file under bench/results is a bench script's output, unedited: its derived numbers
+(MFU, TFLOP/s, ratios to the peer it names, token counts, pass verdicts) are re-derived here from its
+raw fields with the project's functions (bench/results_io.py, contract/shape.py's FLOP count) and
+must agree to rounding. A file without a `provenance` block (written before bench/results_io.py
+existed) must be listed in bench/results/LEGACY.json with the reason, and must still re-derive."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_single import PEERS, VARIANTS
+from bench.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, document_lengths, throughput_numbers
+from bench.synthetic import SHAPES, sample_lengths
+from contract.gpus import gpu_type_from_device_name, lookup
+
+LEGACY_FILE = RESULTS / "LEGACY.json"
+LEGACY: dict[str, str] = json.loads(LEGACY_FILE.read_text())["files"]
+FILES = sorted(p for p in RESULTS.rglob("*.json") if p != LEGACY_FILE)
+REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations
+
+SINGLE_KEYS = {  # everything bench/gpu_single.py has written, ours and peers
+    "path", "real_tokens", "seconds", "warmup_steps", "real_tokens_per_s", "peak_mem_gib", "steps", "final_loss",
+    "recompiles_after_first_log", "gpu", "gpu_count", "peak_flops", "shape", "budget", "total_real_tokens", "docs",
+    "flops_per_token", "tflops_per_gpu", "mfu", "peer", "peer_real_tokens_per_s", "ratio_vs_peer", "provenance",
+}
+OTHER_KEYS = {
+    "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
+    "mlp": {"device", "shape", "tokens", "rows", "provenance"},
+    "attention": {"device", "shape", "tokens", "docs", "rows", "provenance"},
+    "strategies": {"environment", "args", "results", "provenance"},
+    "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/gpu_gemm_tune.py --json
+    "multi": None,  # checked block by block below
+}
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(RESULTS))
+
+
+def _kind(path: Path) -> str | None:
+    prefix = path.name.split("-")[0]
+    return prefix if prefix in {"single", *OTHER_KEYS} else None
+
+
+def _close(recorded: float | None, derived: float | None, what: str, name: str) -> None:
+    if derived is None:
+        assert recorded is None, f"{name}: {what} = {recorded}, but nothing to derive it from"
+        return
+    assert recorded == pytest.approx(derived, rel=REL), f"{name}: {what} = {recorded}, re-derived {derived}"
+
+
+def _peak(record: dict) -> float | None:
+    if "peak_flops" in record:
+        return record["peak_flops"]
+    spec = lookup(gpu_type_from_device_name(record["gpu"]) or "")  # legacy: the GPU's table entry
+    return spec.peak_tflops_bf16 * 1e12 if spec else None
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("path", FILES, ids=_id)
+def test_provenance_or_listed_legacy(path):
+    data, name = _load(path), _id(path)
+    if name in LEGACY:
+        assert "provenance" not in data, f"{name} has provenance: remove it from LEGACY.json"
+        assert LEGACY[name].strip(), f"{name}: LEGACY.json gives no reason"
+        return
+    provenance = data.get("provenance")
+    assert provenance, f"{name}: no provenance block (write results through bench/results_io.write_result)"
+    assert set(PROVENANCE_KEYS) <= provenance.keys(), f"{name}: provenance lacks {set(PROVENANCE_KEYS) - provenance.keys()}"
+    assert re.fullmatch(r"[0-9a-f]{40}", provenance["commit"]), f"{name}: no git commit"
+    assert provenance["command"] and provenance["date_utc"], f"{name}: no command or date"
+    assert provenance["gpu_count"] == len(provenance["gpus"]) > 0, f"{name}: no GPU recorded"
+
+
+def test_legacy_list_names_existing_files():
+    missing = sorted(set(LEGACY) - {_id(p) for p in FILES})
+    assert not missing, f"LEGACY.json lists files that are not there: {missing}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=_id)
+def test_known_fields_only(path):
+    data, kind = _load(path), _kind(path)
+    assert kind, f"{_id(path)}: no bench script writes a file named like this"
+    allowed = SINGLE_KEYS if kind == "single" else OTHER_KEYS[kind]
+    if allowed is not None:
+        extra = set(data) - allowed
+        assert not extra, f"{_id(path)}: fields no bench script writes: {sorted(extra)} (edited by hand?)"
+
+
+SINGLE = [p for p in FILES if _kind(p) == "single"]
+
+
+@pytest.mark.parametrize("path", SINGLE, ids=_id)
+def test_single_gpu_numbers_rederive(path):
+    r, name = _load(path), _id(path)
+    assert path.name == f"single-{r['shape']}-{r['path']}.json", f"{name}: not the name gpu_single.py gives it"
+    assert r["path"] in VARIANTS or r["path"].removeprefix("peer-") in PEERS, f"{name}: no such variant {r['path']}"
+    lengths = document_lengths(r["docs"], r["budget"])
+    assert r["total_real_tokens"] == sum(lengths), f"{name}: total_real_tokens is not the documents' token count"
+    if "real_tokens" in r or name not in LEGACY:  # raw counts: required from every new file
+        _close(r["real_tokens_per_s"], r["real_tokens"] / r["seconds"], "real_tokens_per_s", name)
+        assert 0 < r["real_tokens"] <= r["total_real_tokens"], f"{name}: real_tokens out of range"
+    if name not in LEGACY:
+        assert r["warmup_steps"] == WARMUP_STEPS and r["gpu_count"] == 1, name
+    derived = throughput_numbers(SHAPES[r["shape"]], lengths, r["real_tokens_per_s"], r["gpu_count"], _peak(r),
+                                 r.get("lora_params"))
+    for key in ("tflops_per_gpu", "mfu") + (("flops_per_token",) if "flops_per_token" in r else ()):
+        _close(r[key], derived[key], key, name)
+
+
+@pytest.mark.parametrize("path", SINGLE, ids=_id)
+def test_ratio_is_against_the_fastest_peer_file_of_the_same_call(path):
+    r, name = _load(path), _id(path)
+    if "ratio_vs_peer" not in r:
+        assert "peer" not in r and "peer_real_tokens_per_s" not in r, name
+        return
+    assert "peer" in r, f"{name}: a ratio to no named peer"
+    peer_path = path.parent / f"single-{r['shape']}-{r['peer']}.json"
+    assert peer_path.is_file(), f"{name}: its peer's file {peer_path.name} is not beside it"
+    peer = _load(peer_path)
+    _close(r["peer_real_tokens_per_s"], peer["real_tokens_per_s"], f"peer_real_tokens_per_s (vs {peer_path.name})", name)
+    _close(r["ratio_vs_peer"], r["real_tokens_per_s"] / peer["real_tokens_per_s"], "ratio_vs_peer", name)
+    peers = [_load(p) for p in path.parent.glob(f"single-{r['shape']}-peer-*.json")]
+    assert peer["real_tokens_per_s"] == max(p["real_tokens_per_s"] for p in peers), f"{name}: not the fastest peer"
+    if "provenance" in r:  # one call wrote both
+        assert r["provenance"]["command"] == peer["provenance"]["command"], f"{name}: peer from another call"
+
+
+def _check_run_block(block: dict, arch: dict, lengths: list[int], name: str) -> None:
+    _close(block["real_tokens_per_s"], block["real_tokens"] / block["seconds"], "real_tokens_per_s", name)
+    derived = throughput_numbers(arch, lengths, block["real_tokens_per_s"], block["gpu_count"], block["peak_flops"])
+    for key in ("flops_per_token", "tflops_per_gpu", "mfu"):
+        _close(block[key], derived[key], key, name)
+
+
+def test_multi_gpu_numbers_rederive():
+    for path in (p for p in FILES if _kind(p) == "multi"):
+        _check_multi(_load(path), _id(path), path)
+
+
+def _check_multi(r: dict, name: str, path: Path) -> None:
+    assert re.fullmatch(rf"multi-{r['gpu_count']}gpu(-[\w.-]+)?\.json", path.name), f"{name}: renamed"
+    lengths = sample_lengths(r["docs"], seed=0, hi=r["max_doc_tokens"])
+    for key in ("8b", "8b_mfu_run"):
+        if key in r:
+            _check_run_block(r[key], SHAPES["llama3-8b"], lengths, f"{name}: {key}")
+    if "scaling_1b" in r:
+        runs = r["scaling_1b"]
+        for gpus, block in runs.items():
+            _check_run_block(block, SHAPES["llama3.2-1b"], lengths, f"{name}: scaling_1b[{gpus}]")
+        per_gpu = {int(g): b["real_tokens_per_s"] / b["gpu_count"] for g, b in runs.items()}
+        _close(r["weak_scaling_efficiency"], per_gpu[r["gpu_count"]] / per_gpu[1], "weak_scaling_efficiency", name)
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "attention"], ids=_id)
+def test_attention_tflops_rederive(path):
+    from bench.gpu_attention import packs
+
+    r, name = _load(path), _id(path)
+    arch = SHAPES[r["shape"]]
+    heads, head_dim = arch["num_attention_heads"], arch["hidden_size"] // arch["num_attention_heads"]
+    chosen = packs(r.get("tokens", 32768), r.get("docs", 1200))  # legacy: the script's defaults then
+    flop = sum(6 * heads * head_dim * sum(n * n for n in pack) for pack in chosen) / len(chosen)
+    for row in r["rows"]:
+        if "ms" in row:
+            _close(row["tflops"], flop / row["ms"] / 1e9, f"{row['kernel']} tflops", name)
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "strategies"], ids=_id)
+def test_strategy_verdicts_rederive(path):
+    r, name = _load(path), _id(path)
+    for row in r["results"]:
+        case = f"{name}: {row['case']}"
+        if row["loss_first"] is not None:
+            assert row["trains"] == (row["loss_last"] < row["loss_first"]), f"{case}: trains"
+        if row["resume_bitwise"] is not None and row["resume_max_abs_diff"] is not None:
+            assert row["resume_bitwise"] == (row["resume_max_abs_diff"] == 0), f"{case}: resume_bitwise"
+        passed = not row["error"] and bool(row["trains"]) and bool(row["resume_bitwise"]) and bool(row["export_loads"])
+        assert row["passed"] == passed, f"{case}: passed"

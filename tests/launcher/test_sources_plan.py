@@ -1,0 +1,129 @@
+"""Several sources from the command line: repeated --data and a [[data.sources]] file become train.toml's
+[data] table, one --data stays today's data.path, hub ids are checked in the profile's HF cache, and
+the plan prints the per-source table (launcher/resolve/data_args.py, launcher/resolve/preflight.py,
+launcher/resolve/plan_sources.py)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from tests.hub_fixture import build_hub_cache
+from tests.launcher.conftest import REPO, cli_env, rendered_dir, run_cli
+
+SAMPLE = (REPO / "train" / "assets" / "sample_chat.jsonl").read_text().splitlines()
+QA = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(900)]
+LOCAL = ["--executor", "local", "--model", "tiny"]
+
+
+def _files(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "chat.jsonl").write_text("\n".join(SAMPLE[:20]) + "\n")
+    (root / "text.jsonl").write_text("".join(json.dumps({"text": f"note {i}"}) + "\n" for i in range(40)))
+    (root / "qa.jsonl").write_text("".join(json.dumps(row) + "\n" for row in QA))
+    (root / "mix.toml").write_text(
+        '[[data.sources]]\npath = "chat.jsonl"\neval_fraction = 0.1\n'
+        '[[data.sources]]\npath = "qa.jsonl"\nformat = "prompt_completion"\nweight = 0.25\n'
+        'columns = {prompt = "question", completion = "answer"}\nsystem_prompt = "Add."\n')
+    return root
+
+
+def _cluster_with_hf_home(root: Path) -> None:
+    (root / "cluster.toml").write_text(
+        'default_profile = "cpu"\n[profiles.cpu]\npartition = "cpu"\ngpus_per_node = 0\nprocesses_per_node = 1\n'
+        'backend = "gloo"\ntime = "1:00:00"\nsignal_lead_s = 60\nstorage_root = "runs"\n'
+        f'hf_home = "{root / "hf_home"}"\n')
+
+
+def _train_toml(run: Path) -> dict:
+    return tomllib.loads((run / "train.toml").read_text())
+
+
+def test_one_data_flag_renders_data_path_as_before(tmp_path: Path) -> None:
+    _files(tmp_path)
+    result = run_cli([*LOCAL, "--data", "chat.jsonl", "--dry-run", "--output", str(tmp_path / "run")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = _train_toml(rendered_dir(result))["data"]
+    assert data["path"] == str(tmp_path / "chat.jsonl") and "sources" not in data
+    assert "Sources " not in result.stdout  # one plain source: no table
+
+
+def test_repeated_data_flags_become_sources_with_weights(tmp_path: Path) -> None:
+    _files(tmp_path)
+    result = run_cli([*LOCAL, "--data", "chat.jsonl", "--data", "text.jsonl:0.5", "--dry-run",
+                      "--output", str(tmp_path / "run")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = _train_toml(rendered_dir(result))["data"]
+    assert data["path"] == "" and [(s["path"], s["weight"]) for s in data["sources"]] == [
+        (str(tmp_path / "chat.jsonl"), 1.0), (str(tmp_path / "text.jsonl"), 0.5)]
+    assert "[[data.sources]]" in (rendered_dir(result) / "train.toml").read_text()
+
+
+def test_plan_prints_a_row_per_source(tmp_path: Path) -> None:
+    _files(tmp_path / "data")
+    result = run_cli(["plan", *LOCAL, "--data", "data/mix.toml", "--num_train_epochs", "2"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Sources "))
+    assert lines[at].split() == ["Sources", "source", "rows", "tokens", "weight", "share", "epochs", "eval", "dropped"]
+    chat, qa = (lines[at + 1].split(), lines[at + 2].split())
+    assert chat[:2] == ["chat", "20"] and chat[3] == "x1" and chat[5:] == ["2.00", "2", "0"]
+    assert qa[:2] == ["qa", "900"] and qa[3] == "x0.25" and qa[5:] == ["0.50", "0", "0"]
+    shares = [float(row[4].rstrip("%")) for row in (chat, qa)]
+    assert abs(sum(shares) - 100) < 0.2 and shares[1] > shares[0]  # 225 Q&A rows outweigh 18 chats
+    assert any(line.startswith("Checked qa qa.jsonl: 900 rows checked (prompt_completion)") for line in lines)
+    assert any(line.startswith("Data    ~") and "243 rows" in line for line in lines)  # 18 + 225 per epoch
+
+
+def test_a_hub_dataset_is_read_from_the_profiles_hf_cache(tmp_path: Path) -> None:
+    chats = [json.loads(line) for line in SAMPLE[:12]]
+    build_hub_cache(tmp_path / "hf_home", "sft-test/chats", {"train": chats[:10], "test": chats[10:]})
+    _cluster_with_hf_home(tmp_path)
+    (tmp_path / "hub.toml").write_text('[[data.sources]]\npath = "sft-test/chats"\neval_split = "test"\n'
+                                       '[[data.sources]]\npath = "chat.jsonl"\nweight = 2\n')
+    (tmp_path / "chat.jsonl").write_text("\n".join(SAMPLE[:20]) + "\n")
+    result = run_cli(["plan", "--cluster", "cluster.toml", "--model", "tiny", "--data", "hub.toml"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Checked chats sft-test/chats: 10 rows checked (sharegpt), from the HF cache" in result.stdout
+    assert "Checked chats (eval) sft-test/chats: 2 rows checked (sharegpt), from the HF cache" in result.stdout
+    missing = run_cli(["plan", "--cluster", "cluster.toml", "--model", "tiny", "--data", "sft-test/absent"], tmp_path)
+    assert missing.returncode == 2
+    cache, home = tmp_path / "hf_home" / "datasets", tmp_path / "hf_home"
+    assert missing.stderr.strip() == (
+        f"sft-launch: error: --data sft-test/absent: not in the HF datasets cache ({cache}) and the hub is not "
+        f"read from here (offline); on a machine with network run: HF_HOME={home} python -c \"import datasets; "
+        "datasets.load_dataset('sft-test/absent', split='train')\" and copy the cache over")
+
+
+def test_status_shows_the_newest_eval_loss_per_source() -> None:
+    from launcher.ops import status
+
+    records = [{"step": 10, "eval_loss": 2.5, "eval_loss/chat": 2.0, "eval_loss/qa": 3.0},
+               {"step": 12, "loss": 2.4}, {"step": 20, "eval_loss": 2.25, "eval_loss/chat": 2.0, "eval_loss/qa": 2.5}]
+    latest = status._latest_eval_loss(records)
+    assert status._eval_loss_line(latest) == "eval loss    2.2500 (chat 2.0000, qa 2.5000) at step 20"
+    assert status._latest_eval_loss(records[1:2]) is None
+
+
+def test_tool_calls_are_checked_against_a_cached_hub_models_template(tmp_path: Path) -> None:
+    """A model given by HF id (in the profile's HF cache): its template must render the tool calls."""
+    tokenizer = REPO / "train" / "assets" / "tiny-tokenizer"
+    snapshot = tmp_path / "hf_home" / "hub" / "models--org--tool-less" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 512}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (snapshot / name).write_bytes((tokenizer / name).read_bytes())
+    _cluster_with_hf_home(tmp_path)
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Lima"}}}]}
+    row = {"messages": [{"role": "user", "content": "Weather?"}, call, {"role": "tool", "content": "sunny"},
+                        {"role": "assistant", "content": "Sunny."}]}
+    (tmp_path / "tools.jsonl").write_text(json.dumps(row) + "\n")
+    result = run_cli(["plan", "--cluster", "cluster.toml", "--model", "org/tool-less", "--data", "tools.jsonl"],
+                     tmp_path, env=cli_env(HF_HOME=str(tmp_path / "hf_home")))
+    assert result.returncode == 2
+    assert f"model.path: {snapshot}: {tmp_path / 'tools.jsonl'}:1: the chat template does not render tool calls " \
+           "(tool call 'get_weather' is missing from its output)" in result.stderr

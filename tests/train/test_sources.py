@@ -1,0 +1,153 @@
+"""Sources as users bring them (contract/sources.py, contract/readers.py, train/dataset/load.py): the same rows
+from every kind of file, a shard folder, a saved `datasets` folder and a hub id in a fake HF cache
+give the same examples; column and role mappings; tool calls; the mixture's epochs and eval splits."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from contract.config import TrainConfig
+from contract.schema import ConfigError
+from contract.sources import DataSource
+from tests.hub_fixture import build_hub_cache
+from tests.train.test_chat_templates import family_tokenizers  # noqa: F401  (a fixture)
+from tests.train.test_data import BOS, EOT, expected, header, learned_text, make_cfg
+from train.dataset.load import build_datasets
+from train.engine.loop import Batches
+from train.dataset.packing import plan_micro_batches
+
+QA = [{"question": f"What is {i} + {i}?", "answer": f"It is {2 * i}."} for i in range(12)]
+QA_SOURCE = {"format": "prompt_completion", "columns": {"prompt": "question", "completion": "answer"},
+             "system_prompt": "You add numbers."}
+
+
+def sources_cfg(tmp_path: Path, *sources: DataSource, **data) -> TrainConfig:
+    return make_cfg(tmp_path, sources=list(sources), **data)
+
+
+def write_every_kind(root: Path, rows: list[dict]) -> dict[str, str]:
+    """The same rows as JSONL, a JSON array, Parquet, CSV, a folder of JSONL shards and a saved dataset."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "qa.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")
+    pq.write_table(pa.Table.from_pylist(rows), root / "qa.parquet")
+    with (root / "qa.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (root / "shards").mkdir()
+    for number, part in enumerate((rows[:5], rows[5:])):
+        (root / "shards" / f"part-{number:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    datasets.Dataset.from_list(rows).save_to_disk(str(root / "saved"))
+    return {kind: str(root / name) for kind, name in (("jsonl", "qa.jsonl"), ("json", "qa.json"),
+            ("parquet", "qa.parquet"), ("csv", "qa.csv"), ("shards", "shards"), ("saved", "saved"))}
+
+
+def test_every_kind_of_source_gives_the_same_examples(tmp_path, tiny_tokenizer, monkeypatch):
+    paths = write_every_kind(tmp_path / "data", QA)
+    monkeypatch.setenv("HF_HOME", str(build_hub_cache(tmp_path / "hf", "sft-test/tiny_qa", {"train": QA})))
+    paths["hub"] = "sft-test/tiny_qa"
+    results = {}
+    for kind, path in paths.items():
+        cfg = sources_cfg(tmp_path / kind, DataSource(path, name=kind, **QA_SOURCE))
+        bundle = build_datasets(cfg, tiny_tokenizer)
+        results[kind] = (bundle.train["input_ids"], bundle.train["labels"])
+        assert bundle.stats["rows"] == len(QA) and bundle.stats["skipped"] == 0, kind
+    assert all(result == results["jsonl"] for result in results.values())
+    ids, labels = results["jsonl"][0][3], results["jsonl"][1][3]
+    assert (ids, labels) == expected(tiny_tokenizer, [
+        (BOS + header("system") + "You add numbers." + EOT + header("user") + "What is 3 + 3?" + EOT
+         + header("assistant"), False),
+        ("It is 6." + EOT, True),
+    ])
+
+
+def test_hub_split_and_config_are_read_from_the_cache_only(tmp_path, tiny_tokenizer, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(build_hub_cache(tmp_path / "hf", "sft-test/tiny_qa",
+                                                      {"train": QA[:8], "test": QA[8:]})))
+    cfg = sources_cfg(tmp_path, DataSource("sft-test/tiny_qa", eval_split="test", **QA_SOURCE))
+    bundle = build_datasets(cfg, tiny_tokenizer)
+    assert (len(bundle.train), len(bundle.eval)) == (8, 4)
+    for source, message in ((DataSource("sft-test/tiny_qa", split="dev", **QA_SOURCE), 'Unknown split "dev"'),
+                            (DataSource("sft-test/other", **QA_SOURCE), "not in the HF datasets cache"),
+                            (DataSource("sft-test/tiny_qa", config="v2", **QA_SOURCE), "config 'v2' not in the cache")):
+        with pytest.raises(ConfigError, match=message):
+            build_datasets(sources_cfg(tmp_path / source.split / source.config, source), tiny_tokenizer)
+
+
+def test_sharegpt_columns_and_role_names_are_mapped(tmp_path, tiny_tokenizer):
+    standard = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}
+    custom = {"dialog": [{"speaker": "asker", "text": "Hi"}, {"speaker": "bot", "text": "Hello."}]}
+    (tmp_path / "standard.jsonl").write_text(json.dumps(standard) + "\n")
+    (tmp_path / "custom.jsonl").write_text(json.dumps(custom) + "\n")
+    mapped = DataSource(str(tmp_path / "custom.jsonl"), format="sharegpt", roles={"asker": "user", "bot": "assistant"},
+                        columns={"conversations": "dialog", "from": "speaker", "value": "text"})
+    got = build_datasets(sources_cfg(tmp_path / "a", mapped), tiny_tokenizer).train
+    standard_source = DataSource(str(tmp_path / "standard.jsonl"))
+    want = build_datasets(sources_cfg(tmp_path / "b", standard_source), tiny_tokenizer).train
+    assert got["input_ids"] == want["input_ids"] and got["labels"] == want["labels"]
+
+
+TOOL_ROW = {"messages": [
+    {"role": "user", "content": "Weather in Lima?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lima"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "22 C, sunny"},
+    {"role": "assistant", "content": "Sunny, 22 C."},
+]}
+
+
+def test_tool_calls_are_rendered_by_the_template_and_only_assistant_turns_learned(tmp_path, family_tokenizers):
+    tokenizer = family_tokenizers["qwen2.5"]  # Qwen's template renders tool calls and tool results
+    (tmp_path / "tools.jsonl").write_text(json.dumps(TOOL_ROW) + "\n")
+    bundle = build_datasets(sources_cfg(tmp_path, DataSource(str(tmp_path / "tools.jsonl"))), tokenizer)
+    ids, labels = bundle.train[0]["input_ids"], bundle.train[0]["labels"]
+    whole, learned = tokenizer.decode(ids), learned_text(tokenizer, labels)
+    assert "22 C, sunny" in whole and '"city": "Lima"' in whole
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call>' in learned
+    assert "Sunny, 22 C." in learned and "22 C, sunny" not in learned and "Weather in Lima?" not in learned
+
+
+def test_a_template_that_drops_tool_calls_is_refused_before_training(tmp_path, tiny_tokenizer):
+    from train.dataset.maskcheck import check
+
+    (tmp_path / "tools.jsonl").write_text(json.dumps(TOOL_ROW) + "\n")
+    sample = {"path": str(tmp_path / "tools.jsonl"), "format": "messages", "tool_row": f"{tmp_path}/tools.jsonl:1"}
+    reason = check(str(Path(tiny_tokenizer.name_or_path)), [sample])
+    assert reason.startswith(f"{tmp_path}/tools.jsonl:1: the chat template does not render tool calls "
+                             "(tool call 'get_weather' is missing")
+
+
+def test_mixture_epochs_pack_across_sources(tmp_path, tiny_tokenizer):
+    paths = write_every_kind(tmp_path / "data", QA)
+    chat = DataSource(str(Path(__file__).resolve().parents[2] / "train" / "assets" / "sample_chat.jsonl"),
+                      eval_fraction=0.1)
+    qa = DataSource(paths["parquet"], name="qa", weight=0.5, eval_path=paths["csv"], **QA_SOURCE)
+    bundle = build_datasets(sources_cfg(tmp_path, chat, qa), tiny_tokenizer)
+    assert bundle.mixture.sizes == (270, 12) and bundle.mixture.takes == (270, 6)
+    assert sorted(bundle.eval_parts) == ["qa", "sample_chat"] and len(bundle.eval_parts["qa"]) == 12
+    assert [s["name"] for s in bundle.stats["sources"]] == ["sample_chat", "qa"]
+    batches = Batches(bundle.train, list(bundle.train["length"]), 512, 7, True, 0, bundle.mixture)
+    epochs = [[i for micro_batch in batches.plan(epoch) for i in micro_batch] for epoch in (0, 1)]
+    for chosen in epochs:
+        assert len(chosen) == 276 and sum(i >= 270 for i in chosen) == 6
+    assert {i for i in epochs[0] if i >= 270} != {i for i in epochs[1] if i >= 270}  # another half each epoch
+    assert any(min(mb) < 270 <= max(mb) for mb in batches.plan(0))  # documents of both in one micro-batch
+
+
+def test_one_source_plans_exactly_as_before(tmp_path, tiny_tokenizer):
+    cfg = TrainConfig()
+    cfg.run.dir = str(tmp_path / "run")
+    bundle = build_datasets(cfg, tiny_tokenizer)
+    lengths = list(bundle.train["length"])
+    batches = Batches(bundle.train, lengths, 256, 7, True, 0, bundle.mixture)
+    assert bundle.mixture.is_plain and not bundle.eval_parts and "sources" not in bundle.stats
+    assert batches.plan(3) == plan_micro_batches(lengths, 256, 7, 3)
