@@ -106,7 +106,8 @@ class TrainSection:
     save_total_limit: int = documented(2, "keep the last K complete checkpoints")
     logging_steps: int = documented(10, "write a metrics.jsonl record every N optimizer steps")
     eval_steps: int = documented(0, "evaluate every N steps; 0 = only at the end (when there is an eval split)")
-    report_to: list[str] = documented(["jsonl"], "where metrics go: jsonl, wandb, none")
+    report_to: list[str] = documented(["jsonl"], "reporters besides metrics.jsonl, which is always written (status and "
+                                                "plot read it): wandb; jsonl or none add nothing")
     seed: int = documented(42, "seed of weights init, data order and dropout")
     compile: bool | Literal["auto"] = documented("auto", "torch.compile each decoder layer; auto = on CUDA GPUs")
     fused_loss: bool | Literal["fused", "liger", "chunked"] = documented(

@@ -19,7 +19,7 @@ from typing import Any
 from launcher.execute.executors import DETACHED, execute
 from launcher.ops import cancel as cancel_ops
 from launcher.ops import logs as logs_ops
-from launcher.ops import rundir, slurm, status
+from launcher.ops import ownership, rundir, slurm, status
 from launcher.resolve.options import LaunchRequest, resolve
 
 
@@ -89,5 +89,6 @@ def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: s
     from launcher.resolve.preflight import check_launch
 
     check_launch(launch)  # data rows, model dir, container image, run dir: exit 2 before anything is written
-    execute(launch, ["launcher.api.submit", model], dry_run=False)
+    with ownership.owned(launch.run_dir, launch.executor):  # one job per run directory
+        execute(launch, ["launcher.api.submit", model], dry_run=False)
     return RunHandle(launch.run_dir)

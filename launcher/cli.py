@@ -32,9 +32,24 @@ def _error(message: str, code: int) -> int:
     return code
 
 
+def unknown_command(word: str) -> str | None:
+    """The error for a first argument that is neither a subcommand nor a flag (the launch takes no
+    positional arguments), with the closest subcommand when one is close; None for a flag."""
+    if word.startswith("-"):
+        return None
+    from contract.schema import closest
+
+    known = closest(word, COMMANDS) or f"; commands: {', '.join(COMMANDS)}"
+    return f"unknown command '{word}'{known} (a launch takes only flags: try 'sft-launch --help')"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.INFO, format="sft-launch: %(message)s")
+    if args and args[0] not in COMMANDS and (problem := unknown_command(args[0])):
+        from contract.protocol import EXIT_USAGE
+
+        return _error(problem, EXIT_USAGE)
     module_name = COMMANDS.get(args[0], LAUNCH_MODULE) if args else LAUNCH_MODULE
     command_args = args[1:] if args and args[0] in COMMANDS else args
     from contract.protocol import EXIT_FAILURE, EXIT_OK, EXIT_USAGE

@@ -2,8 +2,8 @@
 
 The tasks (a multiple-choice one and a generation one) are written per test with the JSONL's
 absolute path in `data_files`, so lm-eval loads them through `datasets`' json builder, offline.
-The run directory is rendered by the real CLI (`sft-launch --executor local --model tiny
---dry-run`); its export is a random tiny Llama saved the way train/engine/export.py saves one (weights,
+The run directory is rendered as a launch renders it (`sft-launch --executor local --model tiny`,
+without starting it: tests/launcher/conftest.write_run); its export is a random tiny Llama saved the way train/engine/export.py saves one (weights,
 config, generation config, the shipped tiny tokenizer with its chat template).
 """
 
@@ -95,12 +95,10 @@ def save_tiny_export(export: Path) -> Path:
 
 
 def make_run(root: Path, name: str = "run") -> Path:
-    """A run directory rendered by the real CLI, with a tiny export in it."""
-    run_dir = root / name
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "--executor", "local", "--model", "tiny",
-                           "--output", str(run_dir), "--dry-run"], cwd=root, env=offline_env(root),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    """A run directory rendered as a local launch renders it, with a tiny export in it."""
+    from tests.launcher.conftest import write_run
+
+    run_dir = write_run(["--executor", "local", "--model", "tiny", "--output", str(root / name)])
     save_tiny_export(run_dir / "export")
     return run_dir
 

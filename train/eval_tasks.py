@@ -46,6 +46,37 @@ def offline() -> bool:
     return any(os.environ.get(name, "").lower() in _TRUE for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+HUB_PROBE_TIMEOUT_S = 3.0  # one TCP connect; a compute node without network answers in 0 s or not at all
+
+
+def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why the Hugging Face Hub (HF_ENDPOINT, through HTTPS_PROXY when set) cannot be reached from here
+    within `timeout_s`, or None when a TCP connection opens. Without this, an offline compute node
+    spends 36-48 s per dataset in huggingface_hub's retries and ends in a long traceback."""
+    import socket
+    from urllib.parse import urlsplit
+
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    target = urlsplit(proxy or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        return f"{host}:{port}{' (HTTPS_PROXY)' if proxy else ''}: {err.strerror or err}"
+    return None
+
+
+def default_offline() -> str | None:
+    """Unless HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set, probe the Hub; when it cannot be reached,
+    set both (before datasets / huggingface_hub are imported: they read them once) and return why."""
+    if offline():
+        return None
+    reason = hub_unreachable()
+    if reason is not None:
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    return reason
+
+
 def _cache_dirs() -> list[Path]:
     from datasets import config as datasets_config
     from huggingface_hub import constants
@@ -110,6 +141,8 @@ def select(index: dict[str, Any], requested: list[str], allow_code_eval: bool) -
             continue
         if name not in index:
             raise TaskSelectionError(f"--tasks: unknown task {name!r} (not in lm-eval's registry or --include-path)")
+        if offline() and (reason := unavailable_reason(index, name)):  # one line, not datasets' traceback
+            raise TaskSelectionError(f"--tasks: {name}: {reason}")
         selection.tasks.append(name)
     for name in selection.tasks:
         selection.unsafe_code += [str(c.get("task", name)) for c in leaf_configs(index, name) if c.get("unsafe_code")]

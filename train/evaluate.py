@@ -22,6 +22,9 @@ from contract.protocol import is_exported_model
 
 INSTALL_HINT = "lm-eval is not installed: pip install 'sft-launch[eval]' (or pip install lm-eval)"
 log = logging.getLogger("sft-launch.eval")
+# Libraries that give their root logger a stderr handler on import yet let records propagate: each
+# of their lines would be printed twice (theirs, then ours); ours is kept.
+SELF_HANDLED_LOGGERS = ("huggingface_hub", "datasets")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +76,12 @@ def run_eval(args: argparse.Namespace, manager: Any, tasks: list[str]) -> dict[s
 
     if args.allow_code_eval:
         os.environ["HF_ALLOW_CODE_EVAL"] = "1"
+    checkout = Path(__file__).resolve().parents[1] / ".git"
+    if checkout.exists() and "GIT_DIR" not in os.environ:
+        # lm-eval records `git describe` of the working directory (the run directory, not a git
+        # repository: git prints "fatal: not a git repository" to our stderr); the code that
+        # evaluated is this checkout, so that is the commit to record.
+        os.environ["GIT_DIR"] = str(checkout)
     return lm_eval.simple_evaluate(
         model="hf", model_args={"pretrained": args.model, "dtype": "auto"}, tasks=tasks,
         num_fewshot=args.num_fewshot, batch_size=_batch_size(args.batch_size), device=_device(),
@@ -119,11 +128,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sft-launch eval: error: --model {args.model}: no config.json or adapter_config.json "
               "(not an exported model)", file=sys.stderr)
         return 2
+    from train.eval_tasks import default_offline
+
+    unreachable = default_offline()  # before lm_eval imports datasets and huggingface_hub
+    if unreachable:
+        log.warning("Hugging Face Hub unreachable (%s): evaluating offline (HF_HUB_OFFLINE=1), "
+                    "from the HF cache only", unreachable)
     try:
         import lm_eval  # noqa: F401
     except ImportError:
         print(f"sft-launch eval: error: {INSTALL_HINT}", file=sys.stderr)
         return 2
+    for name in SELF_HANDLED_LOGGERS:  # they add a handler of their own and still propagate to ours
+        logging.getLogger(name).handlers.clear()
     from train.eval_tasks import TaskSelectionError, select
 
     requested = [t.strip() for t in args.tasks.split(",") if t.strip()]

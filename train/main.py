@@ -40,6 +40,9 @@ def _configure_logging(run_dir: Path, attempt: str | None) -> None:
         root.addHandler(console_handler(console, root.handlers[0].formatter or logging.Formatter()))
     # Per-rank facts (peak RSS at load) are INFO on every rank: let model loading through.
     logging.getLogger("train.engine.model").setLevel(logging.INFO)
+    # Accelerate narrates every save_state/load_state in ~14 INFO lines (each file it writes);
+    # train/engine/checkpoint.py says it in one line of its own. Its warnings still come through.
+    logging.getLogger("accelerate").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -226,8 +226,8 @@ def run_local(request: EvalRequest, profile: ClusterProfile, allow_code_eval: bo
     if dry_run:
         return 0
     if code == 0 and request.output.is_file():
+        # the evaluation itself has said "results: FILE" (once is enough)
         print(evalresults.format_summary(evalresults.summary(evalresults.read_results(request.output))))
-        print(f"results: {request.output}")
         return 0
     print(f"sft-launch: error: evaluation exited with {code}", file=sys.stderr)
     return 2 if code == 2 else 1

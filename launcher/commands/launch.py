@@ -37,14 +37,22 @@ def main(argv: list[str]) -> int:
     launch = resolve(request_from_args(args))  # ConfigError -> exit 2 in cli.main; nothing written yet
     from launcher.execute.executors import execute
     from launcher.commands.plan_cmd import plan_launch, refuse_unless_fits, refuse_unless_room
+    from launcher.ops import ownership
     from launcher.resolve.preflight import check_launch
 
+    if not args.dry_run:  # a run directory a live job owns: refused before anything else is said
+        ownership.precheck(launch.run_dir)
     check_launch(launch)  # data rows, model dir, container image, run dir: exit 2 before anything is written
     report = plan_launch(launch)
     print(summary(launch, report.text), flush=True)
     refuse_unless_fits(report, force=args.force)  # does not fit: exit 2 before anything is written
     refuse_unless_room(report, force=args.force)  # the disk cannot hold what the run writes: the same
-    started = execute(launch, ["sft-launch", *argv], dry_run=args.dry_run)
+    if args.dry_run:
+        started = execute(launch, ["sft-launch", *argv], dry_run=True)
+        started.message += "".join(f"\n{line}" for line in ownership.dry_run_note(launch.run_dir))
+    else:
+        with ownership.owned(launch.run_dir, launch.executor):  # held through submission (a local run: throughout)
+            started = execute(launch, ["sft-launch", *argv], dry_run=False)
     if started.message:
         print(started.message)
     return started.exit_code

@@ -2,7 +2,10 @@
 
 The launch reaches the planner through `launcher/resolve/plan_input.py`, for the `plan` subcommand, every
 launch and `--dry-run`. A launch whose plan does not fit is refused (exit 2) unless `--force`;
-an unknown GPU type or memory size only warns. Pure Python, no torch: the CLI must stay instant.
+an unknown GPU type or memory size only warns. Where SLURM answers, the job is also checked against
+its partition (`launcher/ops/partition.py`): a job the partition can never run is refused, `--force` or
+not. `sft-launch plan` prints the plan and exits EXIT_DOES_NOT_FIT (3) when the job does not fit
+(memory or partition), 0 when it does. Pure Python, no torch: the CLI must stay instant.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING
 from contract.schema import ConfigError
 from launcher.plan.datasize import DataEstimate
 from launcher.plan.memory import GIB
+from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
 from launcher.resolve.plan_sources import source_table
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from launcher.resolve.options import Launch
 
 MAX_NAMED = 3  # suggestions named in a refusal's one line
+EXIT_DOES_NOT_FIT = 3  # `sft-launch plan`: the plan was made and says the job does not fit
 
 
 @dataclass
@@ -39,6 +44,12 @@ class LaunchPlan:
     checked: list[str] = field(default_factory=list)  # launcher/resolve/preflight.py's data verdicts, one line each
     disk: list[Filesystem] = field(default_factory=list)  # launcher/resolve/storage.py: what the run writes, where
     sources: list[str] = field(default_factory=list)  # a mixture's table (launcher/resolve/plan_sources.py)
+    cluster: ClusterCheck | None = None  # launcher/ops/partition.py: the job against its partition
+
+    @property
+    def fits(self) -> bool:
+        """False when memory or the partition says the job cannot run (unknown memory counts as fitting)."""
+        return self.plan.fits is not False and not (self.cluster and self.cluster.problems)
 
     @property
     def text(self) -> str:
@@ -49,6 +60,8 @@ class LaunchPlan:
         at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
         lines[at:at] = ([f"Checked {line}" for line in self.checked] + self.sources
                         + [f"Disk    {fs.describe()}" for fs in self.disk])
+        if self.cluster is not None:
+            lines[at:at] = [f"Cluster {self.cluster.line}", *(f"  {p}" for p in self.cluster.problems)]
         if data is None:
             return "\n".join(lines)
         rows = f"{'' if data.exact_rows else '~'}{data.rows:,} rows" if data.rows else "rows unknown"
@@ -59,7 +72,8 @@ class LaunchPlan:
         extra = {"dataset": asdict(self.data) if self.data else None, "data_checked": self.checked,
                  "data_sources": self.sources,
                  "micro_batch": self.micro_batch.record() if self.micro_batch else None,
-                 "disk": [asdict(fs) | {"total": fs.total, "room": fs.room} for fs in self.disk]}
+                 "disk": [asdict(fs) | {"total": fs.total, "room": fs.room} for fs in self.disk],
+                 "cluster": asdict(self.cluster) if self.cluster else None, "job_fits": self.fits}
         return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
 
 
@@ -109,7 +123,8 @@ def plan_launch(launch: Launch) -> LaunchPlan:
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
     disk = disk_needs(launch, plan, data)
     plan.warnings += room_warnings(disk)
-    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, source_table(launch, plan))
+    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, source_table(launch, plan),
+                      check_cluster(launch))
 
 
 def disk_needs(launch: Launch, plan: Plan, data: DataEstimate | None) -> list[Filesystem]:
@@ -129,8 +144,11 @@ def refuse_unless_room(report: LaunchPlan, force: bool) -> None:
 
 
 def refuse_unless_fits(report: LaunchPlan, force: bool) -> None:
-    """Exit 2 (ConfigError) with one line naming the best suggestions when the plan does not fit."""
+    """Exit 2 (ConfigError) with one line naming the best suggestions when the plan does not fit,
+    or the partition's limit the job breaks (whatever --force says: such a job would pend forever)."""
     plan = report.plan
+    if report.cluster and report.cluster.problems:
+        raise ConfigError(f"{report.cluster.problems[0]}; the job would pend forever")
     if plan.fits is not False or force:
         return
     usage = f"{plan.gpu.total / GIB:.1f} GiB per {'GPU' if plan.input.device == 'gpu' else 'process'}"
@@ -151,7 +169,9 @@ def main(argv: list[str]) -> int:
 
     parser = build_parser()
     parser.prog = "sft-launch plan"
-    parser.description = "Plan a launch (memory per GPU, verdict, time, cost, signal lead); writes nothing."
+    parser.description = ("Plan a launch (memory per GPU, verdict, time, cost, signal lead, the partition's "
+                          f"limits); writes nothing. Exit 0: fits; {EXIT_DOES_NOT_FIT}: does not fit; "
+                          "2: bad flags or configuration.")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (for tools)")
     args = parser.parse_args(argv)
     launch = resolve(request_from_args(args))
@@ -160,4 +180,4 @@ def main(argv: list[str]) -> int:
     check_launch(launch)
     report = plan_launch(launch)
     print(report.to_json() if args.json else report.text)
-    return 0
+    return 0 if report.fits else EXIT_DOES_NOT_FIT

@@ -2,18 +2,23 @@
 
 An executor is a module with two functions:
 
-    check(launch) -> str        dry run: what it can verify without starting anything (the text to print)
-    start(launch) -> Started    submit or run the rendered run directory
+    check(launch, rendered) -> str   dry run: what it can verify without starting anything, given the
+                                     files rendered into the directory `rendered` (the text to print)
+    start(launch) -> Started         submit or run the rendered run directory
 
 registered by name in EXECUTORS (imported only when used: the CLI must stay instant). `execute`
-renders the run directory, then either checks or starts, and records a job id in run.json. To add
-an executor: a module with check/start and one line in EXECUTORS (`--executor` lists its keys).
+renders the run directory, then either checks or starts, and records a job id in run.json. A dry
+run renders into a temporary directory and leaves the run directory alone (launcher/execute/dryrun.py).
+Its callers (`sft-launch`, `launcher.submit`) hold the run directory's launch lock around a real one
+and refuse it while a job of the run still lives (launcher/ops/ownership.py). To add an executor: a
+module with check/start and one line in EXECUTORS (`--executor` lists its keys).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -35,7 +40,7 @@ class Started:
 
 
 class Executor(Protocol):
-    def check(self, launch: Launch) -> str: ...
+    def check(self, launch: Launch, rendered: Path) -> str: ...
 
     def start(self, launch: Launch) -> Started: ...
 
@@ -48,10 +53,12 @@ def execute(launch: Launch, command: list[str], dry_run: bool) -> Started:
     """Render the run directory, then check it (dry run) or start it with the launch's executor."""
     from launcher.execute.render import record_submission, write_run_dir
 
-    run_dir = write_run_dir(launch, command)
     executor = get(launch.executor)
     if dry_run:
-        return Started(0, executor.check(launch))
+        from launcher.execute.dryrun import dry_run as check_rendered
+
+        return Started(0, check_rendered(launch, executor.check))
+    run_dir = write_run_dir(launch, command)
     started = executor.start(launch)
     if started.job_id is not None:
         record_submission(run_dir, started.job_id)

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,9 +85,9 @@ def _wait(child: subprocess.Popen, on_stop: Callable[[int, object], None]) -> in
         return child.wait()
 
 
-def check(launch: Launch) -> str:
+def check(launch: Launch, rendered: Path) -> str:
     """The executor's dry run: nothing to ask beyond what the launcher already validated."""
-    return f"dry run: rendered {launch.run_dir}; nothing started"
+    return "dry run: nothing started"
 
 
 def start(launch: Launch) -> Started:

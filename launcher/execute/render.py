@@ -186,15 +186,39 @@ def write_batch_helpers(run_dir: Path) -> None:
             _write(target / relative, Path(str(module.__file__)).read_text(encoding="utf-8"))
 
 
+def write_files(directory: Path, files: dict[str, str]) -> None:
+    """The rendered files into `directory` (a run directory, or a dry run's temporary one)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / protocol.LOGS_DIR).mkdir(exist_ok=True)
+    for name, text in files.items():
+        _write(directory / name, text)
+    (directory / protocol.LAUNCH_SCRIPT).chmod(0o755)
+
+
+def record_fields(launch: Launch) -> dict[str, Any]:
+    """What run.json says about the launch (refreshed at every launch into the directory)."""
+    return {
+        "sft_launch_version": __version__,
+        "git_sha": git_sha(),
+        "cluster_file": launch.cluster_file,
+        "profile_name": launch.profile_name,
+        "profile": to_dict(launch.profile),
+        "model": launch.preset.name,
+        "nodes": launch.nodes,
+        "strategy": launch.strategy,
+        "world_size": launch.world_size,
+        "time_limit": launch.time_limit,
+        "python": sys.executable,
+        # launcher/plan/autofit.py: the micro-batch chosen for the user and why (None: the user fixed it)
+        "micro_batch": launch.micro_batch.record() if launch.micro_batch else None,
+    }
+
+
 def write_run_dir(launch: Launch, command: list[str]) -> Path:
     """Render, then create/refresh the run directory. An existing one (a resume) keeps its history."""
     files = render_files(launch)
     run_dir = launch.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / protocol.LOGS_DIR).mkdir(exist_ok=True)
-    for name, text in files.items():
-        _write(run_dir / name, text)
-    (run_dir / protocol.LAUNCH_SCRIPT).chmod(0o755)
+    write_files(run_dir, files)
     write_batch_helpers(run_dir)
     for stale in set(TEMPLATE_NAMES) - set(files):
         (run_dir / stale).unlink(missing_ok=True)  # e.g. deepspeed.json left over from an earlier zero run
@@ -205,23 +229,10 @@ def write_run_dir(launch: Launch, command: list[str]) -> Path:
         "cwd": str(Path.cwd()),
         "executor": launch.executor,
     }
+    fields = record_fields(launch)
 
     def change(data: dict[str, Any]) -> None:
-        data.update({
-            "sft_launch_version": __version__,
-            "git_sha": git_sha(),
-            "cluster_file": launch.cluster_file,
-            "profile_name": launch.profile_name,
-            "profile": to_dict(launch.profile),
-            "model": launch.preset.name,
-            "nodes": launch.nodes,
-            "strategy": launch.strategy,
-            "world_size": launch.world_size,
-            "time_limit": launch.time_limit,
-            "python": sys.executable,
-            # launcher/plan/autofit.py: the micro-batch chosen for the user and why (None: the user fixed it)
-            "micro_batch": launch.micro_batch.record() if launch.micro_batch else None,
-        })
+        data.update(fields)
         data.setdefault("job_ids", [])
         data.setdefault("submissions", []).append(submission)
         data.setdefault("events", [])

@@ -7,6 +7,7 @@ sbatch runs with the run directory as its working directory, so the script's rel
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -78,13 +79,21 @@ def submit(run_dir: Path, script: str = protocol.LAUNCH_SCRIPT) -> str:
     return job_id
 
 
-def check(launch: Launch) -> str:
+def check(launch: Launch, rendered: Path) -> str:
     """The executor's dry run: SLURM's own check of the rendered script."""
-    return f"sbatch --test-only: {test_only(launch.run_dir).message}\ndry run: nothing submitted"
+    return f"sbatch --test-only: {test_only(rendered).message}\ndry run: nothing submitted"
+
+
+def follow_hint(run_dir: Path) -> str:
+    """How to follow a queued run with our own commands (its path, relative when under the cwd)."""
+    try:
+        run = str(run_dir.relative_to(Path.cwd()))
+    except ValueError:
+        run = str(run_dir)
+    run = shlex.quote(run)
+    return f"follow it:  sft-launch logs {run} -f\nstate:      sft-launch status {run}"
 
 
 def start(launch: Launch) -> Started:
     job_id = submit(launch.run_dir)
-    log = f"{launch.run_dir}/{protocol.LOGS_DIR}/{protocol.log_name(job_id, 0)}"
-    return Started(protocol.EXIT_OK, f"submitted job {job_id}\nfollow it:  tail -F {log}\n"
-                   f"            squeue -j {job_id}", job_id)
+    return Started(protocol.EXIT_OK, f"submitted job {job_id}\n{follow_hint(launch.run_dir)}", job_id)

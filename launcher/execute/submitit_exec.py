@@ -238,14 +238,15 @@ def submit(launch: Launch) -> str:
     return str(job.job_id)
 
 
-def check(launch: Launch) -> str:
+def check(launch: Launch, rendered: Path) -> str:
     """The executor's dry run: SLURM's check of launch.slurm, which asks for the same resources."""
     from launcher.execute import sbatch
 
-    return sbatch.check(launch) + " (submitit)"
+    return sbatch.check(launch, rendered) + " (submitit)"
 
 
 def start(launch: Launch) -> Started:
+    from launcher.execute.sbatch import follow_hint
+
     job_id = submit(launch)
-    return Started(protocol.EXIT_OK, f"submitted job {job_id} through submitit\nfollow it:  sft-launch logs -f "
-                   f"{launch.run_dir}\n            sft-launch status {launch.run_dir}", job_id)
+    return Started(protocol.EXIT_OK, f"submitted job {job_id} through submitit\n{follow_hint(launch.run_dir)}", job_id)

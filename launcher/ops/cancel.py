@@ -7,7 +7,10 @@ Protocol (sbatch and submitit executors alike):
    stop file) or, for submitit jobs, `scancel --signal=USR1 JOB` (submitit's handler in the tasks);
 3. wait (bounded) for a COMPLETE checkpoint newer than the request, or for the job to leave RUNNING;
 4. `scancel JOB`, wait for SLURM to report it finished, record `cancel` in run.json, remove the file.
-`--now` skips 2-3. A pending job has nothing to save and is cancelled at once.
+`--now` skips 2-3 and writes no checkpoint: the job's srun steps (the training processes) get
+SIGKILL first, step by step (`scancel --signal=KILL JOB.N`: straight to their tasks, which cannot
+catch it), then step 4, whose SIGTERM would otherwise reach the batch shell's trap and the training
+processes' handler and ask for a checkpoint. A pending job has nothing to save and is cancelled at once.
 """
 
 from __future__ import annotations
@@ -85,6 +88,9 @@ def cancel_run(run_dir: Path, now: bool = False, wait_s: float = DEFAULT_WAIT_S)
         step = wait_for_final_checkpoint(run_dir, job_id, since, wait_s)
         print(f"sft-launch: final checkpoint step {step}" if step is not None
               else "sft-launch: no final checkpoint came; cancelling anyway", flush=True)
+    if now and state == "RUNNING":
+        for step in slurm.job_steps(job_id):
+            slurm.scancel("--signal=KILL", step)  # no handler, no trap: no checkpoint
     if not _finished(_state(job_id)):
         slurm.scancel(job_id)
     final_state = _wait_finished(job_id)

@@ -5,14 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from contract.schema import ConfigError
 from launcher.ops import evalresults, rundir, slurm, status
+from launcher.resolve.options import DEFAULT_CLUSTER_FILE
 from launcher.usage import Parser
 
 
 def list_runs(root: Path) -> list[dict[str, Any]]:
     """Status of every run directory directly under `root`, newest update first.
 
-    One `squeue` call answers for every job; jobs it does not list fall back to run.json.
+    One `squeue` call answers for every job; jobs it does not list fall back to run.json (not one
+    `sacct` call per run: `status RUN` asks accounting).
     """
     try:
         states = slurm.job_states()
@@ -22,7 +25,7 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
     def query(job_id: str) -> dict[str, str] | None:
         return {"JobState": states[job_id]} if job_id in states else None
 
-    runs = [status.run_status(path, query) for path in sorted(root.iterdir()) if rundir.is_run_dir(path)] \
+    runs = [status.run_status(path, query, lambda _: None) for path in sorted(root.iterdir()) if rundir.is_run_dir(path)] \
         if root.is_dir() else []
     return sorted(runs, key=lambda r: r["updated"] or "", reverse=True)
 
@@ -47,6 +50,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     root = rundir.storage_root(args)
     runs = list_runs(root)
+    if not runs and not args.root and not args.cluster and not Path(DEFAULT_CLUSTER_FILE).is_file():
+        # As a launch does: without a cluster file there is no storage root to look in (only the
+        # embedded local profile's, which holds no runs either).
+        raise ConfigError(f"no ./{DEFAULT_CLUSTER_FILE}: pass --cluster FILE or --root DIR "
+                          f"(no local runs under {root} either)")
     if not runs:
         print(f"no runs under {root}")
         return 0

@@ -25,7 +25,7 @@ def available() -> bool:
     return shutil.which("scontrol") is not None
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -36,13 +36,13 @@ def job_fields(job_id: str) -> dict[str, str] | None:
     """`scontrol show job -o JOB` as a dict; None when SLURM no longer knows the job."""
     if not available():
         raise SlurmUnavailable("scontrol not found")
-    proc = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    proc = run(["scontrol", "show", "job", "-o", str(job_id)])
     if proc.returncode != 0:
         if "Invalid job id" in proc.stderr:
             return None
         raise SlurmUnavailable(f"scontrol show job {job_id}: {proc.stderr.strip() or proc.returncode}")
     first = proc.stdout.splitlines()[0] if proc.stdout.strip() else ""
-    return {key: value for key, value in _FIELD.findall(first.strip())} or None
+    return parse_fields(first) or None
 
 
 def partition_grace_time(partition: str) -> int | None:
@@ -62,11 +62,20 @@ def partition_grace_time(partition: str) -> int | None:
     return None
 
 
-def job_states() -> dict[str, str]:
-    """{job id: state} of every job slurmctld still knows (one `squeue` call for a whole listing)."""
+def parse_fields(line: str) -> dict[str, str]:
+    """`Key=value ...` of one `scontrol -o` line as a dict."""
+    return {key: value for key, value in _FIELD.findall(line.strip())}
+
+
+def job_states(job_ids: list[str] | None = None) -> dict[str, str]:
+    """{job id: state} of every job slurmctld still knows, or of those of `job_ids` it knows (one
+    `squeue` call either way)."""
     if shutil.which("squeue") is None:
         raise SlurmUnavailable("squeue not found")
-    proc = _run(["squeue", "-h", "-t", "all", "-o", "%i|%T"])
+    only = ["-j", ",".join(job_ids)] if job_ids else []
+    proc = run(["squeue", "-h", "-t", "all", *only, "-o", "%i|%T"])
+    if proc.returncode != 0 and only and "Invalid job id" in proc.stderr:
+        return {}  # none of them is known any more
     if proc.returncode != 0:
         raise SlurmUnavailable(f"squeue: {proc.stderr.strip() or proc.returncode}")
     states = {}
@@ -81,6 +90,37 @@ def scancel(*args: str) -> None:
     """Run scancel; RuntimeError (exit 1) with its message when it refuses."""
     if shutil.which("scancel") is None:
         raise SlurmUnavailable("scancel not found")
-    proc = _run(["scancel", *args])
+    proc = run(["scancel", *args])
     if proc.returncode != 0:
         raise RuntimeError(f"scancel {' '.join(args)}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
+
+
+def parse_sacct(text: str) -> dict[str, str] | None:
+    """The newest record of `sacct -X -n -P -o JobID,State,ExitCode,Reason` output as scontrol-like
+    fields (JobState, ExitCode, Reason); None when it has none. "CANCELLED by 0" -> CANCELLED."""
+    rows = [line.split("|") for line in text.splitlines() if line.count("|") >= 3]
+    if not rows:
+        return None
+    _, state, exit_code, reason = rows[-1][:4]
+    return {"JobState": state.split()[0] if state.strip() else "UNKNOWN", "ExitCode": exit_code, "Reason": reason}
+
+
+def accounting_fields(job_id: str) -> dict[str, str] | None:
+    """What SLURM's accounting (`sacct`) recorded about a job slurmctld no longer knows; None where
+    the cluster keeps no accounting ("accounting storage is disabled"), sacct is missing or the job
+    is not in it."""
+    if shutil.which("sacct") is None:
+        return None
+    try:
+        proc = run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "JobID,State,ExitCode,Reason"])
+    except SlurmUnavailable:
+        return None
+    return parse_sacct(proc.stdout) if proc.returncode == 0 else None
+
+
+def job_steps(job_id: str) -> list[str]:
+    """The job's srun steps ("JOB.0", ...; not .batch or .extern), from `squeue -s`."""
+    if shutil.which("squeue") is None:
+        raise SlurmUnavailable("squeue not found")
+    proc = run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i"])
+    return [step for step in proc.stdout.split() if step.rpartition(".")[2].isdigit()]

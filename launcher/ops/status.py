@@ -1,6 +1,7 @@
 """`sft-launch status RUN [--json]`: where a run stands, across requeues.
 
-Sources: SLURM (`scontrol show job -o`) for the live state; run.json for job ids, restarts and
+Sources: SLURM (`scontrol show job -o`) for the live state, its accounting (`sacct`, where the
+cluster keeps one) for a job slurmctld has forgotten; run.json for job ids, restarts and
 what each stop was (preemption / time limit / node failure); logs/node_failures.txt for the nodes the
 batch shell excluded and why; metrics.jsonl for step, loss, throughput and ETA;
 checkpoints/ for the last complete checkpoint; eval/ for the newest `sft-launch eval` scores.
@@ -47,15 +48,19 @@ def state_from_record(run: dict[str, Any], records: list[dict[str, Any]]) -> str
     return "NOT STARTED" if not run.get("job_ids") else "UNKNOWN (job unknown to SLURM)"
 
 
-def slurm_state(job_id: str, query: JobQuery) -> tuple[str | None, dict[str, str]]:
-    """(state, scontrol fields) or (None, {}) when SLURM cannot tell."""
+def slurm_state(job_id: str, query: JobQuery,
+                accounting: JobQuery = slurm.accounting_fields) -> tuple[str | None, dict[str, str], str]:
+    """(state, fields, source): scontrol while slurmctld knows the job, else sacct where the cluster
+    keeps accounting; (None, {}, "run.json") when SLURM cannot tell."""
     try:
-        fields = query(job_id)
+        fields, source = query(job_id), "slurm"
     except slurm.SlurmUnavailable:
-        return None, {}
+        fields = None
     if not fields:
-        return None, {}
-    return fields.get("JobState", "UNKNOWN"), fields
+        fields, source = accounting(job_id), "sacct"
+    if not fields:
+        return None, {}, "run.json"
+    return fields.get("JobState", "UNKNOWN"), fields, source
 
 
 def seconds_per_step(steps: list[dict[str, Any]]) -> float | None:
@@ -111,16 +116,16 @@ def failure_line(run_dir: Path, run: dict[str, Any], state: str) -> str | None:
     return failure.describe(record) if record else failure.batch_failure(run_dir, since)
 
 
-def run_status(run_dir: Path, query: JobQuery = slurm.job_fields) -> dict[str, Any]:
-    """Everything `status` shows, as a JSON-ready dict (`query` is scontrol; tests pass a stand-in)."""
+def run_status(run_dir: Path, query: JobQuery = slurm.job_fields,
+               accounting: JobQuery = slurm.accounting_fields) -> dict[str, Any]:
+    """Everything `status` shows, as a JSON-ready dict (`query` is scontrol, `accounting` sacct)."""
     run = rundir.read_run_json(run_dir)
     settings = rundir.train_settings(run_dir)
     records = rundir.read_metrics(run_dir, settings)
     steps = rundir.step_records(records)
     job_ids = [str(j) for j in run.get("job_ids", [])]
     logs = rundir.log_files(run_dir, job_ids)
-    state, fields = slurm_state(job_ids[-1], query) if job_ids else (None, {})
-    source = "slurm" if state else "run.json"
+    state, fields, source = slurm_state(job_ids[-1], query, accounting) if job_ids else (None, {}, "run.json")
     if state is None:
         state = state_from_record(run, records)
     last = steps[-1] if steps else {}

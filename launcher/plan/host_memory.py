@@ -6,6 +6,7 @@ from contract.shape import ModelShape
 from launcher.plan.memory import GIB, MemoryOptions, ceil_div, low_bytes, shard_degree, trainable_params
 
 PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
+PROCESS_CPU_ONLY_BYTES = 1 * GIB  # a CPU rank (no CUDA/NCCL libs): python + torch + transformers + dataloader
 
 
 def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
@@ -32,6 +33,6 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     else:
         loading = local * (4 if spec.fp32_params else low) * (trainable + frozen)
         offload = local * ceil_div(16 * trainable, p) if opts.cpu_offload else 0
-    baseline = PROCESS_CPU_BYTES * local
+    baseline = (PROCESS_CPU_BYTES if opts.device == "gpu" else PROCESS_CPU_ONLY_BYTES) * local
     return {"process_baseline": baseline, "model_loading": loading, "offload": offload,
             "total": baseline + loading + offload}

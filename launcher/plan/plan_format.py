@@ -9,6 +9,7 @@ from launcher.plan.memory import GIB, MemoryBreakdown
 from launcher.plan.planner import MAX_SUGGESTED_NODES, Plan, Suggestion
 
 GIB_F = float(GIB)
+GPU_ONLY_TERMS = ("allocator_slack", "cuda_context_nccl")  # CUDA's caching allocator, context and NCCL
 
 
 def _gib(n: int | float) -> str:
@@ -35,6 +36,8 @@ def _memory_lines(plan: Plan) -> list[str]:
         ("RAM per CPU process", "its share of node RAM")
     lines = [f"{title} (peak in {gpu.peak_phase})".ljust(51) + "GiB"]
     for term in MemoryBreakdown.TERMS:
+        if inp.device == "cpu" and term in GPU_ONLY_TERMS:
+            continue
         lines.append(f"  {term.replace('_', ' '):<22}{_gib(getattr(gpu, term))}   {gpu.notes.get(term, '')}")
     usable = "?" if plan.gpu_usable_bytes is None else _gib(plan.gpu_usable_bytes).strip()
     lines.append(f"  {'total':<22}{_gib(gpu.total)}   of {usable} usable "
@@ -53,14 +56,22 @@ def _time_lines(plan: Plan) -> list[str]:
     steps = "?" if t.steps is None else f"{t.steps:,}"
     tokens = "?" if t.total_tokens is None else _count(t.total_tokens)
     lines = [f"Time    {steps} steps x {t.tokens_per_step:,} tok = {tokens} tokens; {rate}",
-             f"        ETA {_duration(t.eta_s)} (compute {_duration(t.train_time_s)}), "
-             f"{'?' if t.gpu_hours is None else f'{t.gpu_hours:,.1f}'} GPU-hours"
+             f"        ETA {_duration(t.eta_s)} (compute {_duration(t.train_time_s)})"
+             + ("" if inp.device == "cpu" else f", {'?' if t.gpu_hours is None else f'{t.gpu_hours:,.1f}'} GPU-hours")
              + (f", cost {t.cost:,.0f}" if t.cost is not None else "")]
     if inp.time_limit_s:
         lines.append(f"        time limit {_duration(inp.time_limit_s)}: "
                      f"{'?' if t.requeues is None else t.requeues} requeue(s)")
-    lines.append(f"Signal  {plan.signal_lead_s} s before the limit (checkpoint {plan.checkpoint_bytes / 1e9:.1f} GB)")
+    lines.append(_signal_line(plan))
     return lines
+
+
+def _signal_line(plan: Plan) -> str:
+    """The lead launch.slurm asks for (profile.signal_lead_s), and what the checkpoint needs."""
+    needs = f"the checkpoint ({plan.checkpoint_bytes / 1e9:.1f} GB) needs ~{plan.signal_lead_s} s"
+    if plan.input.signal_lead_s is None:
+        return f"Signal  none: no time limit here (a stop request checkpoints; {needs})"
+    return f"Signal  {plan.input.signal_lead_s} s before the limit (profile.signal_lead_s; {needs})"
 
 
 def format_plan(plan: Plan) -> str:
@@ -69,8 +80,9 @@ def format_plan(plan: Plan) -> str:
     trainable = f", {_count(plan.params_trainable)} trainable (LoRA r={inp.lora_r})" if inp.lora else ""
     devices = f"{inp.nodes}x{inp.gpus_per_node} {inp.gpu_type}" if inp.device == "gpu" else \
         f"{inp.nodes}x{inp.gpus_per_node} CPU processes"
+    strategy = STRATEGIES[inp.strategy].title if inp.device == "gpu" else "FSDP2 over gloo (planned as full replicas)"
     lines = [
-        f"Plan    {_count(plan.params_total)} params{trainable} · {STRATEGIES[inp.strategy].title}"
+        f"Plan    {_count(plan.params_total)} params{trainable} · {strategy}"
         f"{' + CPU offload' if inp.cpu_offload else ''} · {devices} · "
         f"{inp.precision} · checkpointing {'on' if inp.gradient_checkpointing else 'off'} · "
         f"micro-batch {inp.micro_batch_tokens} tok x GA {inp.gradient_accumulation_steps}",

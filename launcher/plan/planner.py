@@ -81,6 +81,9 @@ class PlanInput:
     num_train_epochs: float = 1.0
     max_steps: int = -1  # > 0 overrides epochs
     time_limit_s: int | None = None  # SLURM --time of one job segment
+    # The lead the batch script asks SLURM for (profile.signal_lead_s, its one source); None: the
+    # planner's own estimate of what the checkpoint needs stands in for it.
+    signal_lead_s: int | None = None
     expected_mfu: float | None = None  # None = the measured/default tables above (_expected_mfu)
     adamw_impl: Literal["fused", "foreach"] = "fused"  # train/engine/optim.py: fused; torch.optim.AdamW() default: foreach
     storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
@@ -348,7 +351,7 @@ def make_plan(inp: PlanInput) -> Plan:
         input=inp, params_total=shape.total_params, params_trainable=trainable,
         params_matmul=shape.matmul_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
-        time=estimate_time(shape, inp, lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
+        time=estimate_time(shape, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
     )
 
 

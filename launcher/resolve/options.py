@@ -185,10 +185,18 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.") or "run"
 
 
+# Profile keys left out of the run directory's name: the same training with a longer time limit is
+# the same run, resumed (`--time` is left out too).
+UNHASHED_PROFILE_KEYS = ("time",)
+
+
 def config_hash(profile_name: str, profile: ClusterProfile, train: TrainConfig, nodes: int, strategy: str) -> str:
-    """Short hash of what shapes the training run (not the time limit or env), for the default run dir."""
-    shape = {"profile": profile_name, "procs": profile.procs_per_node, "nodes": nodes, "strategy": strategy,
-             "train": to_dict(train)}
+    """Short hash of everything that changes the job, for the default run dir: the profile's resolved
+    contents (not only its name: another cluster file's profile of the same name is another run), the
+    training config, nodes and strategy. Not the time limit."""
+    resolved = {k: v for k, v in to_dict(profile).items() if k not in UNHASHED_PROFILE_KEYS}
+    shape = {"profile": profile_name, "profile_contents": resolved, "procs": profile.procs_per_node,
+             "nodes": nodes, "strategy": strategy, "train": to_dict(train)}
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
 
 

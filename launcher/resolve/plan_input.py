@@ -78,7 +78,7 @@ def _device_fields(launch: LaunchView) -> dict[str, Any]:
                 "strategy": launch.strategy, "cpu_offload": profile.cpu_offload, "cpu_mem_per_node_gib": node_gib}
     share = node_gib / profile.procs_per_node if node_gib else None
     return {"device": "cpu", "gpus_per_node": profile.procs_per_node, "gpu_type": "cpu", "strategy": "ddp",
-            "gpu_memory_gib": share, "usable_gpu_fraction": CPU_RAM_FRACTION}
+            "gpu_memory_gib": share, "usable_gpu_fraction": CPU_RAM_FRACTION, "cpu_mem_per_node_gib": node_gib}
 
 
 def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None) -> PlanInput:
@@ -100,5 +100,6 @@ def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None)
         mean_doc_tokens=mean_doc or 1024.0, num_train_epochs=t.num_train_epochs, max_steps=t.max_steps,
         # The local executor has no SLURM time limit: one segment, no requeues.
         time_limit_s=None if launch.executor == "local" else launch.time_limit_s,
+        signal_lead_s=None if launch.executor == "local" else launch.profile.signal_lead_s,
         storage_write_gbps=launch.profile.storage_write_gbps,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -74,6 +75,22 @@ def render_case(case: Case) -> dict[str, str]:
 @pytest.fixture(params=CASES, ids=[c.name for c in CASES])
 def case(request: pytest.FixtureRequest) -> Case:
     return request.param
+
+
+def write_run(args: list[str]) -> Path:
+    """The run directory a launch with these flags renders (no checks, nothing started): for tests
+    that drive training themselves. A --dry-run writes no run directory."""
+    from launcher.commands.launch_args import build_parser, request_from_args
+    from launcher.execute.render import write_run_dir
+
+    return write_run_dir(resolve(request_from_args(build_parser().parse_args(args))), ["sft-launch", *args])
+
+
+def rendered_dir(result: subprocess.CompletedProcess[str]) -> Path:
+    """The temporary directory a --dry-run rendered into (named on its output)."""
+    match = re.search(r"dry run: rendered into (\S+)", result.stdout)
+    assert match, result.stdout
+    return Path(match[1])
 
 
 def cli_env(**extra: str) -> dict[str, str]:

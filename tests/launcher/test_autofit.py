@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
+from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, rendered_dir, run_cli
 from launcher.plan.autofit import MIN_MICRO_BATCH_TOKENS, Rules, _trial, candidates, search
 from launcher.plan.planner import PlanInput, make_plan
 from launcher.resolve.presets import PRESETS
@@ -31,8 +31,9 @@ def _cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return run_cli([*args, "--output", str(tmp_path / "run")], tmp_path, env=cli_env(PATH=path_without("sbatch")))
 
 
-def _written(tmp_path: Path) -> tuple[dict, dict]:
-    run = tmp_path / "run"
+def _written(result: subprocess.CompletedProcess[str]) -> tuple[dict, dict]:
+    """train.toml and run.json as the dry run rendered them."""
+    run = rendered_dir(result)
     return (tomllib.loads((run / "train.toml").read_text()), json.loads((run / "run.json").read_text()))
 
 
@@ -98,10 +99,10 @@ def test_headline_70b_on_two_a100_nodes_fits_and_states_its_micro_batch(roomy_tm
     assert "Verdict fits" in result.stdout and "dry run: nothing submitted" in result.stdout
     assert "Micro   2048 tokens (auto: largest that fits in 76.0 GiB" in result.stdout
     assert "4096 needs 77.9" in result.stdout and "micro-batch 2048 tok x GA 1" in result.stdout
-    train, run = _written(roomy_tmp)
+    train, run = _written(result)
     assert train["data"]["tokens_per_micro_batch"] == 2048 and train["train"]["gradient_checkpointing"] is True
     assert train["train"]["gradient_accumulation_steps"] == 1  # the blog's run: 1 x 2048 tokens, GA 1, 16 GPUs
-    assert "# Micro-batch chosen by sft-launch" in (roomy_tmp / "run" / "train.toml").read_text()
+    assert "# Micro-batch chosen by sft-launch" in (rendered_dir(result) / "train.toml").read_text()
     choice = run["micro_batch"]
     assert (choice["tokens"], choice["source"], choice["usable_gib"]) == (2048, "auto", 76.0)
     assert [t["tokens"] for t in choice["trials"]] == [16384, 8192, 4096, 2048]
@@ -111,7 +112,7 @@ def test_headline_8b_on_one_a100_node_keeps_its_default(roomy_tmp: Path) -> None
     result = _cli(HEADLINE_8B, roomy_tmp)
     assert result.returncode == 0, result.stderr
     assert "Verdict fits" in result.stdout and "Micro   32768 tokens (auto: the default" in result.stdout
-    train, run = _written(roomy_tmp)
+    train, run = _written(result)
     assert train["data"]["tokens_per_micro_batch"] == 0  # = 4 per device x 8192, as before
     assert run["micro_batch"]["source"] == "default" and run["micro_batch"]["tokens"] == 32768
 
@@ -135,7 +136,7 @@ def test_a_user_fixed_micro_batch_is_never_changed_and_its_refusal_names_what_fi
         assert not (roomy_tmp / "run").exists()
     result = _cli([*HEADLINE_70B, "--set", "data.tokens_per_micro_batch=2048"], roomy_tmp)
     assert result.returncode == 0, result.stderr
-    train, run = _written(roomy_tmp)
+    train, run = _written(result)
     assert train["data"]["tokens_per_micro_batch"] == 2048 and run["micro_batch"] is None
 
 
@@ -143,7 +144,7 @@ def test_checkpointing_turned_off_by_the_user_is_left_off(roomy_tmp: Path) -> No
     result = _cli([*HEADLINE_8B, "--gradient_checkpointing", "false"], roomy_tmp)
     assert result.returncode == 0, result.stderr
     assert "Micro   4096 tokens (auto: largest" in result.stdout and "cut to it (model_max_length 8192)" in result.stdout
-    train, _ = _written(roomy_tmp)
+    train, _ = _written(result)
     assert train["train"]["gradient_checkpointing"] is False and train["data"]["tokens_per_micro_batch"] == 4096
 
 

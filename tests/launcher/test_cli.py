@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.launcher.conftest import EXAMPLE_CLUSTER, REPO, cli_env, path_without, run_cli, write_stub
+from tests.launcher.conftest import EXAMPLE_CLUSTER, REPO, cli_env, path_without, rendered_dir, run_cli, write_stub
 
 
 def _no_sbatch_env(**extra: str) -> dict[str, str]:
@@ -85,8 +86,9 @@ def test_dry_run_without_sbatch_prints_summary(roomy_tmp: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "2 node(s) x 8 GPU (a100) = world size 16" in result.stdout
     assert "global batch 128" in result.stdout and "sbatch not found" in result.stdout
-    record = json.loads((roomy_tmp / "run" / "run.json").read_text())
-    assert record["submissions"][-1]["command"][0] == "sft-launch" and record["job_ids"] == []
+    assert not (roomy_tmp / "run").exists(), "a dry run writes no run directory"
+    assert f"a launch would create {roomy_tmp / 'run'}" in result.stdout
+    assert (rendered_dir(result) / "launch.slurm").is_file() and (rendered_dir(result) / "train.toml").is_file()
 
 
 def test_submit_records_job_id_and_sbatch_refusal_exits_1(tmp_path: Path) -> None:
@@ -97,10 +99,12 @@ def test_submit_records_job_id_and_sbatch_refusal_exits_1(tmp_path: Path) -> Non
     args = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "cpu", "--model", "tiny", "--output", str(tmp_path / "run")]
     result = run_cli(args, tmp_path, env=env)
     assert result.returncode == 0, result.stderr
-    assert "submitted job 31337" in result.stdout and "logs/31337-r0.log" in result.stdout
+    assert "submitted job 31337" in result.stdout
+    assert "sft-launch logs run -f" in result.stdout and "sft-launch status run" in result.stdout
     assert (tmp_path / "cwd").read_text().strip() == str(tmp_path / "run"), "sbatch runs in the run dir"
     assert json.loads((tmp_path / "run" / "run.json").read_text())["job_ids"] == ["31337"]
     write_stub(bin_dir, "sbatch", 'echo "sbatch: error: Batch job submission failed: Invalid account" >&2; exit 1\n')
+    write_stub(bin_dir, "squeue", "exit 0\n")  # job 31337 is over: the run may be launched again
     refused = run_cli(args, tmp_path, env=env)
     assert refused.returncode == 1
     assert _error_line(refused) == "sft-launch: error: sbatch: sbatch: error: Batch job submission failed: Invalid account"
@@ -111,11 +115,11 @@ def test_same_command_reuses_the_same_run_dir(tmp_path: Path) -> None:
     first = run_cli(args, tmp_path)
     second = run_cli(args, tmp_path)
     other = run_cli([*args[:-1], "6"], tmp_path)
-    run_dirs = sorted(p.name for p in (tmp_path / "runs").iterdir())
     assert first.returncode == second.returncode == other.returncode == 0
-    assert len(run_dirs) == 2 and all(d.startswith("local-tiny-") for d in run_dirs)
-    record = json.loads((tmp_path / "runs" / run_dirs[0] / "run.json").read_text())
-    assert len(record["submissions"]) in (1, 2)
+    run_dirs = [re.search(r"a launch would create (\S+)", r.stdout)[1] for r in (first, second, other)]
+    assert run_dirs[0] == run_dirs[1] != run_dirs[2]
+    assert all(Path(d).name.startswith("local-tiny-") for d in run_dirs)
+    assert not (tmp_path / "runs").exists(), "dry runs leave no run directory behind"
 
 
 def test_secrets_in_the_environment_never_reach_rendered_files(roomy_tmp: Path) -> None:
@@ -124,7 +128,7 @@ def test_secrets_in_the_environment_never_reach_rendered_files(roomy_tmp: Path) 
                       "--report_to", "wandb", "--output", str(roomy_tmp / "run")], roomy_tmp,
                      env=_no_sbatch_env(**secrets))
     assert result.returncode == 0, result.stderr
-    for path in (roomy_tmp / "run").rglob("*"):
+    for path in rendered_dir(result).rglob("*"):
         if path.is_file():
             text = path.read_text()
             assert not any(value in text for value in secrets.values()), path

@@ -12,7 +12,7 @@ import pytest
 
 from contract import failure
 from launcher.ops.status import failure_line
-from tests.launcher.conftest import REPO, cli_env, run_cli
+from tests.launcher.conftest import REPO, cli_env, write_run
 
 SAMPLE = (REPO / "train" / "assets" / "sample_chat.jsonl").read_text().splitlines()
 
@@ -54,7 +54,7 @@ def test_local_run_ends_with_the_first_failing_ranks_error_and_exit_2(tmp_path: 
     data, run_dir = tmp_path / "chat.jsonl", tmp_path / "run"
     data.write_text("\n".join(SAMPLE[:40]) + "\n")
     args = ["--model", "tiny", "--executor", "local", "--data", str(data), "--max_steps", "2", "--output", str(run_dir)]
-    assert run_cli([*args, "--dry-run"], tmp_path).returncode == 0
+    write_run(args)
     data.write_text("\n".join(SAMPLE[:6] + ['{"conversations": ['] + SAMPLE[6:40]) + "\n")
     driver = ("import sys; from launcher.commands.launch import build_parser, request_from_args; "
               "from launcher.resolve.options import resolve; from launcher.execute.local import run_local; "
@@ -84,8 +84,7 @@ def test_a_package_missing_on_the_compute_node_is_the_one_line(tmp_path: Path) -
     """`import datasets` failing inside training (a node's environment lacks it) is recorded like any
     other first failure, not left to torchrun's traceback."""
     run_dir, stubs = tmp_path / "run", tmp_path / "stubs"
-    assert run_cli(["--model", "tiny", "--executor", "local", "--output", str(run_dir), "--dry-run"],
-                   tmp_path).returncode == 0
+    write_run(["--model", "tiny", "--executor", "local", "--output", str(run_dir)])
     (stubs / "datasets").mkdir(parents=True)
     (stubs / "datasets" / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'datasets'\", name='datasets')\n")

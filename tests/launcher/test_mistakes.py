@@ -233,6 +233,21 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("local-executor-two-nodes", ["--model", "tiny", "--executor", "local", "--nodes", "2"], "--nodes: the local"),
     ("output-under-a-file", ["--model", "tiny", "--output", "afile/run"], "afile is not writable"),
     ("output-is-a-file", ["--model", "tiny", "--output", "afile"], "exists and is not a directory"),
+    # --- flags and commands, spelled almost right (no argparse abbreviations, a hint instead) ---
+    ("flag-abbreviated", ["--model", "tiny", "--max_step", "20"], "unknown flag --max_step; did you mean --max_steps?"),
+    ("flag-with-dashes", ["--model", "tiny", "--max-steps", "20"], "unknown flag --max-steps; did you mean --max_steps?"),
+    ("flag-dashes-lr", ["--model", "tiny", "--learning-rate=1e-5"], "did you mean --learning_rate?"),
+    ("launcher-flag-abbreviated", ["--model", "tiny", "--node", "2"], "unknown flag --node; did you mean --nodes?"),
+    ("launcher-flag-underscore", ["--model", "tiny", "--dry_run"], "unknown flag --dry_run; did you mean --dry-run?"),
+    ("flag-unknown", ["--model", "tiny", "--turbo"], "unknown flag --turbo; try 'sft-launch --help'"),
+    ("stray-argument", ["--model", "tiny", "extra"], "unrecognized arguments: extra"),
+    ("executor-typo", ["--model", "tiny", "--executor", "lcoal"], "argument --executor: invalid choice: 'lcoal'"),
+    ("command-typo", ["stauts", "myrun"], "unknown command 'stauts' (did you mean: status?)"),
+    ("command-unknown", ["train", "--model", "tiny"], "unknown command 'train'; commands: models, status"),
+    ("plan-flag-abbreviated", ["plan", "--model", "tiny", "--max_step", "3"],
+     "unknown flag --max_step; did you mean --max_steps? (try 'sft-launch plan --help')"),
+    ("status-flag-typo", ["status", "somerun", "--jsn"], "unknown flag --jsn; did you mean --json?"),
+    ("cancel-flag-abbreviated", ["cancel", "somerun", "--no"], "unknown flag --no; did you mean --now?"),
     # --- cluster profiles ---
     ("profile-unknown", ["--model", "tiny", "--profile", "gpu"], "gpu"),
     ("cluster-file-missing", ["--model", "tiny", "--cluster", "missing.toml"], "missing.toml"),
@@ -267,7 +282,7 @@ def test_mistake_stops_before_the_queue(workdir: Path, tmp_path: Path, args: lis
     cluster = [] if "--cluster" in args else ["--cluster", "cluster.toml"]
     output = [] if "--output" in args else ["--output", str(tmp_path / "run")]
     before = sorted(p.name for p in workdir.iterdir())
-    result = run_cli([*cluster, *args, *output], workdir, env=env)
+    result = run_cli([*args, *cluster, *output], workdir, env=env)  # flags last: a command comes first
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2, result.stdout + result.stderr
     assert 1 <= len(lines) <= 3 and lines[-1].startswith("sft-launch: error: "), result.stderr

@@ -47,6 +47,34 @@ def test_status_falls_back_to_run_json_when_slurm_forgot_the_job(tmp_path: Path)
     assert requeued["state"].startswith("REQUEUED") and requeued["timeouts"] == 1
 
 
+# `sacct -X -n -P -j JOB -o JobID,State,ExitCode,Reason` as SLURM 22.05 prints it (with accounting)
+SACCT_CANCELLED = "900042|CANCELLED by 0|0:15|None\n"
+SACCT_FAILED = "900042|FAILED|1:0|NonZeroExitCode\n"
+SACCT_REQUEUED_THEN_DONE = "900042|REQUEUED|0:0|None\n900042|COMPLETED|0:0|None\n"  # with -D
+
+
+def test_sacct_output_is_read() -> None:
+    from launcher.ops.slurm import parse_sacct
+
+    assert parse_sacct(SACCT_CANCELLED) == {"JobState": "CANCELLED", "ExitCode": "0:15", "Reason": "None"}
+    assert parse_sacct(SACCT_FAILED)["JobState"] == "FAILED"
+    assert parse_sacct(SACCT_REQUEUED_THEN_DONE)["JobState"] == "COMPLETED"
+    assert parse_sacct("") is None and parse_sacct("sacct: error: Slurm accounting storage is disabled\n") is None
+
+
+def test_status_asks_accounting_for_a_job_slurmctld_forgot(tmp_path: Path) -> None:
+    """run.json says the batch shell saw a requeue; accounting knows the job was cancelled after it."""
+    from launcher.ops.slurm import parse_sacct
+
+    run_dir = make_run(tmp_path, "req", steps_per_restart=(5,), kinds=("timeout",))
+    cancelled = status.run_status(run_dir, forgotten, lambda _job: parse_sacct(SACCT_CANCELLED))
+    assert cancelled["state"] == "CANCELLED" and cancelled["state_source"] == "sacct"
+    failed = status.run_status(run_dir, forgotten, lambda _job: parse_sacct(SACCT_FAILED))
+    assert "FAILED (NonZeroExitCode)" in status.format_status(failed)
+    no_accounting = status.run_status(run_dir, forgotten, forgotten)
+    assert no_accounting["state"].startswith("REQUEUED") and no_accounting["state_source"] == "run.json"
+
+
 def test_status_total_steps_from_the_metrics_when_max_steps_unset(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, max_steps=40)
     (run_dir / "train.toml").write_text("[train]\nnum_train_epochs = 2.0\n")

@@ -4,6 +4,7 @@ the exit-2 refusal of a launch that does not fit (unless --force), and the Launc
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_
 from launcher.plan.datasize import SAMPLE_BYTES, estimate_tokens, row_tokens
 from launcher.plan.memory import MemoryBreakdown
 from launcher.resolve.options import LaunchRequest, resolve
-from launcher.commands.plan_cmd import plan_launch, refuse_unless_fits
+from launcher.commands.plan_cmd import EXIT_DOES_NOT_FIT, plan_launch, refuse_unless_fits
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 from launcher.resolve.plan_input import SHIPPED_DATA, mem_gib, plan_input_from_launch
 from contract.schema import ConfigError
@@ -39,7 +40,7 @@ def _error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 def test_plan_subcommand_prints_the_table_and_writes_nothing(tmp_path: Path) -> None:
     result = run_cli(["plan", *LLAMA70B_ONE_NODE], tmp_path, env=_env())
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == EXIT_DOES_NOT_FIT, result.stderr  # the plan, and a code that says "does not fit"
     for word in ("GPU memory per GPU", "optimizer states", "activations", "Verdict DOES NOT FIT", "try: use",
                  "Data    ~", "Time ", "Signal "):
         assert word in result.stdout, word
@@ -62,13 +63,15 @@ def test_force_renders_a_launch_that_does_not_fit(tmp_path: Path) -> None:
                      env=_env())
     assert result.returncode == 0, result.stderr
     assert "Verdict DOES NOT FIT" in result.stdout and "dry run: nothing submitted" in result.stdout
-    assert (tmp_path / "run" / "launch.slurm").is_file()
+    rendered = re.search(r"dry run: rendered into (\S+)", result.stdout)
+    assert rendered and (Path(rendered[1]) / "launch.slurm").is_file() and not (tmp_path / "run").exists()
 
 
 def test_plan_json_parses_and_has_the_breakdown(tmp_path: Path) -> None:
     result = run_cli(["plan", *LLAMA70B_ONE_NODE, "--json"], tmp_path, env=_env())
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == EXIT_DOES_NOT_FIT, result.stderr
     data = json.loads(result.stdout)
+    assert data["job_fits"] is False
     assert set(MemoryBreakdown.TERMS) | {"total", "allocated", "peak_phase"} <= data["gpu"].keys()
     assert data["fits"] is False and data["fits_gpu"] is False and data["verdict"].startswith("does not fit")
     assert any("nodes" in s["change"] for s in data["suggestions"])
@@ -120,10 +123,13 @@ def test_short_signal_lead_warns_with_both_values_and_keeps_the_profile_value(ro
             "--output", str(roomy_tmp / "run")]
     result = run_cli(args, roomy_tmp, env=_env())
     assert result.returncode == 0, result.stderr
-    (warning,) = [line for line in result.stdout.splitlines() if "signal_lead_s" in line]
+    (warning,) = [line for line in result.stdout.splitlines() if line.startswith("Warning") and "signal_lead_s" in line]
+    (signal,) = [line for line in result.stdout.splitlines() if line.startswith("Signal")]
+    assert signal.startswith("Signal  60 s before the limit (profile.signal_lead_s; "), signal  # what the script uses
     needed = plan_launch(resolve(_a100("llama3-8b", nodes=2))).plan.signal_lead_s
     assert "= 60 s" in warning and f"the {needed} s" in warning and needed > 60
-    assert "#SBATCH --signal=B:USR1@60\n" in (roomy_tmp / "run" / "launch.slurm").read_text()
+    rendered = re.search(r"dry run: rendered into (\S+)", result.stdout)
+    assert rendered and "#SBATCH --signal=B:USR1@60\n" in (Path(rendered[1]) / "launch.slurm").read_text()
 
 
 def test_refusal_of_a_cpu_profile_names_ram_per_process() -> None:
@@ -131,7 +137,7 @@ def test_refusal_of_a_cpu_profile_names_ram_per_process() -> None:
                                    output="/tmp/never-written"))
     report = plan_launch(launch)
     assert report.plan.fits is False
-    with pytest.raises(ConfigError, match=r"does not fit: RAM per process \(.* GiB per process of 7.2 usable\)"):
+    with pytest.raises(ConfigError, match=r"does not fit: RAM per process.* \(.* GiB per process of 7.2 usable"):
         refuse_unless_fits(report, force=False)
     refuse_unless_fits(report, force=True)
 

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 from tests.hub_fixture import build_hub_cache
-from tests.launcher.conftest import REPO, cli_env, run_cli
+from tests.launcher.conftest import REPO, cli_env, rendered_dir, run_cli
 
 SAMPLE = (REPO / "train" / "assets" / "sample_chat.jsonl").read_text().splitlines()
 QA = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(900)]
@@ -44,7 +44,7 @@ def test_one_data_flag_renders_data_path_as_before(tmp_path: Path) -> None:
     _files(tmp_path)
     result = run_cli([*LOCAL, "--data", "chat.jsonl", "--dry-run", "--output", str(tmp_path / "run")], tmp_path)
     assert result.returncode == 0, result.stderr
-    data = _train_toml(tmp_path / "run")["data"]
+    data = _train_toml(rendered_dir(result))["data"]
     assert data["path"] == str(tmp_path / "chat.jsonl") and "sources" not in data
     assert "Sources " not in result.stdout  # one plain source: no table
 
@@ -54,10 +54,10 @@ def test_repeated_data_flags_become_sources_with_weights(tmp_path: Path) -> None
     result = run_cli([*LOCAL, "--data", "chat.jsonl", "--data", "text.jsonl:0.5", "--dry-run",
                       "--output", str(tmp_path / "run")], tmp_path)
     assert result.returncode == 0, result.stderr
-    data = _train_toml(tmp_path / "run")["data"]
+    data = _train_toml(rendered_dir(result))["data"]
     assert data["path"] == "" and [(s["path"], s["weight"]) for s in data["sources"]] == [
         (str(tmp_path / "chat.jsonl"), 1.0), (str(tmp_path / "text.jsonl"), 0.5)]
-    assert "[[data.sources]]" in (tmp_path / "run" / "train.toml").read_text()
+    assert "[[data.sources]]" in (rendered_dir(result) / "train.toml").read_text()
 
 
 def test_plan_prints_a_row_per_source(tmp_path: Path) -> None:

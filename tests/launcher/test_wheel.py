@@ -59,11 +59,13 @@ def test_wheel_installs_into_fresh_venv_and_renders_a_run(tmp_path: Path) -> Non
                              "--output", str(outside / "run")], cwd=outside, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
-    names = sorted(p.name for p in (outside / "run").iterdir())
+    rendered = Path(result.stdout.split("dry run: rendered into ")[1].split()[0])
+    names = sorted(p.name for p in rendered.iterdir())
     assert names == [".batch-helpers", "accelerate.yaml", "launch.slurm", "logs", "run.json", "train.toml"]
+    assert not (outside / "run").exists(), "a dry run writes no run directory"
     # The batch shell's stdlib-only helpers, copied from the installed wheel.
-    assert (outside / "run" / ".batch-helpers" / "contract" / "blame.py").is_file()
-    assert (outside / "run" / ".batch-helpers" / "launcher" / "runrecord.py").is_file()
+    assert (rendered / ".batch-helpers" / "contract" / "blame.py").is_file()
+    assert (rendered / ".batch-helpers" / "launcher" / "runrecord.py").is_file()
     models = subprocess.run([str(venv / "bin" / "sft-launch"), "models"], cwd=outside, env=env, capture_output=True,
                             text=True, timeout=60)
     assert models.returncode == 0 and "llama3-70b" in models.stdout

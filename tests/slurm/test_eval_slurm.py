@@ -51,6 +51,8 @@ def test_eval_job_on_the_cluster_writes_the_results_file(slurm_jobs) -> None:
     job_id = submit_eval(run_dir, tasks, "on-slurm", "--tasks", "tiny_mc,tiny_gen", "--limit", "4")
     log = wait_completed(slurm_jobs, run_dir, "on-slurm", job_id)
     assert (run_dir / "eval" / "on-slurm.slurm").is_file() and "sft-launch eval: results:" in log
+    ours = [line for line in log.splitlines() if line.startswith("sft-launch eval: ")]
+    assert len(ours) == len(set(ours)) and "fatal: not a git repository" not in log, log[-3000:]  # each line once
 
     data = json.loads((run_dir / "eval" / "on-slurm.json").read_text())
     assert set(data["results"]) == {"tiny_mc", "tiny_gen"}

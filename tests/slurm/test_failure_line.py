@@ -2,7 +2,7 @@
 of the rank that failed first, exits 2 for a data error, and `sft-launch status` shows the same line.
 
 The data changes between the login-node check and the job's start (as it may while a job waits in
-the queue): `sft-launch --dry-run` renders and checks, then the file is corrupted and the run
+the queue): `sft-launch --dry-run` checks, the run directory is rendered, then the file is corrupted and the run
 directory is submitted the way `sft-launch` submits it.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.launcher.conftest import write_run
 from tests.slurm import slurm_harness as sh
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -36,8 +37,10 @@ def test_failed_job_says_why_in_one_line() -> None:
                                "--data", str(data), "--max_steps", "2", "--output", str(run_dir), "--dry-run"],
                               capture_output=True, text=True, env=env, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
+    write_run(["--cluster", str(HERE / "cluster.toml"), "--nodes", "2", "--model", "tiny", "--data", str(data),
+               "--max_steps", "2", "--output", str(run_dir)])  # a dry run checks but writes no run directory
     data.write_text("\n".join(SAMPLE[:6] + ['{"conversations": ['] + SAMPLE[6:40]) + "\n")
-    submit = ("import sys; from pathlib import Path; from launcher import sbatch; "
+    submit = ("import sys; from pathlib import Path; from launcher.execute import sbatch; "
               "from launcher.execute.render import record_submission; d = Path(sys.argv[1]); "
               "j = sbatch.submit(d); record_submission(d, j); print(j)")
     job_id = int(subprocess.run([sys.executable, "-c", submit, str(run_dir)], capture_output=True, text=True,

@@ -41,7 +41,8 @@ def test_eval_local_writes_results_then_status_and_runs_show_them(setup: tuple[P
     assert settings["tasks"] == ["tiny_mc", "tiny_gen"] and settings["limit"] == 3 and settings["num_fewshot"] == 1
     assert settings["apply_chat_template"] is True and settings["lm_eval_version"] == data["lm_eval_version"]
     assert data["model"] == str(run_dir / "export")
-    assert "tiny_mc" in proc.stdout and "results: " in proc.stdout
+    assert "tiny_mc" in proc.stdout and (proc.stdout + proc.stderr).count("results: ") == 1
+    assert "fatal: not a git repository" not in proc.stderr
 
     status = sft_launch(["status", str(run_dir)], run_dir.parent, env, timeout=60)
     assert status.returncode == 0 and "eval         smoke" in status.stdout and "exact_match" in status.stdout
@@ -127,3 +128,23 @@ def test_chat_answers_greedily_through_the_chat_template(setup: tuple[Path, Path
     assert bad.returncode == 2 and "--top_k" in bad.stderr
     missing = sft_launch(["chat", str(run_dir.parent / "nope")], run_dir.parent, env, timeout=60)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+
+
+def test_an_offline_node_is_detected_and_a_hub_dataset_refused_in_one_line(setup: tuple[Path, Path]) -> None:
+    """No HF_HUB_OFFLINE, no reachable Hub (HF_ENDPOINT on a closed port): one probe, then offline; a
+    task whose dataset is not cached is one line (not minutes of retries and a traceback)."""
+    run_dir, tasks = setup
+    hub_task = tasks / "hub_mc.yaml"
+    hub_task.write_text((tasks / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: hub_mc").replace(
+        "dataset_path: json", "dataset_path: someorg/not-cached-anywhere"))
+    env = {k: v for k, v in offline_env(run_dir.parent).items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # discard port: connection refused at once
+    try:
+        proc = sft_launch(["eval", str(run_dir), "--executor", "local", "--tasks", "hub_mc", "--include-path",
+                           str(tasks), "--limit", "2"], run_dir.parent, env, timeout=120)
+    finally:
+        hub_task.unlink()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Hugging Face Hub unreachable (127.0.0.1:9: Connection refused): evaluating offline" in proc.stderr
+    assert "--tasks: hub_mc: dataset someorg/not-cached-anywhere is not in the HF cache" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Retrying" not in proc.stderr

@@ -109,12 +109,15 @@ def console_line(record: dict[str, Any], total_steps: int) -> str:
 
 
 class MetricsSink:
-    """Rank-0 writer: metrics.jsonl, console, optional wandb, tqdm progress bar with ETA."""
+    """Rank-0 writer: metrics.jsonl, console, optional wandb, tqdm progress bar with ETA.
+
+    metrics.jsonl is written whatever `train.report_to` says: `sft-launch status`, `plot` and the
+    eval loop read it; report_to adds reporters (wandb), it never takes our own record away."""
 
     def __init__(self, cfg: TrainConfig, total_steps: int, start_step: int, enabled: bool):
         self.enabled = enabled
         self.total_steps = total_steps
-        self.jsonl_path = cfg.run.resolve(cfg.run.metrics_file) if "jsonl" in cfg.train.report_to else None
+        self.jsonl_path = cfg.run.resolve(cfg.run.metrics_file)
         self.wandb_run = _init_wandb(cfg) if enabled and "wandb" in cfg.train.report_to else None
         self.bar = None
         if enabled:
@@ -132,10 +135,9 @@ class MetricsSink:
             return
         record = {**record, "total_steps": self.total_steps}  # `sft-launch status` reads it (eta)
         logger.info(console_line(record, self.total_steps))
-        if self.jsonl_path is not None:
-            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.jsonl_path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
+        self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.jsonl_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in record.items() if isinstance(v, (int, float))},
                                step=record["step"])
