@@ -3,6 +3,7 @@ and the real ``accelerate launch`` CLI, which starts a 2-rank gloo world through
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -133,3 +134,16 @@ def full_model_state(checkpoint: Path) -> dict:
         dcp_to_torch_save(str(checkpoint / f"{FSDP_MODEL_NAME}_0"), str(target))
         state = torch.load(target, weights_only=True)
     return state.get("model", state)
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL the whole job, as a dead node would: the launcher and every process below it (torchrun
+    starts each worker in a session of its own, so killing the launcher's process group leaves them)."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        victims = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for victim in victims:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                victim.kill()
+    proc.wait()

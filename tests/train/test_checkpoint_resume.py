@@ -5,15 +5,13 @@ layout GPU runs write; each test asserts it."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from tests.train.run_helpers import (assert_sharded_checkpoint, exported_tensors, launch_command, launch_env, metrics,
+from tests.train.run_helpers import (kill_job, assert_sharded_checkpoint, exported_tensors, launch_command, launch_env, metrics,
                                      read_log, run_training, write_run)
 
 from contract.protocol import EXIT_REQUEUE, checkpointed_after_stop
@@ -78,8 +76,7 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, re
                 time.sleep(0.2)
             time.sleep(0.5)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole job, mid-save: as a node failure would
-            proc.wait()
+            kill_job(proc)  # the whole job, mid-save: as a node failure would
     assert (ckpts / "step-00000005" / MARKER).is_file()
     assert_sharded_checkpoint(ckpts / "step-00000005", world=2)
     assert not (ckpts / "step-00000010").exists()

@@ -10,12 +10,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.train.run_helpers import launch_command, launch_env, read_log, write_run
+from tests.train.run_helpers import kill_job, launch_command, launch_env, read_log, write_run
 
 from contract import failure, liveness, protocol
 
@@ -33,9 +33,7 @@ def training(run_dir: Path) -> Iterator[subprocess.Popen]:
         try:
             yield proc
         finally:
-            with suppress(ProcessLookupError):  # the job may have ended by itself
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_job(proc)  # the job may have ended by itself
 
 
 def wait_for(what: str, check, proc: subprocess.Popen, run_dir: Path, timeout: float) -> Any:
