@@ -71,7 +71,10 @@ def _versions() -> dict[str, str | None]:
 def provenance() -> dict[str, Any]:
     """Where a result comes from: code, command, machine, software, time."""
     gpus, driver = _gpus()
-    commit = _git("rev-parse", "HEAD")
+    # Only this tree's own repository: a copy inside another checkout (git-ignored there, as on a lent GPU
+    # machine) would otherwise record that checkout's HEAD and dirtiness.
+    top = _git("rev-parse", "--show-toplevel")
+    commit = _git("rev-parse", "HEAD") if top and Path(top).resolve() == ROOT else ""
     # A copy of the tree without .git (a lent GPU machine): the caller names the commit it copied.
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else None
     return {

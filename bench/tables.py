@@ -76,6 +76,10 @@ def second_session() -> str:
                      + _single_rows("h200/final-2026-11-25", ONE_B, ["ours", "peer-trl-compile"]))
 
 
+def qlora_8b() -> str:
+    return _markdown(SINGLE_HEADER, _single_rows("h100/qlora-2026-11-26", EIGHT_B, ["peer-trl-qlora", "ours-qlora"]))
+
+
 def _mlp(name: str) -> str:
     data = _load(name)
     rows = [[row["path"].strip(), f"{row['ms']:.2f}", f"{row['ms'] * 16:.1f}", f"{row['saved_gib']:.2f}",
@@ -144,7 +148,7 @@ def strategies() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "single-1b": single_1b, "single-8b-lora": single_8b_lora, "fused-mlp-h200": fused_mlp_h200,
     "second-session": second_session, "mlp-first": mlp_first, "mlp-cublas": mlp_cublas, "attention": attention,
-    "ceilings": ceilings, "strategies": strategies,
+    "ceilings": ceilings, "strategies": strategies, "qlora-8b": qlora_8b,
 }
 
 
