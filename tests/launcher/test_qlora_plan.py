@@ -15,7 +15,8 @@ from contract.shape import ModelShape
 from launcher.plan.memory import NF4_BYTES_PER_PARAM, state_bytes
 from launcher.plan.planner import PlanInput, make_plan, memory_options, plan_input_from_dict
 from launcher.resolve.presets import PRESETS
-from tests.launcher.conftest import cli_env, path_without, run_cli
+from launcher.commands.plan_cmd import EXIT_DOES_NOT_FIT
+from tests.launcher.conftest import cli_env, path_without, rendered_dir, run_cli
 
 LLAMA70B = PRESETS["llama-70b"].arch
 
@@ -42,7 +43,7 @@ def test_plan_llama70b_qlora_on_two_h100s_fits_with_nf4_weights(tmp_path: Path) 
 
 def test_full_fine_tuning_that_does_not_fit_names_qlora(tmp_path: Path) -> None:
     result = _plan(tmp_path)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == EXIT_DOES_NOT_FIT, result.stderr
     assert "DOES NOT FIT" in result.stdout and "QLoRA: LoRA adapters over a 4-bit NF4 base" in result.stdout
     assert "with --qlora" in result.stdout  # the micro-batch line: what the launcher would choose under QLoRA
 
@@ -74,7 +75,7 @@ def test_qlora_flag_writes_lora_quant_into_train_toml(tmp_path: Path) -> None:
     result = run_cli(["--cluster", str(_two_h100(tmp_path)), "--model", "tiny", "--qlora", "--dry-run",
                       "--output", str(tmp_path / "run")], tmp_path, env=cli_env(PATH=path_without("sbatch")))
     assert result.returncode == 0, result.stderr
-    lora = tomllib.loads((tmp_path / "run" / "train.toml").read_text())["lora"]
+    lora = tomllib.loads((rendered_dir(result) / "train.toml").read_text())["lora"]
     assert lora["enabled"] is True and lora["quant"] == "nf4"
 
 

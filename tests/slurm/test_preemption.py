@@ -120,7 +120,11 @@ def runs() -> Iterator[dict[str, object]]:
         facts["at_step"] = at_step
 
         def preempt_at_random_step(run: Run) -> None:
-            if "urgent" not in facts and all(restart0_steps(r) >= at_step for r in phase2):
+            # At the random step; earlier if the leading run nears its end (on a loaded machine the two runs
+            # drift apart, and a run that finished its steps first would leave no stop-save to check).
+            progress = [restart0_steps(r) for r in phase2]
+            due = min(progress) >= at_step or (min(progress) >= 1 and max(progress) >= STEPS - SAVE_STEPS)
+            if "urgent" not in facts and due:
                 facts["urgent"] = submit_urgent(root)
                 facts["preempted_at"] = time.time()
         until_finished(phase2, preempt_at_random_step, PHASE_TIMEOUT_S, interval_s=0.1)
