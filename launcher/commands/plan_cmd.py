@@ -130,7 +130,9 @@ def plan_launch(launch: Launch) -> LaunchPlan:
 def disk_needs(launch: Launch, plan: Plan, data: DataEstimate | None) -> list[Filesystem]:
     """Checkpoints (K kept + 1 being written), the export and the tokenized cache, by file system."""
     cfg, lora = launch.train, launch.train.lora
-    exported = plan.params_total if not lora.enabled else plan.params_trainable + plan.params_total * lora.merge_on_export
+    exported = plan.params_total  # full fine-tuning: the whole model
+    if lora.enabled:  # the adapter, and beside it the merged model when asked for
+        exported = plan.params_trainable + (plan.params_total if lora.merge_on_export else 0)
     sizes = {"checkpoints": plan.checkpoint_bytes * (cfg.train.save_total_limit + 1),
              "export": exported * EXPORT_BYTES_PER_PARAM if cfg.run.export_dir else 0,
              "cache": data.tokens * CACHE_BYTES_PER_TOKEN if data else 0}
