@@ -142,5 +142,8 @@ def test_real_train_second_ctrl_c_kills_it(tmp_path: Path) -> None:
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode not in (0, 75), output
+    deadline = time.monotonic() + 10  # SIGKILL is sent before the launcher exits; dying (and reaping) is not instant
+    while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)], f"training processes survived: {pids}"
     assert not (run_dir / "checkpoints" / "step-00000002").exists(), "a checkpoint was published"
