@@ -20,6 +20,7 @@ import argparse
 import concurrent.futures
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,6 +137,11 @@ def run_case(name: str, args: argparse.Namespace, work: Path, rng: random.Random
         row["error"] = str(err)
     except Exception as err:  # noqa: BLE001 (a bug in one case must not lose the others' rows)
         row["error"] = f"{type(err).__name__}: {err}"[:300]
+    if row["error"]:  # each rank's own output holds the cause; the launcher's log only says which rank failed
+        for run_dir in (reference, run):
+            ranks = run_dir / protocol.LOGS_DIR / protocol.RANK_LOGS_DIR
+            if ranks.is_dir():
+                shutil.copytree(ranks, logs / f"{name}.{run_dir.name}.ranks", dirs_exist_ok=True)
     row["seconds"] = round(time.monotonic() - started, 1)
     print(f"[gpu_resume] {name}: {json.dumps(row)}", flush=True)
     return row
