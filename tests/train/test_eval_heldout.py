@@ -68,3 +68,18 @@ def test_heldout_is_the_default_beside_leaderboard_when_the_run_has_eval_splits(
     assert proc.returncode == 0, proc.stderr
     assert "--tasks heldout,leaderboard" in proc.stdout
     assert f"--train-config {trained / 'train.toml'}" in proc.stdout
+
+
+def test_heldout_and_lm_eval_tasks_in_one_evaluation(trained: Path, tmp_path: Path) -> None:
+    pytest.importorskip("lm_eval", reason="the eval extra (pip install 'sft-launch[eval]') is not installed")
+    from tests.eval_helpers import write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks")
+    proc = sft_launch(["eval", str(trained), "--executor", "local", "--tasks", "tiny_mc,heldout", "--include-path",
+                       str(tasks), "--limit", "2", "--name", "both"], tmp_path, offline_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((trained / "eval" / "both.json").read_text())
+    assert set(data["results"]) == {"tiny_mc"} and data["settings"]["tasks"] == ["heldout", "tiny_mc"]
+    assert [row["name"] for row in data["heldout"]["sources"]] == ["chat", "qa"]
+    lines = proc.stdout[proc.stdout.index("\n  heldout ") + 1:].splitlines()
+    assert [line.split()[0] for line in lines[:5]] == ["heldout", "chat", "qa", "all", "tiny_mc"]
