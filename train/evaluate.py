@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contract.protocol import is_exported_model
+from contract.protocol import EVAL_HELDOUT_TASK as HELDOUT, is_exported_model
 from contract.schema import ConfigError
 
-HELDOUT = "heldout"  # our task: held-out loss per source (launcher/commands/eval_cmd.py names it too)
 INSTALL_HINT = "lm-eval is not installed: pip install 'sft-launch[eval]' (or pip install lm-eval)"
 log = logging.getLogger("sft-launch.eval")
 # Libraries that give their root logger a stderr handler on import yet let records propagate: each

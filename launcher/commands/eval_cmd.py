@@ -3,7 +3,9 @@ as a one-node SLURM job or here.
 
 The task `heldout` (the default beside `leaderboard` when the run has eval splits) is each data
 source's eval loss, perplexity and label tokens on the model, from the run's own train.toml and eval
-splits, computed as the training's eval computes it (train/engine/heldout.py). The evaluation itself is `python -m train.evaluate` (compute side: torch, transformers, lm_eval);
+splits, computed as the training's eval computes it (train/engine/heldout.py).
+
+The evaluation itself is `python -m train.evaluate` (compute side: torch, transformers, lm_eval);
 this module only checks the request, builds that command and starts it: locally (`--executor
 local`), or in `RUN/eval/<name>.slurm` rendered from templates/eval.slurm.j2 and sbatch-submitted
 on the run's profile (one node, data parallel over its GPUs). Results: `RUN/eval/<name>.json`.
@@ -34,7 +36,7 @@ from launcher.usage import Parser
 TEMPLATE = "eval.slurm.j2"
 EVAL_MODULE = "train.evaluate"  # the compute-side entry point (train/evaluate.py)
 EXPORT_MODULE = "train.export_checkpoint"  # checkpoint -> HF model dir (train/export_checkpoint.py)
-HELDOUT = "heldout"  # our task: each source's held-out loss (train/evaluate.py HELDOUT)
+HELDOUT = protocol.EVAL_HELDOUT_TASK  # our task: each source's held-out loss
 DEFAULT_TASKS = "leaderboard"
 INSTALL_HINT = "lm-eval is not installed: pip install 'sft-launch[eval]' (or pip install lm-eval)"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")

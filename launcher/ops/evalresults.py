@@ -82,7 +82,7 @@ def summary(data: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def held_out(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The `heldout` task's rows: each source's, then "all" when there are several."""
-    heldout = data.get("heldout") or {}
+    heldout = data.get(protocol.EVAL_HELDOUT_TASK) or {}
     rows = [row for row in heldout.get("sources") or [] if isinstance(row, dict)]
     if len(rows) > 1 and isinstance(heldout.get("all"), dict):
         rows.append({"name": "all", **heldout["all"]})
