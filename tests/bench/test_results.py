@@ -26,6 +26,7 @@ SINGLE_KEYS = {  # everything bench/gpu_single.py has written, ours and peers
     "path", "real_tokens", "seconds", "warmup_steps", "real_tokens_per_s", "peak_mem_gib", "steps", "final_loss",
     "recompiles_after_first_log", "gpu", "gpu_count", "peak_flops", "shape", "budget", "total_real_tokens", "docs",
     "flops_per_token", "tflops_per_gpu", "mfu", "peer", "peer_real_tokens_per_s", "ratio_vs_peer", "provenance",
+    "attention", "kernels",  # the attention backend that ran; ours: the kernel lines of its train.log
     "lora_params",  # LoRA sides: adapter parameters of the 4·N + 6·N_lora FLOP count (results_io.throughput_numbers)
 }
 OTHER_KEYS = {
@@ -34,6 +35,8 @@ OTHER_KEYS = {
     "attention": {"device", "shape", "tokens", "docs", "rows", "provenance"},
     "strategies": {"environment", "args", "results", "provenance"},
     "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/gpu_gemm_tune.py --json
+    "profile": {"path", "profile_steps", "total_ms", "by_kind", "launched_by", "gpu", "shape", "budget", "docs",
+                "attention", "kernels", "provenance"},  # bench/gpu_single.py --profile
     "multi": None,  # checked block by block below
 }
 
@@ -185,3 +188,14 @@ def test_strategy_verdicts_rederive(path):
             assert row["resume_bitwise"] == (row["resume_max_abs_diff"] == 0), f"{case}: resume_bitwise"
         passed = not row["error"] and bool(row["trains"]) and bool(row["resume_bitwise"]) and bool(row["export_loads"])
         assert row["passed"] == passed, f"{case}: passed"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "profile"], ids=_id)
+def test_profile_shares_rederive(path):
+    """A kernel profile's total is the sum of its kinds, and it sits beside the throughput file of the
+    same run (same call: same command)."""
+    r, name = _load(path), _id(path)
+    _close(r["total_ms"], sum(r["by_kind"].values()), "total_ms", name)
+    single = path.parent / f"single-{r['shape']}-{r['path']}.json"
+    assert single.is_file(), f"{name}: no {single.name} beside it"
+    assert _load(single)["provenance"]["command"] == r["provenance"]["command"], f"{name}: from another call"
