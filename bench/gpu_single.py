@@ -191,50 +191,52 @@ def main() -> None:
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, arch["vocab_size"])
     peers = [] if args.no_peer else [p for p in args.peers.split(",") if p]
+    gpu, peak = device_peak()
     results = []
     for name in peers:
         results.append(run_peer(name, args.out, data, args.shape, args.budget))
-        print(json.dumps(results[-1]), flush=True)  # each result as it lands: a later timeout loses nothing
-    for name in args.variants.split(","):
-        results.append(run_ours(name, args.out, data, arch, args.budget, args.profile))
         print(json.dumps(results[-1]), flush=True)
-    report(results, arch, lengths, args)
-
-
-def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.Namespace) -> None:
-    gpu, peak = device_peak()
-    shape = args.shape if not args.cpu_smoke else "tiny"
-    peers = [r for r in results if r["path"].startswith("peer-") and "error" not in r]
-    peer = max(peers, key=lambda r: r["real_tokens_per_s"], default=None)  # the best peer of this run
-    rows = []
-    for r in results:
-        profile = r.pop("_profile", None)
-        if "error" in r:
-            rows.append(f"| {r['path']} | error: {r['error']} | | | |")
-            continue
-        # LoRA sides (ours-lora, trl-lora*): r 16 on every linear layer on both, as configured above
-        adapters = ModelShape.from_arch(arch).lora_params(16, LORA_TARGETS) if "lora" in r["path"] else None
-        r.update(gpu=gpu, gpu_count=1, peak_flops=peak, shape=shape, budget=args.budget,
-                 total_real_tokens=sum(lengths), docs=len(lengths), **({"lora_params": adapters} if adapters else {}),
-                 **throughput_numbers(arch, lengths, r["real_tokens_per_s"], 1, peak, adapters))
-        if peer:
-            r.update(peer=peer["path"], peer_real_tokens_per_s=peer["real_tokens_per_s"],
-                     ratio_vs_peer=r["real_tokens_per_s"] / peer["real_tokens_per_s"])
-        mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "n/a"
-        ratio = f"{r.get('ratio_vs_peer', 0):.2f}x" if peer else "-"
-        rows.append(f"| {r['path']} | {r['real_tokens_per_s']:,.0f} | {mfu} | {r['peak_mem_gib'] or 0:.1f} | {ratio} |")
-        if args.results:
-            write_result(args.results / f"single-{shape}-{r['path']}.json", r)
-            if profile:
-                write_result(args.results / f"profile-{shape}-{r['path']}.json",
-                             {**profile, "gpu": gpu, "shape": shape, "budget": args.budget, "docs": len(lengths),
-                              "attention": r["attention"], "kernels": r["kernels"]})
+    ok = [r for r in results if "error" not in r]
+    peer = max(ok, key=lambda r: r["real_tokens_per_s"], default=None)  # the fastest peer of this call
+    # Each file is written as soon as its numbers are final (the peers' once all peers ran, ours as each
+    # run lands), so a call cut off by its time limit keeps what it finished.
+    rows = [finish(r, peer, arch, lengths, args, gpu, peak) for r in results]
+    for name in args.variants.split(","):
+        result = run_ours(name, args.out, data, arch, args.budget, args.profile)
+        print(json.dumps({k: v for k, v in result.items() if k != "_profile"}), flush=True)
+        rows.append(finish(result, peer, arch, lengths, args, gpu, peak))
     mean_doc = sum(n * n for n in lengths) / sum(lengths)
     print(f"\n{gpu}, {len(lengths)} docs, {sum(lengths):,} real tokens, mean attended length {mean_doc:.0f}, "
           f"{WARMUP_STEPS} warm-up steps skipped on every side")
     best = f" (vs peer = vs {peer['path']}, the fastest peer of this run)" if peer else ""
     print(f"| path | real tokens/s | MFU | peak GiB | vs peer{best} |\n|---|---|---|---|---|")
     print("\n".join(rows))
+
+
+def finish(r: dict, peer: dict | None, arch: dict, lengths: list[int], args: argparse.Namespace, gpu: str,
+           peak: float | None) -> str:
+    """Add the derived numbers to one run's result, write its file(s) with --results; its table row."""
+    profile = r.pop("_profile", None)
+    if "error" in r:
+        return f"| {r['path']} | error: {r['error']} | | | |"
+    shape = args.shape if not args.cpu_smoke else "tiny"
+    # LoRA sides (ours-lora, trl-lora*): r 16 on every linear layer on both, as configured above
+    adapters = ModelShape.from_arch(arch).lora_params(16, LORA_TARGETS) if "lora" in r["path"] else None
+    r.update(gpu=gpu, gpu_count=1, peak_flops=peak, shape=shape, budget=args.budget,
+             total_real_tokens=sum(lengths), docs=len(lengths), **({"lora_params": adapters} if adapters else {}),
+             **throughput_numbers(arch, lengths, r["real_tokens_per_s"], 1, peak, adapters))
+    if peer:
+        r.update(peer=peer["path"], peer_real_tokens_per_s=peer["real_tokens_per_s"],
+                 ratio_vs_peer=r["real_tokens_per_s"] / peer["real_tokens_per_s"])
+    if args.results:
+        write_result(args.results / f"single-{shape}-{r['path']}.json", r)
+        if profile:
+            write_result(args.results / f"profile-{shape}-{r['path']}.json",
+                         {**profile, "gpu": gpu, "shape": shape, "budget": args.budget, "docs": len(lengths),
+                          "attention": r["attention"], "kernels": r["kernels"]})
+    mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "n/a"
+    ratio = f"{r.get('ratio_vs_peer', 0):.2f}x" if peer else "-"
+    return f"| {r['path']} | {r['real_tokens_per_s']:,.0f} | {mfu} | {r['peak_mem_gib'] or 0:.1f} | {ratio} |"
 
 
 def device_peak() -> tuple[str, float | None]:
