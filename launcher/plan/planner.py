@@ -22,7 +22,8 @@ from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory
 
 # Expected model-FLOPs utilization (docs/ARCHITECTURE.md's MFU) for full fine-tuning with per-layer
 # checkpointing, packed micro-batches, FSDP2, bf16 (PlanInput.expected_mfu overrides). Hopper entries are
-# measured on H200 (BENCHMARKS.md, bench/results/*.json) and used for every GH100-based GPU:
+# measured on H200 in results files since removed (issue #33: no provenance; to be re-measured) and used
+# for every GH100-based GPU:
 #   multi-4gpu-8b.json: Llama-3-8B shape, FSDP2 on 4 GPUs, 16k tokens/GPU, checkpointing, no compile: 36.3%
 #   single-llama3.2-1b-ours-ckpt.json: Llama-3.2-1B, 1 GPU, 32k-token packed, compile, checkpointing: 40.6%
 #   single-llama3.2-1b-ours.json: the same without checkpointing: 49.6%

@@ -135,7 +135,7 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         logger.info("torch.compile of the decoder layers off: QLoRA sharded over %d ranks (auto)",
                     accelerator.num_processes)
     elif cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
-        compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
+        compile_decoder_layers(model)  # +32% tokens/s on H200 in files removed in #33; slow to compile on CPU
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
     if cfg.train.fused_loss and zero_stage(accelerator) == 3:
