@@ -286,6 +286,9 @@ def main() -> None:
             result["eval_loss"] = eval_loss(result.pop("export"), eval_docs)
         print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
         results.append(result)
+        if args.results:  # what a later side's timeout would lose (not a results file: no provenance)
+            args.results.mkdir(parents=True, exist_ok=True)
+            (args.results / "sides-so-far.log").write_text(json.dumps(results))
     report(results, args, shape)
 
 
