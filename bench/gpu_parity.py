@@ -127,12 +127,17 @@ def run_trl(out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict
     command = [sys.executable, "-m", "bench.parity_trl", "--init", str(init), "--data", str(docs),
                "--out", str(out / "trl"), "--steps", str(args.steps), "--max-length", str(args.budget),
                "--lr", str(args.lr)]
+    (out / "trl").mkdir(parents=True, exist_ok=True)
+    log = out / "trl" / "train.log"  # stderr too: what it was doing when a timeout hit
     try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        with log.open("w") as stream:
+            proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stream, text=True,
+                                  timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        print(log.read_text()[-2000:])
         return {"side": "trl", "error": f"timeout {RUN_TIMEOUT_S} s"}
     if proc.returncode != 0:
-        print(proc.stdout[-2000:], proc.stderr[-3000:])
+        print(proc.stdout[-2000:], log.read_text()[-3000:])
         return {"side": "trl", "error": f"exit {proc.returncode}"}
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result.pop("path", None)

@@ -33,6 +33,17 @@ def test_decoder_linears_become_float8_and_lm_head_stays() -> None:
     assert [name for name, _ in model.named_parameters()] == names_before  # checkpoints and export unchanged
 
 
+def test_a_packed_micro_batch_of_any_length_trains() -> None:
+    """The weight gradient's FP8 GEMM contracts over the tokens: 37 of them (not a multiple of 16) are padded
+    inside it (an H100 refused 2,430 before `pad_inner_dim`)."""
+    model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH))
+    convert_decoder_linears(decoder_layers(model), "tensorwise")
+    assert all(m.config.pad_inner_dim for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "pad_inner_dim"))
+    ids = torch.randint(0, TINY_ARCH["vocab_size"], (1, 37))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert model.model.layers[0].mlp.down_proj.weight.grad is not None
+
+
 def test_layers_off_the_16_alignment_stay_bf16() -> None:
     model = LlamaForCausalLM(LlamaConfig(**{**TINY_ARCH, "intermediate_size": 120}))  # 120 % 16 = 8
     convert_decoder_linears(decoder_layers(model), "rowwise")
