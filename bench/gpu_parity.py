@@ -126,7 +126,7 @@ def run_ours(side: str, out: Path, init: Path, docs: Path, args: argparse.Namesp
 def run_trl(out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, "-m", "bench.parity_trl", "--init", str(init), "--data", str(docs),
                "--out", str(out / "trl"), "--steps", str(args.steps), "--max-length", str(args.budget),
-               "--lr", str(args.lr)]
+               "--lr", str(args.lr), *(["--attn", args.trl_attn] if args.trl_attn else [])]
     (out / "trl").mkdir(parents=True, exist_ok=True)
     log = out / "trl" / "train.log"  # stderr too: what it was doing when a timeout hit
     try:
@@ -267,6 +267,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--train-docs", type=int, default=0, help="0 = enough for --steps x --budget tokens")
     parser.add_argument("--eval-docs", type=int, default=400)
+    parser.add_argument("--trl-attn", default="", help="TRL's attention (bench/parity_trl.py; default flex_attention "
+                                                       "on a GPU): on an H100 its first step had not ended after 70 s")
     parser.add_argument("--every", type=int, default=10, help="train-loss table: every N steps")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-parity"))
     parser.add_argument("--results", type=Path, default=None, help="folder for the JSON (and the plot)")

@@ -54,12 +54,14 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, required=True)
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--warmup-ratio", type=float, default=0.03)
+    parser.add_argument("--attn", default="", help="attention implementation (default: flex_attention on a GPU, "
+                                                   "sdpa on a CPU)")
     args = parser.parse_args()
     gpu = torch.cuda.is_available()
     rows = Dataset.from_dict({"input_ids": read_token_jsonl(args.data)})
     tokenizer = AutoTokenizer.from_pretrained(args.init, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32,
-                                                 attn_implementation="flex_attention" if gpu else "sdpa")
+                                                 attn_implementation=args.attn or ("flex_attention" if gpu else "sdpa"))
     config = SFTConfig(
         output_dir=str(args.out), max_length=args.max_length, packing=True, packing_strategy="bfd",
         padding_free=True, per_device_train_batch_size=1, max_steps=args.steps, bf16=gpu, use_cpu=not gpu,
