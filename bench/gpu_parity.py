@@ -35,14 +35,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from bench.arithmetic import write_corpus
-from bench.gpu_single import TINY, steady_state
+from bench.gpu_single import TINY, save_train_toml, steady_state
 from bench.results_io import write_result
 from bench.synthetic import SHAPES
 from contract.config import SHIPPED_TOKENIZER, TrainConfig
-from contract.schema import to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "900"))
@@ -96,13 +93,7 @@ def write_train_toml(run_dir: Path, init: Path, docs: Path, args: argparse.Names
     t.adam_beta1, t.adam_beta2, t.weight_decay, t.max_grad_norm = 0.9, 0.95, 0.0, 1.0
     t.model_max_length, t.logging_steps, t.save_steps, t.gradient_checkpointing = args.budget, 1, 10**9, False
     cfg.run.dir = str(run_dir)
-    for section, values in overrides.items():
-        for key, value in values.items():
-            setattr(getattr(cfg, section), key, value)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "train.toml"
-    path.write_bytes(tomli_w.dumps(to_dict(cfg)).encode())
-    return path
+    return save_train_toml(cfg, run_dir, overrides)
 
 
 def run_ours(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
