@@ -181,7 +181,8 @@ def comparisons(sides: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         ratio = result["eval_loss"] / sides[ref]["eval_loss"]
         speed = result.get("real_tokens_per_s"), sides[ref].get("real_tokens_per_s")
-        rows.append({"side": side, "reference": ref, "eval_loss_ratio": ratio, "within_target": abs(ratio - 1) <= TARGET,
+        rows.append({"side": side, "reference": ref, "eval_loss_ratio": ratio,
+                     "within_target": abs(ratio - 1) <= TARGET,
                      "speedup": speed[0] / speed[1] if all(speed) else None})
     return rows
 

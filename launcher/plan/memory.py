@@ -259,10 +259,11 @@ def _activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict
 
 
 def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
-    """Transient float8 copies of one layer's matmul operands (train/kernels/float8.py): torchao saves the
-    bf16 inputs for backward (no saving), and each matmul casts its weight (and its transpose for the
-    input gradient) and its input (and the transpose for the weight gradient) to 1-byte float8: the
-    layer's linear weights twice plus its widest inputs (d and I per token) twice, alive while it runs."""
+    """Transient float8 copies of one layer's matmul operands (train/kernels/float8.py). torchao saves the
+    bf16 inputs for backward as before (the saved activations do not shrink); each matmul casts its weight
+    (and its transpose for the input gradient) and its input (and the transpose for the weight gradient)
+    to 1-byte float8: the layer's linear weights twice plus its widest inputs (d and I per token) twice,
+    alive while the layer runs."""
     if not opts.fp8:
         return 0
     weights = sum(n_in * n_out for n_in, n_out in shape.linear_dims(list(LORA_TARGETS)))

@@ -227,7 +227,7 @@ def check_quantized_base(launch: Launch) -> None:
 
 
 def check_fp8(launch: Launch, spec: gpus.GpuSpec | None) -> None:
-    """train.precision = "fp8": FP8 GPUs only, FSDP2 (or one GPU) only (train/engine/float8.py)."""
+    """train.precision = "fp8": FP8 GPUs only, FSDP2 (or one GPU) only (train/kernels/float8.py)."""
     if launch.train.train.precision != "fp8":
         return
     capability = spec.compute_capability if spec else None
