@@ -81,6 +81,11 @@ def write_train_toml(run_dir: Path, data: Path, arch: dict, budget: int, overrid
     cfg.train.num_train_epochs, cfg.train.logging_steps, cfg.train.save_steps = 1.0, LOGGING_STEPS, 10**9
     cfg.train.learning_rate, cfg.train.warmup_ratio, cfg.train.model_max_length = 2e-5, 0.03, budget
     cfg.run.dir, cfg.run.export_dir = str(run_dir), ""
+    return save_train_toml(cfg, run_dir, overrides)
+
+
+def save_train_toml(cfg: TrainConfig, run_dir: Path, overrides: dict[str, dict[str, Any]]) -> Path:
+    """run_dir/train.toml of `cfg` with the overrides (section -> key -> value) applied."""
     for section, values in overrides.items():
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)

@@ -37,6 +37,8 @@ OTHER_KEYS = {
                 "attention", "kernels", "provenance"},  # bench/gpu_single.py --profile
     "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/cli_latency.py: CPU only
     "multi": None,  # checked block by block below
+    "parity": {"shape", "steps", "budget", "lr", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
+               "provenance"},  # bench/gpu_parity.py
 }
 
 
@@ -145,6 +147,11 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
             _check_run_block(block, SHAPES["llama3.2-1b"], lengths, f"{name}: scaling_1b[{gpus}]")
         per_gpu = {int(g): b["real_tokens_per_s"] / b["gpu_count"] for g, b in runs.items()}
         _close(r["weak_scaling_efficiency"], per_gpu[r["gpu_count"]] / per_gpu[1], "weak_scaling_efficiency", name)
+    if "fp8_8b" in r:  # bench/gpu_multi.py's 8b-fp8 phase: FP8 against our bf16 path in the same call
+        fp8 = r["fp8_8b"]
+        for key in ("bf16", "fp8"):
+            _check_run_block(fp8[key], SHAPES["llama3-8b"], lengths, f"{name}: fp8_8b.{key}")
+        _close(fp8["speedup"], fp8["fp8"]["real_tokens_per_s"] / fp8["bf16"]["real_tokens_per_s"], "fp8 speedup", name)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "attention"], ids=_id)
@@ -196,3 +203,23 @@ def test_cli_latency_verdicts_rederive(path):
         _close(row["median_s"], statistics.median(row["times_s"]), f"{row['command']} median_s", name)
         assert row["target_s"] == TARGETS_S[row["command"]], f"{name}: {row['command']} target"
         assert row["met"] == (row["median_s"] <= row["target_s"]), f"{name}: {row['command']} met"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "parity"], ids=_id)
+def test_parity_verdicts_rederive(path):
+    """bench/gpu_parity.py: every side's throughput from its raw tokens and seconds, every eval-loss ratio,
+    1% verdict and speed ratio from the sides' own numbers."""
+    from bench.gpu_parity import comparisons
+
+    data, name = _load(path), _id(path)
+    for side, result in data["sides"].items():
+        assert len(result.get("losses", [])) == data["steps"] or "error" in result, f"{name}: {side} losses"
+        if result.get("seconds"):
+            _close(result["real_tokens_per_s"], result["real_tokens"] / result["seconds"], f"{side} tokens/s", name)
+    derived = {c["side"]: c for c in comparisons(data["sides"])}
+    assert {c["side"] for c in data["comparisons"]} == set(derived), f"{name}: compared sides"
+    for recorded in data["comparisons"]:
+        again = derived[recorded["side"]]
+        assert recorded["reference"] == again["reference"] and recorded["within_target"] == again["within_target"]
+        _close(recorded["eval_loss_ratio"], again["eval_loss_ratio"], f"{recorded['side']} eval loss ratio", name)
+        _close(recorded["speedup"], again["speedup"], f"{recorded['side']} speedup", name)
