@@ -9,8 +9,12 @@ Measures, in one call:
   3. naive loading (every rank reads the checkpoint) vs our rank-0-only loading: peak RSS per rank
      and load time;
   4. 8B FSDP2 training throughput / MFU, a sharded checkpoint save, then a resumed run (resume time);
-  5. 1B weak scaling: tokens/s per GPU on 1 GPU vs on all GPUs.
+  5. 1B weak scaling: tokens/s per GPU on 1 GPU vs on all GPUs;
+  6. (phase 8b-fp8) 8B full fine-tuning, --precision fp8 against our bf16 path in the same call, same
+     documents and settings (FSDP2, compile, checkpointing, --tokens8b-fp8 tokens/GPU): the speed-up.
 Prints a table last.
+
+    python -m bench.gpu_multi --gpus 2 --skip naive,8b,scaling,8b-mfu --tag fp8 --results DIR   # FP8 only
 """
 
 from __future__ import annotations
@@ -157,7 +161,8 @@ def main() -> None:
     parser.add_argument("--tokens8b", type=int, default=16384)
     parser.add_argument("--tokens1b", type=int, default=16384)
     parser.add_argument("--tokens8b-mfu", type=int, default=8192)
-    parser.add_argument("--skip", default="", help="comma list of phases to skip: naive,8b,scaling,8b-mfu")
+    parser.add_argument("--tokens8b-fp8", type=int, default=8192)
+    parser.add_argument("--skip", default="", help="comma list of phases to skip: naive,8b,scaling,8b-mfu,8b-fp8")
     parser.add_argument("--tag", default="", help="results file multi-<gpus>gpu-<tag>.json (one per set of phases)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -173,7 +178,7 @@ def main() -> None:
     write_token_jsonl(data, lengths, shape("llama3-8b")["vocab_size"])
 
     ckpt = args.out / "llama3-8b-random"
-    if not {"8b", "naive", "8b-mfu"} <= skip:
+    if not {"8b", "naive", "8b-mfu", "8b-fp8"} <= skip:
         result["checkpoint_write_s"] = write_checkpoint(ckpt, shape("llama3-8b"))
         rows.append(("write 8B bf16 checkpoint", f"{result['checkpoint_write_s']:.1f} s"))
     if "naive" not in skip:
@@ -187,6 +192,8 @@ def main() -> None:
         bench_scaling(args, data, result, rows)
     if "8b-mfu" not in skip:
         bench_8b_mfu(args, ckpt, data, result, rows)
+    if "8b-fp8" not in skip:
+        bench_8b_fp8(args, ckpt, data, result, rows)
 
     if args.results:
         write_result(args.results / f"multi-{args.gpus}gpu{'-' + args.tag if args.tag else ''}.json", result)
@@ -289,6 +296,30 @@ def bench_8b_mfu(args: argparse.Namespace, ckpt: Path, data: Path, result: dict,
     rows.append(("8B FSDP2 no-ckpt + compile: MFU (aggregate)", f"{(stats['mfu'] or 0) * 100:.1f}%"))
     rows.append(("8B FSDP2 no-ckpt + compile: mean of per-step MFU", f"{(stats['mean_step_mfu'] or 0) * 100:.1f}%"))
     rows.append(("8B FSDP2 no-ckpt + compile: peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
+
+
+def bench_8b_fp8(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, rows: list) -> None:
+    """8B full fine-tuning, our bf16 path and --precision fp8 (torchao float8 linears, tensorwise) in the
+    same call, otherwise identical: FSDP2, compile, checkpointing, the same documents and micro-batch."""
+    runs = {}
+    for precision, port in (("auto", 29630), ("fp8", 29631)):
+        run = args.out / f"run-8b-{precision}"
+        render(run, str(ckpt), data, args.gpus, [
+            "--max_steps", str(args.steps8b), "--save_steps", "1000000", "--gradient_checkpointing", "true",
+            "--precision", precision, "--set", f"data.tokens_per_micro_batch={args.tokens8b_fp8}",
+            "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
+        code, text = launch(run, args.gpus, port)
+        label = "8B bf16" if precision == "auto" else "8B FP8"
+        stats = run_stats(run, code, text, rows, label, shape("llama3-8b"), args.gpus, args.lengths)
+        if stats is None:
+            return
+        runs[precision] = dict(stats, tokens_per_micro_batch=args.tokens8b_fp8)
+        rows.append((f"{label}: tokens/s/GPU, MFU vs bf16 peak, peak GiB",
+                     f"{stats['real_tokens_per_s'] / args.gpus:,.0f}, {(stats['mfu'] or 0) * 100:.1f}%, "
+                     f"{stats['peak_mem_gib']:.1f}"))
+    result["fp8_8b"] = {"bf16": runs["auto"], "fp8": runs["fp8"],
+                        "speedup": runs["fp8"]["real_tokens_per_s"] / runs["auto"]["real_tokens_per_s"]}
+    rows.append(("8B FP8 / bf16 real tokens/s", f"{result['fp8_8b']['speedup']:.2f}x (target >= 1.25x)"))
 
 
 SCALING_STEPS, SCALING_SAVE_AT = 14, 10

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ import tomli_w
 from bench.results_io import WARMUP_STEPS, document_lengths, throughput_numbers, write_result
 from bench.synthetic import SHAPES, write_token_jsonl
 from contract.gpus import gpu_type_from_device_name, lookup
+from contract.protocol import LOGS_DIR, PROFILE_DIR
 from contract.schema import to_dict
 from contract.config import TrainConfig
 from contract.shape import LORA_TARGETS, ModelShape
@@ -79,6 +81,11 @@ def write_train_toml(run_dir: Path, data: Path, arch: dict, budget: int, overrid
     cfg.train.num_train_epochs, cfg.train.logging_steps, cfg.train.save_steps = 1.0, LOGGING_STEPS, 10**9
     cfg.train.learning_rate, cfg.train.warmup_ratio, cfg.train.model_max_length = 2e-5, 0.03, budget
     cfg.run.dir, cfg.run.export_dir = str(run_dir), ""
+    return save_train_toml(cfg, run_dir, overrides)
+
+
+def save_train_toml(cfg: TrainConfig, run_dir: Path, overrides: dict[str, dict[str, Any]]) -> Path:
+    """run_dir/train.toml of `cfg` with the overrides (section -> key -> value) applied."""
     for section, values in overrides.items():
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
@@ -108,6 +115,28 @@ def steady_state(metrics: Path) -> dict[str, Any]:
     }
 
 
+# What train.log says ran (train/kernels/attention.py, train/engine/model.py): name -> pattern of the line's rest.
+KERNEL_LINES = {"attention": r"attention: (\w+ for packed batches.*)", "fused_loss": r"fused loss (.+)",
+                "fused_mlp": r"fused SwiGLU MLP (.+)"}
+
+
+def kernels_in_log(text: str) -> dict[str, Any]:
+    """The kernel choices our run logged (first line of each kind), and the attention backend's name."""
+    found = {name: m.group(1).strip() for name, pattern in KERNEL_LINES.items() if (m := re.search(pattern, text))}
+    backend = re.search(r"attention: (\w+) for packed batches", text)
+    return {"attention": backend.group(1) if backend else "not logged", "kernels": found}
+
+
+def profile_record(run_dir: Path, name: str, spec: str) -> dict[str, Any] | None:
+    """GPU time by kind of the profiled steps (train/observe/profiling.py's breakdown of the run's trace)."""
+    from train.observe.profiling import kernel_breakdown, read_trace
+
+    traces = sorted((run_dir / LOGS_DIR / PROFILE_DIR).glob("*.trace.json"))
+    if not traces:
+        return None
+    return {"path": name, "profile_steps": spec, **kernel_breakdown(read_trace(traces[-1]))}
+
+
 def run_ours(name: str, out: Path, data: Path, arch: dict, budget: int, profile: str = "") -> dict[str, Any]:
     run_dir = out / name
     overrides = {**VARIANTS[name], "train": {**VARIANTS[name].get("train", {}),
@@ -123,7 +152,10 @@ def run_ours(name: str, out: Path, data: Path, arch: dict, budget: int, profile:
     if proc.returncode != 0:
         print(log.read_text()[-3000:])
         return {"path": name, "error": f"exit {proc.returncode}"}
-    return {"path": name, **steady_state(run_dir / "metrics.jsonl")}
+    result = {"path": name, **steady_state(run_dir / "metrics.jsonl"), **kernels_in_log(log.read_text())}
+    if profile:
+        result["_profile"] = profile_record(run_dir, name, profile)
+    return result
 
 
 def run_peer(name: str, out: Path, data: Path, shape: str, budget: int) -> dict[str, Any]:
@@ -150,7 +182,9 @@ def main() -> None:
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-single"))
     parser.add_argument("--results", type=Path, default=None, help="folder for one JSON per run")
-    parser.add_argument("--profile", default="", help='kernel profile of our runs\' steps, e.g. "8:10" (in train.log)')
+    parser.add_argument("--profile", default="", help='kernel profile of our runs\' steps, e.g. "2:4" (inside the '
+                        'warm-up, so the clocked steps run unprofiled): in train.log and, with --results, a '
+                        'profile-*.json file of GPU time by kind')
     parser.add_argument("--cpu-smoke", action="store_true")
     args = parser.parse_args()
     arch = TINY if args.cpu_smoke else SHAPES[args.shape]
@@ -162,45 +196,52 @@ def main() -> None:
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, arch["vocab_size"])
     peers = [] if args.no_peer else [p for p in args.peers.split(",") if p]
+    gpu, peak = device_peak()
     results = []
     for name in peers:
         results.append(run_peer(name, args.out, data, args.shape, args.budget))
-        print(json.dumps(results[-1]), flush=True)  # each result as it lands: a later timeout loses nothing
-    for name in args.variants.split(","):
-        results.append(run_ours(name, args.out, data, arch, args.budget, args.profile))
         print(json.dumps(results[-1]), flush=True)
-    report(results, arch, lengths, args)
-
-
-def report(results: list[dict], arch: dict, lengths: list[int], args: argparse.Namespace) -> None:
-    gpu, peak = device_peak()
-    shape = args.shape if not args.cpu_smoke else "tiny"
-    peers = [r for r in results if r["path"].startswith("peer-") and "error" not in r]
-    peer = max(peers, key=lambda r: r["real_tokens_per_s"], default=None)  # the best peer of this run
-    rows = []
-    for r in results:
-        if "error" in r:
-            rows.append(f"| {r['path']} | error: {r['error']} | | | |")
-            continue
-        # LoRA sides (ours-lora, trl-lora*): r 16 on every linear layer on both, as configured above
-        adapters = ModelShape.from_arch(arch).lora_params(16, LORA_TARGETS) if "lora" in r["path"] else None
-        r.update(gpu=gpu, gpu_count=1, peak_flops=peak, shape=shape, budget=args.budget,
-                 total_real_tokens=sum(lengths), docs=len(lengths), **({"lora_params": adapters} if adapters else {}),
-                 **throughput_numbers(arch, lengths, r["real_tokens_per_s"], 1, peak, adapters))
-        if peer:
-            r.update(peer=peer["path"], peer_real_tokens_per_s=peer["real_tokens_per_s"],
-                     ratio_vs_peer=r["real_tokens_per_s"] / peer["real_tokens_per_s"])
-        mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "n/a"
-        ratio = f"{r.get('ratio_vs_peer', 0):.2f}x" if peer else "-"
-        rows.append(f"| {r['path']} | {r['real_tokens_per_s']:,.0f} | {mfu} | {r['peak_mem_gib'] or 0:.1f} | {ratio} |")
-        if args.results:
-            write_result(args.results / f"single-{shape}-{r['path']}.json", r)
+    ok = [r for r in results if "error" not in r]
+    peer = max(ok, key=lambda r: r["real_tokens_per_s"], default=None)  # the fastest peer of this call
+    # Each file is written as soon as its numbers are final (the peers' once all peers ran, ours as each
+    # run lands), so a call cut off by its time limit keeps what it finished.
+    rows = [finish(r, peer, arch, lengths, args, gpu, peak) for r in results]
+    for name in args.variants.split(","):
+        result = run_ours(name, args.out, data, arch, args.budget, args.profile)
+        print(json.dumps({k: v for k, v in result.items() if k != "_profile"}), flush=True)
+        rows.append(finish(result, peer, arch, lengths, args, gpu, peak))
     mean_doc = sum(n * n for n in lengths) / sum(lengths)
     print(f"\n{gpu}, {len(lengths)} docs, {sum(lengths):,} real tokens, mean attended length {mean_doc:.0f}, "
           f"{WARMUP_STEPS} warm-up steps skipped on every side")
     best = f" (vs peer = vs {peer['path']}, the fastest peer of this run)" if peer else ""
     print(f"| path | real tokens/s | MFU | peak GiB | vs peer{best} |\n|---|---|---|---|---|")
     print("\n".join(rows))
+
+
+def finish(r: dict, peer: dict | None, arch: dict, lengths: list[int], args: argparse.Namespace, gpu: str,
+           peak: float | None) -> str:
+    """Add the derived numbers to one run's result, write its file(s) with --results; its table row."""
+    profile = r.pop("_profile", None)
+    if "error" in r:
+        return f"| {r['path']} | error: {r['error']} | | | |"
+    shape = args.shape if not args.cpu_smoke else "tiny"
+    # LoRA sides (ours-lora, trl-lora*): r 16 on every linear layer on both, as configured above
+    adapters = ModelShape.from_arch(arch).lora_params(16, LORA_TARGETS) if "lora" in r["path"] else None
+    r.update(gpu=gpu, gpu_count=1, peak_flops=peak, shape=shape, budget=args.budget,
+             total_real_tokens=sum(lengths), docs=len(lengths), **({"lora_params": adapters} if adapters else {}),
+             **throughput_numbers(arch, lengths, r["real_tokens_per_s"], 1, peak, adapters))
+    if peer:
+        r.update(peer=peer["path"], peer_real_tokens_per_s=peer["real_tokens_per_s"],
+                 ratio_vs_peer=r["real_tokens_per_s"] / peer["real_tokens_per_s"])
+    if args.results:
+        write_result(args.results / f"single-{shape}-{r['path']}.json", r)
+        if profile:
+            write_result(args.results / f"profile-{shape}-{r['path']}.json",
+                         {**profile, "gpu": gpu, "shape": shape, "budget": args.budget, "docs": len(lengths),
+                          "attention": r["attention"], "kernels": r["kernels"]})
+    mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "n/a"
+    ratio = f"{r.get('ratio_vs_peer', 0):.2f}x" if peer else "-"
+    return f"| {r['path']} | {r['real_tokens_per_s']:,.0f} | {mfu} | {r['peak_mem_gib'] or 0:.1f} | {ratio} |"
 
 
 def device_peak() -> tuple[str, float | None]:

@@ -54,7 +54,9 @@ class TimedSteps:
         return {"path": path, "real_tokens": self.real_tokens, "seconds": seconds,
                 "steps": self.step_count - WARMUP_STEPS, "warmup_steps": WARMUP_STEPS,
                 "real_tokens_per_s": self.real_tokens / seconds,
-                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+                # what the model ran with, read from it (transformers' name: sdpa, flex_attention, ...)
+                "attention": getattr(self.model.config, "_attn_implementation", None) or "not recorded"}
 
     def all_ranks(self, result: dict[str, Any]) -> dict[str, Any]:
         """`result` of one rank made the job's: real tokens summed over the ranks (each counted its own

@@ -109,8 +109,7 @@ def throughput_numbers(arch: dict[str, Any], lengths: list[int], real_tokens_per
                        peak_flops: float | None, lora_params: int | None = None) -> dict[str, Any]:
     """TFLOP/s per GPU and MFU of `real_tokens_per_s` (all GPUs together) on a model of shape `arch`, by
     contract.shape's FLOP count: 6·N + 6·L·a·s̄, or with LoRA adapters (`lora_params`, recorded in the file)
-    4·N + 6·N_lora + 6·L·a·s̄. LoRA files written before the count existed carry no `lora_params` and were
-    counted at 6·N; both sides of a LoRA comparison are counted alike either way."""
+    4·N + 6·N_lora + 6·L·a·s̄; both sides of a LoRA comparison are counted alike."""
     per_gpu = real_tokens_per_s / gpu_count
     flops_per_token = ModelShape.from_arch(arch).flops_per_token(attended_length(lengths), lora_params)
     tflops = flops_per_token * per_gpu / 1e12

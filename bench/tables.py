@@ -20,7 +20,7 @@ from bench.results_io import RESULTS, ROOT
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
-ONE_B, EIGHT_B = "llama3.2-1b", "llama3-8b"
+EIGHT_B = "llama3-8b"
 
 
 def _load(name: str) -> dict:
@@ -52,30 +52,6 @@ def _single_rows(folder: str, shape: str, paths: list[str]) -> list[list[str]]:
 
 SINGLE_HEADER = ["call (bench/results/…)", "path", "real tokens/s", "MFU", "peak GiB", "vs fastest peer of the call",
                  "real tokens counted"]
-PEERS_1B = ["peer-fastchat", "peer-trl", "peer-trl-compile", "ours", "ours-liger"]
-
-
-def single_1b() -> str:
-    return _markdown(SINGLE_HEADER, _single_rows("h100", ONE_B, PEERS_1B) + _single_rows("h200", ONE_B, PEERS_1B))
-
-
-def single_8b_lora() -> str:
-    paths = ["peer-trl-lora", "ours-lora"]
-    return _markdown(SINGLE_HEADER, _single_rows("h100", EIGHT_B, paths) + _single_rows("h200", EIGHT_B, paths))
-
-
-def fused_mlp_h200() -> str:
-    return _markdown(SINGLE_HEADER, _single_rows("h200/fused-mlp-ab-with-trl", ONE_B,
-                                                 ["ours", "ours-stockmlp", "peer-trl-compile"]))
-
-
-def second_session() -> str:
-    three = ["ours", "ours-stockmlp", "peer-trl-compile"]
-    return _markdown(SINGLE_HEADER, _single_rows("h100/cublas-mlp-quack-ce", ONE_B, three)
-                     + _single_rows("h100/final-2026-11-25", ONE_B, three)
-                     + _single_rows("h200/final-2026-11-25", ONE_B, ["ours", "peer-trl-compile"]))
-
-
 def qlora_8b() -> str:
     return _markdown(SINGLE_HEADER, _single_rows("h100/qlora-2026-11-26", EIGHT_B, ["peer-trl-qlora", "ours-qlora"]))
 
@@ -131,76 +107,20 @@ def resume_2gpu() -> str:
     return _markdown(["case (2 GPUs)", "SIGTERM once step … was logged", "checkpoint it saved", "final weights vs uninterrupted"], rows)
 
 
-def _mlp(name: str) -> str:
-    data = _load(name)
-    rows = [[row["path"].strip(), f"{row['ms']:.2f}", f"{row['ms'] * 16:.1f}", f"{row['saved_gib']:.2f}",
-             f"{row['first_call_s']:.1f}", f"{row['max_rel_err']:.1e}"] for row in data["rows"]]
-    return _markdown(["path", "ms per layer", "× 16 layers", "GiB kept for backward", "first call s", "max rel err"], rows)
-
-
-def mlp_first() -> str:
-    return _mlp("h100/mlp-llama3.2-1b.json")
-
-
-def mlp_cublas() -> str:
-    return _mlp("h100/mlp-llama3.2-1b-cublas.json")
-
-
-def attention() -> str:
-    rows = [[row["kernel"], f"{row['ms']:.2f}", f"{row['tflops']:.0f}"] if "ms" in row
-            else [row["kernel"], f"failed: {row['error']}", ""] for row in _load("h100/attention-llama3.2-1b.json")["rows"]]
-    return _markdown(["kernel", "ms per layer (fwd + bwd)", "TFLOP/s (causal count)"], rows)
-
-
-def _step_matmuls(data: dict, chunk: int) -> tuple[float, float, float]:
-    """(ms of every matmul of one step, their TFLOP/s, ms of the lm_head's matmuls) at a loss chunk."""
-    rows = next(s["rows"] for s in data["steps"] if s["loss_chunk"] == chunk)
-    total = sum((r["fwd_ms"] + r["dgrad_ms"] + r["wgrad_ms"]) * r["count"] for r in rows)
-    flop = sum(r["flop"] * r["count"] for r in rows)
-    lm_head = sum((r["fwd_ms"] + r["dgrad_ms"] + r["wgrad_ms"]) * r["count"] for r in rows if "lm_head" in r["what"])
-    return total, flop / total / 1e9, lm_head
-
-
-def ceilings() -> str:
-    files = {"H100": "h100/ceilings-llama3.2-1b.json", "H100, second machine (`-loss`)": "h100/ceilings-llama3.2-1b-loss.json",
-             "H200": "h200/ceilings-llama3.2-1b.json"}
-    data = {gpu: _load(name) for gpu, name in files.items()}
-    rows = [["device copy bandwidth (read + write)"] + [f"{d['copy_gbs']:,.0f} GB/s" for d in data.values()],
-            ["bf16 8192³ matmul"] + [f"{d['square_bf16_tflops']:.0f} TFLOP/s" for d in data.values()]]
-    rows.append(["every matmul of one 32,768-token step, each timed alone (lm_head in 1,024-token chunks)"]
-                + ["{:.0f} ms ({:.0f} TFLOP/s)".format(*_step_matmuls(d, 1024)[:2]) for d in data.values()])
-    rows.append(["the lm_head's three matmuls: 32 chunks of 1,024 → 8 chunks of 4,096"]
-                + [f"{_step_matmuls(d, 1024)[2]:.1f} → {_step_matmuls(d, 4096)[2]:.1f} ms" for d in data.values()])
-    rows.append(["lm_head + cross-entropy fwd + bwd (ours / Liger)"]
-                + [" / ".join(f"{d['loss_fwd_bwd_ms'][k]:.1f}" for k in ("fused", "liger")) + " ms"
-                   if d.get("loss_fwd_bwd_ms") else "not measured" for d in data.values()])
-    return _markdown([""] + list(files), rows)
-
-
-STRATEGY_FILES = ["jobs1-a", "jobs1-b", "jobs4-a", "jobs4-offload", "jobs4-fsdp1-fixed", "after-merge"]
-
-
-def strategies() -> str:
-    rows = []
-    for tag in STRATEGY_FILES:
-        for r in _load(f"h100/strategies-1gpu-{tag}.json")["results"]:
-            if r["error"].startswith("skipped"):
-                continue
-            trains = f"{r['loss_first']:.2f} → {r['loss_last']:.2f}" if r["loss_first"] is not None else "–"
-            resume = ("bitwise" if r["resume_bitwise"] else f"differs (max {r['resume_max_abs_diff']:.1e})"
-                      if r["resume_bitwise"] is not None else f"not compared: {r['error'][:40]}")
-            peak = f"{r['peak_gib']:.2f} / {r['predicted_allocated_gib']:.2f}" if r["peak_gib"] else "–"
-            rows.append([tag, r["case"], trains, resume, "yes" if r["export_loads"] else "no",
-                         f"{r['s_per_step']:.3f}" if r["s_per_step"] else "–", peak])
-    return _markdown(["file (strategies-1gpu-…)", "case", "loss first → last", "resume vs uninterrupted",
-                      "export loads", "s/step", "peak GiB measured / planner then"], rows)
+def cli_latency() -> str:
+    data = _load("cpu/cli-latency.json")
+    machine = data["machine"]
+    where = (f"{machine['cpu']}, {machine['cores']} cores, load average {machine['load_avg_1m_before']:.1f} → "
+             f"{machine['load_avg_1m_after']:.1f}")
+    rows = [[f"`sft-launch {row['command']}`", f"{row['median_s']:.3f}", f"{min(row['times_s']):.3f}",
+             f"{max(row['times_s']):.3f}", f"{row['target_s']:.1f}", "yes" if row["met"] else "no", where]
+            for row in data["rows"]]
+    return _markdown(["command", "median s", "min s", "max s", "target s", "met", "machine"], rows)
 
 
 TABLES: dict[str, Callable[[], str]] = {
-    "single-1b": single_1b, "single-8b-lora": single_8b_lora, "fused-mlp-h200": fused_mlp_h200,
-    "second-session": second_session, "mlp-first": mlp_first, "mlp-cublas": mlp_cublas, "attention": attention,
-    "ceilings": ceilings, "strategies": strategies, "qlora-8b": qlora_8b,
-    "qlora-70b": qlora_70b, "qlora-match": qlora_match, "two-gpu-scaling": two_gpu_scaling, "resume-2gpu": resume_2gpu,
+    "qlora-8b": qlora_8b, "cli-latency": cli_latency, "qlora-70b": qlora_70b, "qlora-match": qlora_match,
+    "two-gpu-scaling": two_gpu_scaling, "resume-2gpu": resume_2gpu,
 }
 
 

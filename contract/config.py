@@ -19,6 +19,8 @@ from contract.sources import DataFormat, DataSource, check_unique_names
 AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
 Scheduler = Literal["cosine", "linear", "constant"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]
+TrainPrecision = Literal["auto", "fp8"]
+Fp8Recipe = Literal["tensorwise", "rowwise"]
 LoraQuant = Literal["none", "nf4"]
 
 # The shipped tiny assets live in train/assets/; found by path (`contract` and `train` are sibling
@@ -117,6 +119,13 @@ class TrainSection:
         "auto", "compute SwiGLU inside the MLP's GEMMs (train/kernels/swiglu.py; quack-kernels, Hopper/Blackwell; "
                 "tokens x intermediate_size x 2 bytes less activation memory per layer): auto = where it "
                 "can run, true = required")
+    precision: TrainPrecision = documented(
+        "auto", "matmul precision of the decoder's linear layers: auto = model.precision's (bf16 on GPUs); fp8 = "
+                "torchao float8 training (FP8 GPUs: compute capability >= 8.9; full fine-tuning under FSDP2 or on "
+                "one GPU; lm_head, attention and norms stay bf16)")
+    fp8_recipe: Fp8Recipe = documented(
+        "tensorwise", "scaling of --precision fp8: tensorwise (one scale per tensor, fastest) or rowwise "
+                      "(a scale per row: closer to bf16, slower)")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on rank 0: "
@@ -188,6 +197,18 @@ class TrainConfig:
     train: TrainSection = field(default_factory=TrainSection)
     lora: LoraSection = field(default_factory=LoraSection)
     run: RunSection = field(default_factory=RunSection)
+
+    def validate(self) -> None:
+        """Rules across sections."""
+        if self.train.precision == "fp8":
+            require(not self.lora.enabled, "train.precision", "fp8 trains the full weights; not with LoRA or QLoRA "
+                    "(torchao's float8 linears would replace the adapted layers)")
+            require(self.model.precision in ("auto", "bf16"), "train.precision",
+                    f"fp8 computes everything else in bf16: model.precision must be auto or bf16, "
+                    f"not {self.model.precision}")
+            require(self.train.fused_mlp is not True, "train.precision",
+                    "fp8 runs the MLP's projections as float8 linears: not with train.fused_mlp = true "
+                    "(quack's bf16 GEMMs)")
 
     @property
     def micro_batch_tokens(self) -> int:

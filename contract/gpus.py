@@ -1,5 +1,6 @@
-"""GPU facts shared by the launcher (validation, planner) and train (MFU): peak dense bf16 FLOP/s,
-memory and compute capability, keyed by a short type name. Pure Python (no torch).
+"""GPU facts shared by the launcher (validation, planner) and train (MFU): peak dense bf16 FLOP/s
+(and float8's, printed beside it: MFU stays against the bf16 peak, FP8 runs included), memory and
+compute capability, keyed by a short type name. Pure Python (no torch).
 
 Peak numbers are the datasheets' *dense* (no sparsity) 16-bit tensor-core rates. An unknown GPU
 has no entry: callers then report no MFU and warn once, never guess.
@@ -17,6 +18,7 @@ class GpuSpec:
     memory_gib: float  # nominal (A100 80GB: 81920 MiB = 80 GiB; CUDA reports ~79.2 after the driver's reserve)
     compute_capability: tuple[int, int]
     has_bf16: bool = True
+    peak_tflops_fp8: float | None = None  # dense float8 tensor-core rate (compute capability >= 8.9); None = no FP8
 
 
 # GPU-only attention backends (train/kernels/attention.py): the lowest compute capability their kernels are
@@ -32,6 +34,22 @@ QUACK_CAPABILITY: tuple[tuple[int, int], tuple[int, int]] = ((9, 0), (10, 3))
 def quack_runs_on(capability: tuple[int, int]) -> bool:
     low, high = QUACK_CAPABILITY
     return low <= capability <= high
+
+
+# float8 tensor cores (torch._scaled_mm, torchao's float8 linears): Ada, Hopper, Blackwell.
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def fp8_blocker(on_gpu: bool, capability: tuple[int, int] | None) -> str | None:
+    """Why this device cannot train with train.precision = "fp8", None when nothing here forbids it.
+    `capability` None: a GPU this table does not know (the compute node checks the real device)."""
+    if not on_gpu:
+        return "float8 matmuls need a CUDA GPU with FP8 tensor cores (this is a CPU run)"
+    low = FP8_MIN_CAPABILITY
+    if capability is not None and capability < low:
+        return (f"it needs FP8 tensor cores (compute capability >= {low[0]}.{low[1]}: Ada, Hopper, Blackwell; "
+                f"this GPU has {capability[0]}.{capability[1]})")
+    return None
 
 
 def fused_mlp_blocker(on_gpu: bool, capability: tuple[int, int] | None, lora: bool, zero_stage: int | None) -> str | None:
@@ -59,14 +77,14 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("a10g", 70.0, 24.0, (8, 6)),
         GpuSpec("a100-40gb", 312.0, 40.0, (8, 0)),
         GpuSpec("a100", 312.0, 80.0, (8, 0)),
-        GpuSpec("l4", 121.0, 24.0, (8, 9)),
-        GpuSpec("l40s", 362.0, 48.0, (8, 9)),
-        GpuSpec("h100-pcie", 756.0, 80.0, (9, 0)),
-        GpuSpec("h100", 989.0, 80.0, (9, 0)),  # SXM
-        GpuSpec("h100-nvl", 835.0, 94.0, (9, 0)),
-        GpuSpec("gh200", 989.0, 96.0, (9, 0)),
-        GpuSpec("h200", 989.0, 141.0, (9, 0)),
-        GpuSpec("b200", 2250.0, 180.0, (10, 0)),
+        GpuSpec("l4", 121.0, 24.0, (8, 9), peak_tflops_fp8=242.0),
+        GpuSpec("l40s", 362.0, 48.0, (8, 9), peak_tflops_fp8=733.0),
+        GpuSpec("h100-pcie", 756.0, 80.0, (9, 0), peak_tflops_fp8=1513.0),
+        GpuSpec("h100", 989.0, 80.0, (9, 0), peak_tflops_fp8=1979.0),  # SXM
+        GpuSpec("h100-nvl", 835.0, 94.0, (9, 0), peak_tflops_fp8=1671.0),
+        GpuSpec("gh200", 989.0, 96.0, (9, 0), peak_tflops_fp8=1979.0),
+        GpuSpec("h200", 989.0, 141.0, (9, 0), peak_tflops_fp8=1979.0),
+        GpuSpec("b200", 2250.0, 180.0, (10, 0), peak_tflops_fp8=4500.0),
     ]
 }
 

@@ -73,6 +73,9 @@ PROFILE_DIR = "profile"
 # by `eval --every-checkpoint` until its export (train/export_checkpoint.py) removes it.
 EVAL_DIR = "eval"
 EVAL_PINNED_PREFIX = "pinned-step-"
+# The eval task that is ours, not lm-eval's: each data source's held-out loss (train/engine/heldout.py),
+# stored under this key of the results file.
+EVAL_HELDOUT_TASK = "heldout"
 
 # Checkpoints: CHECKPOINT_DIR/step-00000050/ is complete only once it holds CHECKPOINT_MARKER.
 CHECKPOINT_PREFIX = "step-"

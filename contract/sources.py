@@ -75,6 +75,11 @@ class DataSource:
         """The source's name: `name`, else the file's stem / the hub id's last part."""
         return self.name or default_name(self.path)
 
+    @property
+    def has_eval(self) -> bool:
+        """The source holds out eval examples: a fraction of itself, or eval data of its own."""
+        return bool(self.eval_fraction or self.eval_path or self.eval_split)
+
 
 def default_name(path: str) -> str:
     stem = Path(path.rstrip("/")).name

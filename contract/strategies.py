@@ -40,8 +40,9 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("fsdp", "FSDP2 full shard", "fsdp", "world", fsdp_version=2),
         StrategySpec("fsdp1", "FSDP1 full shard", "fsdp", "world", fsdp_version=1, fp32_params=True,
                      gpu_only="FSDP1 needs GPUs (its rank-0 weight broadcast, sync_module_states, is GPU-only)",
-                     # bench/gpu_strategies.py on an H100 (BENCHMARKS.md): with offload_params the resumed
-                     # run started from the initial weights (Accelerate 1.15's FSDP1 sharded load).
+                     # bench/gpu_strategies.py on an H100 (2026-11-24, file removed in #33): with
+                     # offload_params the resumed run started from the initial weights (Accelerate 1.15's
+                     # FSDP1 sharded load).
                      no_cpu_offload="FSDP1 with CPU offload does not restore the weights on resume; "
                                     "use --strategy fsdp (FSDP2), whose CPU offload resumes exactly"),
         StrategySpec("hsdp", "FSDP2 hybrid shard", "fsdp", "node", fsdp_version=2, launchable=False),

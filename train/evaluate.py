@@ -1,10 +1,15 @@
-"""`python -m train.evaluate`: lm-evaluation-harness on an exported model, results to one JSON file.
+"""`python -m train.evaluate`: lm-evaluation-harness and the run's held-out loss on an exported model,
+results to one JSON file.
 
 Started by `sft-launch eval` (launcher/commands/eval_cmd.py), here or inside a one-node SLURM job through
 `accelerate launch`, which makes lm-eval's HF backend data parallel over the node's GPUs (each
 process holds the whole model, takes a slice of the requests, rank 0 gathers and scores).
 The results file holds lm-eval's results with the exact task versions, configs and n-shot, plus
-the settings we ran with and the tasks a preset left out (and why). Exit 0 ok, 2 usage, 1 failure.
+the settings we ran with and the tasks a preset left out (and why). The task `heldout` is ours,
+not lm-eval's: the loss, perplexity and label tokens of each source's eval split (the run's
+train.toml, --train-config), computed as the training's eval computes it (train/engine/heldout.py),
+under `heldout` in the file; without other tasks lm-eval is not needed.
+Exit 0 ok, 2 usage, 1 failure.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contract.protocol import is_exported_model
+from contract.protocol import EVAL_HELDOUT_TASK as HELDOUT, is_exported_model
+from contract.schema import ConfigError
 
 INSTALL_HINT = "lm-eval is not installed: pip install 'sft-launch[eval]' (or pip install lm-eval)"
 log = logging.getLogger("sft-launch.eval")
@@ -40,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-code-eval", action="store_true", help="allow tasks that execute model code")
     parser.add_argument("--seed", type=int, default=1234, help="lm-eval's random seeds")
     parser.add_argument("--name", help="name recorded in the results file (default: the file's stem)")
+    parser.add_argument("--train-config", help=f"the run's train.toml (for the task {HELDOUT!r})")
     return parser
 
 
@@ -97,20 +104,24 @@ def _json_default(value: Any) -> Any:
 
 
 def results_record(args: argparse.Namespace, requested: list[str], selection: Any,
-                   results: dict[str, Any]) -> dict[str, Any]:
-    import lm_eval
-
+                   results: dict[str, Any] | None, heldout: dict[str, Any] | None) -> dict[str, Any]:
     keep = ("results", "groups", "group_subtasks", "versions", "n-shot", "higher_is_better", "n-samples",
             "configs", "config", "transformers_version", "lm_eval_version")
+    settings = {"tasks_requested": requested, "tasks": [HELDOUT] * bool(heldout) + selection.tasks,
+                "excluded": selection.excluded, "limit": args.limit, "num_fewshot": args.num_fewshot,
+                "batch_size": args.batch_size, "apply_chat_template": args.apply_chat_template,
+                "allow_code_eval": args.allow_code_eval, "seed": args.seed, "include_path": args.include_path}
+    if results is not None:
+        import lm_eval
+
+        settings["lm_eval_version"] = lm_eval.__version__
     return {
         "name": args.name or Path(args.output).stem,
         "model": str(Path(args.model).resolve()),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "settings": {"tasks_requested": requested, "tasks": selection.tasks, "excluded": selection.excluded,
-                     "limit": args.limit, "num_fewshot": args.num_fewshot, "batch_size": args.batch_size,
-                     "apply_chat_template": args.apply_chat_template, "allow_code_eval": args.allow_code_eval,
-                     "seed": args.seed, "include_path": args.include_path, "lm_eval_version": lm_eval.__version__},
-        **{key: results[key] for key in keep if key in results},
+        "settings": settings,
+        **({HELDOUT: heldout} if heldout else {}),
+        **{key: (results or {})[key] for key in keep if key in (results or {})},
     }
 
 
@@ -121,6 +132,56 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def held_out(args: argparse.Namespace) -> dict[str, Any]:
+    """The `heldout` task: each source's eval loss on the model (train/engine/heldout.py)."""
+    if not args.train_config:
+        raise ConfigError(f"--tasks {HELDOUT}: give the run's train.toml (--train-config)")
+    from contract.config import load_train_config
+    from train.engine.heldout import evaluate_export
+
+    log.info("held-out loss per source on %s (%s)", args.model, args.train_config)
+    record = evaluate_export(Path(args.model), load_train_config(args.train_config))
+    return {"train_config": str(Path(args.train_config).resolve()), **record}
+
+
+def harness_selection(args: argparse.Namespace, requested: list[str]) -> tuple[Any, Any]:
+    """(lm-eval's task manager, the selection) for the lm-eval tasks; ConfigError / TaskSelectionError: exit 2."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+    for name in SELF_HANDLED_LOGGERS:  # they add a handler of their own and still propagate to ours
+        logging.getLogger(name).handlers.clear()
+    from train.eval_tasks import select
+
+    manager = task_manager(args.include_path, requested)
+    selection = select(manager.task_index, requested, args.allow_code_eval)
+    for task, reason in selection.excluded.items():
+        log.warning("leaving out %s: %s", task, reason)
+    if not selection.tasks:
+        raise ConfigError("--tasks: nothing left to run (every task was left out)")
+    return manager, selection
+
+
+def evaluate(args: argparse.Namespace, requested: list[str]) -> dict[str, Any] | None:
+    """Every requested task; the results record on rank 0, None on the other ranks."""
+    from train.eval_tasks import Selection, default_offline
+
+    harness = [name for name in requested if name != HELDOUT]
+    if harness and (unreachable := default_offline()):  # before datasets and huggingface_hub are imported
+        log.warning("Hugging Face Hub unreachable (%s): evaluating offline (HF_HUB_OFFLINE=1), "
+                    "from the HF cache only", unreachable)
+    manager, selection = harness_selection(args, harness) if harness else (None, Selection(tasks=[]))
+    heldout = held_out(args) if HELDOUT in requested else None
+    results = None
+    if selection.tasks:
+        log.info("evaluating %s on %s", ", ".join(selection.tasks), args.model)
+        results = run_eval(args, manager, selection.tasks)  # None on the other ranks
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    return results_record(args, requested, selection, results, heldout)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="sft-launch eval: %(message)s")
     args = build_parser().parse_args(argv)
@@ -128,37 +189,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sft-launch eval: error: --model {args.model}: no config.json or adapter_config.json "
               "(not an exported model)", file=sys.stderr)
         return 2
-    from train.eval_tasks import default_offline
-
-    unreachable = default_offline()  # before lm_eval imports datasets and huggingface_hub
-    if unreachable:
-        log.warning("Hugging Face Hub unreachable (%s): evaluating offline (HF_HUB_OFFLINE=1), "
-                    "from the HF cache only", unreachable)
-    try:
-        import lm_eval  # noqa: F401
-    except ImportError:
-        print(f"sft-launch eval: error: {INSTALL_HINT}", file=sys.stderr)
-        return 2
-    for name in SELF_HANDLED_LOGGERS:  # they add a handler of their own and still propagate to ours
-        logging.getLogger(name).handlers.clear()
-    from train.eval_tasks import TaskSelectionError, select
+    from train.eval_tasks import TaskSelectionError
 
     requested = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    manager = task_manager(args.include_path, requested)
     try:
-        selection = select(manager.task_index, requested, args.allow_code_eval)
-    except TaskSelectionError as err:
+        record = evaluate(args, requested)
+    except (ConfigError, TaskSelectionError) as err:
         print(f"sft-launch eval: error: {err}", file=sys.stderr)
         return 2
-    for task, reason in selection.excluded.items():
-        log.warning("leaving out %s: %s", task, reason)
-    if not selection.tasks:
-        print("sft-launch eval: error: --tasks: nothing left to run (every task was left out)", file=sys.stderr)
-        return 2
-    log.info("evaluating %s on %s", ", ".join(selection.tasks), args.model)
-    results = run_eval(args, manager, selection.tasks)
-    if results is not None:  # rank 0
-        write_json(Path(args.output), results_record(args, requested, selection, results))
+    if record is not None:  # rank 0
+        write_json(Path(args.output), record)
         log.info("results: %s", args.output)
     return 0
 

@@ -1,4 +1,9 @@
-"""`sft-launch eval RUN`: lm-evaluation-harness on the run's export, as a one-node SLURM job or here.
+"""`sft-launch eval RUN`: lm-evaluation-harness and the held-out loss per source on the run's export,
+as a one-node SLURM job or here.
+
+The task `heldout` (the default beside `leaderboard` when the run has eval splits) is each data
+source's eval loss, perplexity and label tokens on the model, from the run's own train.toml and eval
+splits, computed as the training's eval computes it (train/engine/heldout.py).
 
 The evaluation itself is `python -m train.evaluate` (compute side: torch, transformers, lm_eval);
 this module only checks the request, builds that command and starts it: locally (`--executor
@@ -21,6 +26,7 @@ from pathlib import Path
 
 from contract import __version__, protocol
 from contract.command import ACCELERATE_CLI, accelerate_of_this_python
+from contract.config import load_train_config
 from contract.schema import ConfigError, build, to_dict
 from launcher.ops import evalresults, rundir
 from launcher.resolve.profile import EMBEDDED_LOCAL_NAME, EMBEDDED_LOCAL_PROFILE, ClusterProfile, build_profile, \
@@ -30,6 +36,8 @@ from launcher.usage import Parser
 TEMPLATE = "eval.slurm.j2"
 EVAL_MODULE = "train.evaluate"  # the compute-side entry point (train/evaluate.py)
 EXPORT_MODULE = "train.export_checkpoint"  # checkpoint -> HF model dir (train/export_checkpoint.py)
+HELDOUT = protocol.EVAL_HELDOUT_TASK  # our task: each source's held-out loss
+DEFAULT_TASKS = "leaderboard"
 INSTALL_HINT = "lm-eval is not installed: pip install 'sft-launch[eval]' (or pip install lm-eval)"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 _TASK = re.compile(r"^[A-Za-z0-9_.*-]+$")
@@ -37,12 +45,15 @@ _TASK = re.compile(r"^[A-Za-z0-9_.*-]+$")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="sft-launch eval", description="Run lm-evaluation-harness on a run's exported model "
-        "(one-node SLURM job on the run's profile, or --executor local); results in RUN/eval/<name>.json.")
+        prog="sft-launch eval", description="Run lm-evaluation-harness, and the held-out loss of each data "
+        "source, on a run's exported model (one-node SLURM job on the run's profile, or --executor local); "
+        "results in RUN/eval/<name>.json.")
     rundir.add_run_arguments(parser)
-    parser.add_argument("--tasks", default="leaderboard", metavar="LIST",
-                        help="comma-separated lm-eval tasks/groups; preset 'leaderboard' (Open LLM Leaderboard "
-                        "v2, minus the parts whose data is unavailable, with the reason) is the default")
+    parser.add_argument("--tasks", metavar="LIST",
+                        help="comma-separated lm-eval tasks/groups, and 'heldout' (each data source's eval loss, "
+                        "perplexity and tokens on the run's eval splits); preset 'leaderboard' (Open LLM "
+                        "Leaderboard v2, minus the parts whose data is unavailable, with the reason). Default: "
+                        "heldout,leaderboard when the run has eval splits, else leaderboard")
     parser.add_argument("--limit", type=float, metavar="N", help="documents per task (for a quick check)")
     parser.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples (default: each task's)")
     parser.add_argument("--apply-chat-template", action="store_true", help="prompt through the model's chat template")
@@ -89,11 +100,10 @@ def default_name(tasks: list[str]) -> str:
     return f"{slug}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 
 
-def _check_flags(args: argparse.Namespace) -> list[str]:
-    """The flags' own checks and lm-eval's presence; returns the task names."""
-    if importlib.util.find_spec("lm_eval") is None:
-        raise ConfigError(INSTALL_HINT)
-    tasks = _check_tasks(args.tasks)
+def _check_flags(args: argparse.Namespace) -> None:
+    """The flags' own checks (the tasks: `requested_tasks`, which needs the run)."""
+    if args.tasks is not None:
+        _check_tasks(args.tasks)
     if args.limit is not None and args.limit <= 0:
         raise ConfigError(f"--limit {args.limit:g}: must be > 0")
     if args.num_fewshot is not None and args.num_fewshot < 0:
@@ -110,6 +120,28 @@ def _check_flags(args: argparse.Namespace) -> list[str]:
             raise ConfigError(f"--time: {err}") from None
     if args.name is not None and not _NAME.match(args.name):
         raise ConfigError(f"--name {args.name!r}: use letters, digits, '.', '_' or '-' (at most 80)")
+
+
+def has_eval_splits(run_dir: Path) -> bool:
+    """Some data source of the run holds out eval examples (train.toml's data section)."""
+    return any(source.has_eval for source in load_train_config(run_dir / protocol.TRAIN_CONFIG).data.source_list())
+
+
+def requested_tasks(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """--tasks, else the default for this run; `heldout` needs eval splits, any other task lm-eval."""
+    if args.tasks is None:
+        try:
+            held_out = has_eval_splits(run_dir)
+        except ConfigError:  # a train.toml this version cannot read: no per-source view by default
+            held_out = False
+        tasks = [HELDOUT] * held_out + [DEFAULT_TASKS]
+    else:
+        tasks = _check_tasks(args.tasks)
+        if HELDOUT in tasks and not has_eval_splits(run_dir):
+            raise ConfigError(f"--tasks {HELDOUT}: {run_dir / protocol.TRAIN_CONFIG} holds out no eval split (set "
+                              "data.eval_fraction, or eval_fraction / eval_path / eval_split of a [[data.sources]])")
+    if any(task != HELDOUT for task in tasks) and importlib.util.find_spec("lm_eval") is None:
+        raise ConfigError(INSTALL_HINT)
     return tasks
 
 
@@ -132,8 +164,9 @@ def model_source(run_dir: Path, checkpoint: str | None) -> tuple[Path, Path | No
 def eval_request(args: argparse.Namespace, pinned: Path | None = None) -> EvalRequest:
     """Everything checkable on the login node, checked; ConfigError (exit 2) names the flag.
     `pinned`: a pinned copy of checkpoint args.checkpoint to export from (and remove after)."""
-    tasks = _check_flags(args)
+    _check_flags(args)
     run_dir = rundir.resolve_run(args)
+    tasks = requested_tasks(args, run_dir)
     if pinned is not None:
         model_dir, export_from = evalresults.checkpoint_export_dir(run_dir, int(args.checkpoint)), pinned
     else:
@@ -147,6 +180,7 @@ def eval_request(args: argparse.Namespace, pinned: Path | None = None) -> EvalRe
     flags += ["--num-fewshot", str(args.num_fewshot)] if args.num_fewshot is not None else []
     flags += ["--apply-chat-template"] if args.apply_chat_template else []
     flags += ["--allow-code-eval"] if args.allow_code_eval else []
+    flags += ["--train-config", str(run_dir / protocol.TRAIN_CONFIG)] if HELDOUT in tasks else []
     return EvalRequest(run_dir, model_dir, name, output, flags, export_from, consume_checkpoint=pinned is not None)
 
 
@@ -269,6 +303,7 @@ def main(argv: list[str]) -> int:
     if args.checkpoint is not None or args.dry_run:
         raise ConfigError("--every-checkpoint: not with --checkpoint or --dry-run")
     _check_flags(args)  # fail now, not at the first checkpoint
+    requested_tasks(args, rundir.resolve_run(args))
     from launcher.commands.eval_watch import watch
 
     return watch(args, start)

@@ -2,8 +2,10 @@
 
 Each file holds lm-eval's `results` (per task: "metric,filter" -> value, plus "..._stderr,..."),
 `groups`, `versions`, `n-shot`, `configs`, and our `settings` (tasks asked for, tasks a preset left
-out and why, limit, few-shot, chat template). `status` shows the newest file's headline scores,
-`runs` one short column.
+out and why, limit, few-shot, chat template); with the task `heldout`, also `heldout`: each data
+source's eval loss, perplexity, label tokens and examples (`sources`, `all`), and the same losses
+under metrics.jsonl's names (`metrics`: eval_loss, eval_loss/<source>). `status` shows the newest
+file's held-out table and headline scores, `runs` one short column.
 """
 
 from __future__ import annotations
@@ -74,7 +76,27 @@ def summary(data: dict[str, Any] | None) -> dict[str, Any] | None:
     settings = data.get("settings", {})
     return {"name": data.get("name"), "created": data.get("created"),
             "settings": {key: settings.get(key) for key in ("limit", "num_fewshot", "apply_chat_template")},
-            "scores": [list(row) for row in scores(data)], "excluded": settings.get("excluded") or {}}
+            "heldout": held_out(data), "scores": [list(row) for row in scores(data)],
+            "excluded": settings.get("excluded") or {}}
+
+
+def held_out(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `heldout` task's rows: each source's, then "all" when there are several."""
+    heldout = data.get(protocol.EVAL_HELDOUT_TASK) or {}
+    rows = [row for row in heldout.get("sources") or [] if isinstance(row, dict)]
+    if len(rows) > 1 and isinstance(heldout.get("all"), dict):
+        rows.append({"name": "all", **heldout["all"]})
+    return rows
+
+
+def _held_out_lines(rows: list[dict[str, Any]]) -> list[str]:
+    width = max(len("heldout"), *(len(str(row.get("name"))) for row in rows))
+    lines = [f"  {'heldout':<{width}} {'loss':>8} {'perplexity':>11} {'tokens':>11} {'examples':>9}"]
+    for row in rows:
+        lines.append(f"  {row.get('name')!s:<{width}} {row.get('loss', float('nan')):>8.4f} "
+                     f"{row.get('perplexity', float('nan')):>11.3f} {row.get('tokens', 0):>11,} "
+                     f"{row.get('examples', 0):>9,}")
+    return lines
 
 
 def format_summary(view: dict[str, Any]) -> str:
@@ -85,14 +107,19 @@ def format_summary(view: dict[str, Any]) -> str:
            f"{shots}-shot" if shots is not None else "",
            "chat template" if settings.get("apply_chat_template") else ""]
     lines = [f"eval         {view['name']} ({view['created']}" + "".join(f", {h}" for h in how if h) + ")"]
+    lines += _held_out_lines(view["heldout"]) if view.get("heldout") else []
     lines += [f"  {name:<28} {metric:<16} {value:.4f}" for name, metric, value in view["scores"]]
     lines += [f"  left out {task}: {why}" for task, why in view["excluded"].items()]
     return "\n".join(lines)
 
 
 def short(view: dict[str, Any] | None) -> str:
-    """One cell for `runs`: the first score, and how many more."""
-    if not view or not view["scores"]:
+    """One cell for `runs`: the held-out loss (of all sources), else the first score; and how many more."""
+    if not view:
         return "-"
-    name, metric, value = view["scores"][0]
-    return f"{name} {metric} {value:.3f}" + (f" +{len(view['scores']) - 1}" if len(view["scores"]) > 1 else "")
+    heldout = [("heldout", "loss", view["heldout"][-1]["loss"])] if view.get("heldout") else []
+    rows = heldout + [tuple(row) for row in view["scores"]]
+    if not rows:
+        return "-"
+    name, metric, value = rows[0]
+    return f"{name} {metric} {value:.3f}" + (f" +{len(rows) - 1}" if len(rows) > 1 else "")

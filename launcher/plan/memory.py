@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contract.shape import ModelShape
+from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, StrategySpec
 
 GIB = 1024**3
@@ -101,6 +101,7 @@ class MemoryOptions:
     adamw_impl: str = "fused"  # fused (train/engine/optim.py) or foreach (torch's default: fp32 sqrt(v) temporaries)
     device: str = "gpu"  # "cpu": CPU processes (gloo) have no CUDA context or NCCL buffers
     quant: str = "none"  # QLoRA: "nf4" = the targeted frozen linears in 4-bit NF4 (train/engine/qlora.py)
+    fp8: bool = False  # float8 linears (train/kernels/float8.py): their casts are extra transient memory
 
     @property
     def spec(self) -> StrategySpec:
@@ -252,9 +253,21 @@ def _activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict
     else:
         saved = shape.layers * per_layer + lora_extra + head
         recompute = 0
-    workspace = tokens * elem * 3 * (shape.intermediate + d)
+    workspace = tokens * elem * 3 * (shape.intermediate + d) + float8_cast_bytes(shape, opts)
     return {"saved": tokens * saved, "recompute": tokens * recompute, "workspace": workspace,
             "last_layer": tokens * (per_layer + lora_extra // shape.layers) + workspace}
+
+
+def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
+    """Transient float8 copies of one layer's matmul operands (train/kernels/float8.py). torchao saves the
+    bf16 inputs for backward as before (the saved activations do not shrink); each matmul casts its weight
+    (and its transpose for the input gradient) and its input (and the transpose for the weight gradient)
+    to 1-byte float8: the layer's linear weights twice plus its widest inputs (d and I per token) twice,
+    alive while the layer runs."""
+    if not opts.fp8:
+        return 0
+    weights = sum(n_in * n_out for n_in, n_out in shape.linear_dims(list(LORA_TARGETS)))
+    return 2 * weights + 2 * opts.micro_batch_tokens * (shape.hidden + shape.intermediate)
 
 
 def _logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:

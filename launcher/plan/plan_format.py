@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from contract import gpus
 from contract.strategies import STRATEGIES
 from launcher.plan.memory import GIB, MemoryBreakdown
 from launcher.plan.planner import MAX_SUGGESTED_NODES, Plan, Suggestion
@@ -62,6 +63,10 @@ def _time_lines(plan: Plan) -> list[str]:
     if inp.time_limit_s:
         lines.append(f"        time limit {_duration(inp.time_limit_s)}: "
                      f"{'?' if t.requeues is None else t.requeues} requeue(s)")
+    if inp.fp8 and (spec := gpus.lookup(inp.gpu_type)) is not None:
+        fp8_peak = f"{spec.peak_tflops_fp8:,.0f}" if spec.peak_tflops_fp8 else "?"
+        lines.append(f"        MFU against the bf16 peak ({spec.peak_tflops_bf16:,.0f} TFLOP/s per GPU); "
+                     f"FP8 peak {fp8_peak} TFLOP/s")
     lines.append(_signal_line(plan))
     return lines
 
@@ -84,7 +89,7 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"Plan    {_count(plan.params_total)} params{trainable} · {strategy}"
         f"{' + CPU offload' if inp.cpu_offload else ''} · {devices} · "
-        f"{inp.precision} · checkpointing {'on' if inp.gradient_checkpointing else 'off'} · "
+        f"{'fp8 linears + ' if inp.fp8 else ''}{inp.precision} · checkpointing {'on' if inp.gradient_checkpointing else 'off'} · "
         f"micro-batch {inp.micro_batch_tokens} tok x GA {inp.gradient_accumulation_steps}",
         *_memory_lines(plan),
         f"Verdict {plan.verdict.upper() if plan.fits is False else plan.verdict}",

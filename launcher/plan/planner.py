@@ -22,7 +22,8 @@ from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory
 
 # Expected model-FLOPs utilization (docs/ARCHITECTURE.md's MFU) for full fine-tuning with per-layer
 # checkpointing, packed micro-batches, FSDP2, bf16 (PlanInput.expected_mfu overrides). Hopper entries are
-# measured on H200 (BENCHMARKS.md, bench/results/*.json) and used for every GH100-based GPU:
+# measured on H200 in results files since removed (issue #33: no provenance; to be re-measured) and used
+# for every GH100-based GPU:
 #   multi-4gpu-8b.json: Llama-3-8B shape, FSDP2 on 4 GPUs, 16k tokens/GPU, checkpointing, no compile: 36.3%
 #   single-llama3.2-1b-ours-ckpt.json: Llama-3.2-1B, 1 GPU, 32k-token packed, compile, checkpointing: 40.6%
 #   single-llama3.2-1b-ours.json: the same without checkpointing: 49.6%
@@ -39,6 +40,12 @@ FALLBACK_MFU = 0.30
 NO_CHECKPOINTING_MFU_GAIN = 0.496 / 0.406  # measured (1B, 1 H200): no recompute of the forward
 MAX_EXPECTED_MFU = 0.6
 CPU_OFFLOAD_MFU_FACTOR = 0.5  # host AdamW + PCIe traffic; crude, offload is a last resort
+# train.precision = "fp8" (torchao float8 linears): tokens/s over the bf16 path. MFU stays counted against the
+# bf16 peak, so an FP8 run's expected MFU is the bf16 one times this gain. Measured on the 1B shape, one H100,
+# 16k tokens a step (bench/gpu_parity.py, the training logs of a call whose FP8 side was cut off during its
+# export, so no results file): median step 61.5k vs 60.1k tokens/s (1.02x), no real gain at that size; the 8B on
+# several GPUs (bench/gpu_multi.py's 8b-fp8 phase) is not measured yet. Until it is, no gain is assumed.
+FP8_GAIN = 1.0
 
 CHECKPOINT_WRITE_SAFETY = 1.5  # shared storage is rarely at its nominal bandwidth
 SIGNAL_MARGIN_S = 30  # stop-flag all-reduce, rename + COMPLETE marker, process teardown
@@ -72,6 +79,7 @@ class PlanInput:
     micro_batch_tokens: int = 8192  # packed tokens per micro-batch per GPU
     gradient_accumulation_steps: int = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fp8: bool = False  # train.precision = "fp8": the decoder's linear layers in float8 (train/kernels/float8.py)
     loss_chunk_tokens: int = 0  # 0 = full logits; >0 = a chunked cross-entropy of this many tokens
     hold_outputs: bool = True  # training loop keeps `outputs` (the bf16 logits) through backward
     cpu_ram_efficient_loading: bool = True  # FSDP: only rank 0 materializes the full weights
@@ -104,6 +112,9 @@ class PlanInput:
         require(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be -1 or > 0")
         require(self.quant == "none" or (self.lora and self.spec.engine == "fsdp" and self.spec.fsdp_version != 1),
                 "quant", f"{self.quant!r} needs lora with FSDP2 (strategy fsdp or hsdp), not {self.strategy}")
+        require(not self.fp8 or (self.device == "gpu" and not self.lora and self.spec.fsdp_version != 1
+                                 and self.spec.engine != "deepspeed"),
+                "fp8", "float8 linears train full weights on GPUs under FSDP2 (or DDP on one GPU)")
         ModelShape.from_arch(self.arch)  # raises naming the arch key
 
     @property
@@ -288,7 +299,7 @@ def _expected_mfu(inp: PlanInput) -> float | None:
         mfu = ONE_GPU_MFU.get(gpu_type, mfu)
     if not inp.gradient_checkpointing:
         mfu = min(MAX_EXPECTED_MFU, mfu * NO_CHECKPOINTING_MFU_GAIN)
-    return mfu * (CPU_OFFLOAD_MFU_FACTOR if inp.cpu_offload else 1.0)
+    return mfu * (CPU_OFFLOAD_MFU_FACTOR if inp.cpu_offload else 1.0) * (FP8_GAIN if inp.fp8 else 1.0)
 
 
 def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:

@@ -226,6 +226,20 @@ def check_quantized_base(launch: Launch) -> None:
                           "NF4 weights to the host and back as new trainable parameters; the 4-bit base is the saving")
 
 
+def check_fp8(launch: Launch, spec: gpus.GpuSpec | None) -> None:
+    """train.precision = "fp8": FP8 GPUs only, FSDP2 (or one GPU) only (train/kernels/float8.py)."""
+    if launch.train.train.precision != "fp8":
+        return
+    capability = spec.compute_capability if spec else None
+    blocker = gpus.fp8_blocker(launch.profile.gpus_per_node > 0, capability)
+    if blocker:
+        raise ConfigError(f"--precision fp8: cannot be used: {blocker}", "train.precision")
+    strategy = launch.strategy_spec
+    if strategy.engine != "fsdp" or strategy.fsdp_version == 1:
+        raise ConfigError(f"--precision fp8: needs --strategy fsdp (FSDP2 shards torchao's float8 linears), "
+                          f"not {launch.strategy}", "train.precision")
+
+
 def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
@@ -237,6 +251,7 @@ def check_combinations(launch: Launch) -> None:
         raise ConfigError(f"profile.cpu_offload: {launch.strategy_spec.no_cpu_offload}")
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
     check_quantized_base(launch)
+    check_fp8(launch, spec)
     if launch.train.train.fused_mlp is True:
         blocker = gpus.fused_mlp_blocker(profile.gpus_per_node > 0, spec.compute_capability if spec else None,
                                          launch.train.lora.enabled, launch.strategy_spec.zero_stage)

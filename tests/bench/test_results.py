@@ -1,13 +1,14 @@
 """Every committed file under bench/results is a bench script's output, unedited: its derived numbers
 (MFU, TFLOP/s, ratios to the peer it names, token counts, pass verdicts) are re-derived here from its
 raw fields with the project's functions (bench/results_io.py, contract/shape.py's FLOP count) and
-must agree to rounding. A file without a `provenance` block (written before bench/results_io.py
-existed) must be listed in bench/results/LEGACY.json with the reason, and must still re-derive."""
+must agree to rounding. Every file carries a `provenance` block (the files written before
+bench/results_io.py existed were removed in issue #33, see BENCHMARKS.md)."""
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -15,17 +16,15 @@ import pytest
 from bench.gpu_single import PEERS, VARIANTS
 from bench.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, document_lengths, throughput_numbers
 from bench.synthetic import SHAPES, sample_lengths
-from contract.gpus import gpu_type_from_device_name, lookup
 
-LEGACY_FILE = RESULTS / "LEGACY.json"
-LEGACY: dict[str, str] = json.loads(LEGACY_FILE.read_text())["files"]
-FILES = sorted(p for p in RESULTS.rglob("*.json") if p != LEGACY_FILE)
+FILES = sorted(RESULTS.rglob("*.json"))
 REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations
 
 SINGLE_KEYS = {  # everything bench/gpu_single.py has written, ours and peers
     "path", "real_tokens", "seconds", "warmup_steps", "real_tokens_per_s", "peak_mem_gib", "steps", "final_loss",
     "recompiles_after_first_log", "gpu", "gpu_count", "peak_flops", "shape", "budget", "total_real_tokens", "docs",
     "flops_per_token", "tflops_per_gpu", "mfu", "peer", "peer_real_tokens_per_s", "ratio_vs_peer", "provenance",
+    "attention", "kernels",  # the attention backend that ran; ours: the kernel lines of its train.log
     "lora_params",  # LoRA sides: adapter parameters of the 4·N + 6·N_lora FLOP count (results_io.throughput_numbers)
 }
 OTHER_KEYS = {
@@ -34,9 +33,14 @@ OTHER_KEYS = {
     "attention": {"device", "shape", "tokens", "docs", "rows", "provenance"},
     "strategies": {"environment", "args", "results", "provenance"},
     "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/gpu_gemm_tune.py --json
+    "profile": {"path", "profile_steps", "total_ms", "by_kind", "launched_by", "gpu", "shape", "budget", "docs",
+                "attention", "kernels", "provenance"},  # bench/gpu_single.py --profile
+    "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/cli_latency.py: CPU only
     "multi": None,  # checked block by block below
     "qlora": None,  # bench/gpu_qlora.py: checked below
     "resume": None,  # bench/gpu_resume.py: checked below
+    "parity": {"shape", "steps", "budget", "lr", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
+               "provenance"},  # bench/gpu_parity.py
 }
 
 
@@ -56,35 +60,23 @@ def _close(recorded: float | None, derived: float | None, what: str, name: str) 
     assert recorded == pytest.approx(derived, rel=REL), f"{name}: {what} = {recorded}, re-derived {derived}"
 
 
-def _peak(record: dict) -> float | None:
-    if "peak_flops" in record:
-        return record["peak_flops"]
-    spec = lookup(gpu_type_from_device_name(record["gpu"]) or "")  # legacy: the GPU's table entry
-    return spec.peak_tflops_bf16 * 1e12 if spec else None
-
-
 def _load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
 @pytest.mark.parametrize("path", FILES, ids=_id)
-def test_provenance_or_listed_legacy(path):
+def test_provenance(path):
     data, name = _load(path), _id(path)
-    if name in LEGACY:
-        assert "provenance" not in data, f"{name} has provenance: remove it from LEGACY.json"
-        assert LEGACY[name].strip(), f"{name}: LEGACY.json gives no reason"
-        return
     provenance = data.get("provenance")
     assert provenance, f"{name}: no provenance block (write results through bench/results_io.write_result)"
     assert set(PROVENANCE_KEYS) <= provenance.keys(), f"{name}: provenance lacks {set(PROVENANCE_KEYS) - provenance.keys()}"
     assert re.fullmatch(r"[0-9a-f]{40}", provenance["commit"]), f"{name}: no git commit"
     assert provenance["command"] and provenance["date_utc"], f"{name}: no command or date"
-    assert provenance["gpu_count"] == len(provenance["gpus"]) > 0, f"{name}: no GPU recorded"
-
-
-def test_legacy_list_names_existing_files():
-    missing = sorted(set(LEGACY) - {_id(p) for p in FILES})
-    assert not missing, f"LEGACY.json lists files that are not there: {missing}"
+    assert provenance["gpu_count"] == len(provenance["gpus"]), f"{name}: gpu_count is not the GPUs' count"
+    if _kind(path) == "cli":  # a CPU benchmark: the machine it ran on instead of a GPU
+        assert provenance["gpu_count"] == 0 and data["machine"]["gpu"] == "none" and data["machine"]["cpu"], name
+    else:
+        assert provenance["gpu_count"] > 0, f"{name}: no GPU recorded"
 
 
 @pytest.mark.parametrize("path", FILES, ids=_id)
@@ -107,14 +99,12 @@ def test_single_gpu_numbers_rederive(path):
     assert r["path"] in VARIANTS or r["path"].removeprefix("peer-") in PEERS, f"{name}: no such variant {r['path']}"
     lengths = document_lengths(r["docs"], r["budget"])
     assert r["total_real_tokens"] == sum(lengths), f"{name}: total_real_tokens is not the documents' token count"
-    if "real_tokens" in r or name not in LEGACY:  # raw counts: required from every new file
-        _close(r["real_tokens_per_s"], r["real_tokens"] / r["seconds"], "real_tokens_per_s", name)
-        assert 0 < r["real_tokens"] <= r["total_real_tokens"], f"{name}: real_tokens out of range"
-    if name not in LEGACY:
-        assert r["warmup_steps"] == WARMUP_STEPS and r["gpu_count"] == 1, name
-    derived = throughput_numbers(SHAPES[r["shape"]], lengths, r["real_tokens_per_s"], r["gpu_count"], _peak(r),
+    _close(r["real_tokens_per_s"], r["real_tokens"] / r["seconds"], "real_tokens_per_s", name)
+    assert 0 < r["real_tokens"] <= r["total_real_tokens"], f"{name}: real_tokens out of range"
+    assert r["warmup_steps"] == WARMUP_STEPS and r["gpu_count"] == 1, name
+    derived = throughput_numbers(SHAPES[r["shape"]], lengths, r["real_tokens_per_s"], r["gpu_count"], r["peak_flops"],
                                  r.get("lora_params"))
-    for key in ("tflops_per_gpu", "mfu") + (("flops_per_token",) if "flops_per_token" in r else ()):
+    for key in ("flops_per_token", "tflops_per_gpu", "mfu"):
         _close(r[key], derived[key], key, name)
 
 
@@ -132,8 +122,7 @@ def test_ratio_is_against_the_fastest_peer_file_of_the_same_call(path):
     _close(r["ratio_vs_peer"], r["real_tokens_per_s"] / peer["real_tokens_per_s"], "ratio_vs_peer", name)
     peers = [_load(p) for p in path.parent.glob(f"single-{r['shape']}-peer-*.json")]
     assert peer["real_tokens_per_s"] == max(p["real_tokens_per_s"] for p in peers), f"{name}: not the fastest peer"
-    if "provenance" in r:  # one call wrote both
-        assert r["provenance"]["command"] == peer["provenance"]["command"], f"{name}: peer from another call"
+    assert r["provenance"]["command"] == peer["provenance"]["command"], f"{name}: peer from another call"
 
 
 def _check_run_block(block: dict, arch: dict, lengths: list[int], name: str) -> None:
@@ -161,6 +150,11 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
             _check_run_block(block, SHAPES["llama3.2-1b"], lengths, f"{name}: scaling_1b[{gpus}]")
         per_gpu = {int(g): b["real_tokens_per_s"] / b["gpu_count"] for g, b in runs.items()}
         _close(r["weak_scaling_efficiency"], per_gpu[r["gpu_count"]] / per_gpu[1], "weak_scaling_efficiency", name)
+    if "fp8_8b" in r:  # bench/gpu_multi.py's 8b-fp8 phase: FP8 against our bf16 path in the same call
+        fp8 = r["fp8_8b"]
+        for key in ("bf16", "fp8"):
+            _check_run_block(fp8[key], SHAPES["llama3-8b"], lengths, f"{name}: fp8_8b.{key}")
+        _close(fp8["speedup"], fp8["fp8"]["real_tokens_per_s"] / fp8["bf16"]["real_tokens_per_s"], "fp8 speedup", name)
     for key in ("8b_lora", "8b_lora_peer"):  # bench/gpu_multi_lora.py: both sides at 4·N + 6·N_lora
         if key in r:
             assert r[key]["lora_params"] and r[key]["gpu_count"] == r["gpu_count"], f"{name}: {key}"
@@ -177,7 +171,7 @@ def test_attention_tflops_rederive(path):
     r, name = _load(path), _id(path)
     arch = SHAPES[r["shape"]]
     heads, head_dim = arch["num_attention_heads"], arch["hidden_size"] // arch["num_attention_heads"]
-    chosen = packs(r.get("tokens", 32768), r.get("docs", 1200))  # legacy: the script's defaults then
+    chosen = packs(r["tokens"], r["docs"])
     flop = sum(6 * heads * head_dim * sum(n * n for n in pack) for pack in chosen) / len(chosen)
     for row in r["rows"]:
         if "ms" in row:
@@ -242,3 +236,47 @@ def test_resume_verdicts_rederive(path):
             assert row["sigterm_after_step"] <= stopped < r["steps"], f"{case}: the stop checkpoint's step"
         else:
             assert row["error"], f"{case}: no verdict and no error"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "profile"], ids=_id)
+def test_profile_shares_rederive(path):
+    """A kernel profile's total is the sum of its kinds, and it sits beside the throughput file of the
+    same run (same call: same command)."""
+    r, name = _load(path), _id(path)
+    _close(r["total_ms"], sum(r["by_kind"].values()), "total_ms", name)
+    single = path.parent / f"single-{r['shape']}-{r['path']}.json"
+    assert single.is_file(), f"{name}: no {single.name} beside it"
+    assert _load(single)["provenance"]["command"] == r["provenance"]["command"], f"{name}: from another call"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "cli"], ids=_id)
+def test_cli_latency_verdicts_rederive(path):
+    from bench.cli_latency import TARGETS_S
+
+    r, name = _load(path), _id(path)
+    assert len(r["python_start_s"]) == r["runs"], name
+    for row in r["rows"]:
+        assert len(row["times_s"]) == r["runs"], f"{name}: {row['command']}"
+        _close(row["median_s"], statistics.median(row["times_s"]), f"{row['command']} median_s", name)
+        assert row["target_s"] == TARGETS_S[row["command"]], f"{name}: {row['command']} target"
+        assert row["met"] == (row["median_s"] <= row["target_s"]), f"{name}: {row['command']} met"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "parity"], ids=_id)
+def test_parity_verdicts_rederive(path):
+    """bench/gpu_parity.py: every side's throughput from its raw tokens and seconds, every eval-loss ratio,
+    1% verdict and speed ratio from the sides' own numbers."""
+    from bench.gpu_parity import comparisons
+
+    data, name = _load(path), _id(path)
+    for side, result in data["sides"].items():
+        assert len(result.get("losses", [])) == data["steps"] or "error" in result, f"{name}: {side} losses"
+        if result.get("seconds"):
+            _close(result["real_tokens_per_s"], result["real_tokens"] / result["seconds"], f"{side} tokens/s", name)
+    derived = {c["side"]: c for c in comparisons(data["sides"])}
+    assert {c["side"] for c in data["comparisons"]} == set(derived), f"{name}: compared sides"
+    for recorded in data["comparisons"]:
+        again = derived[recorded["side"]]
+        assert recorded["reference"] == again["reference"] and recorded["within_target"] == again["within_target"]
+        _close(recorded["eval_loss_ratio"], again["eval_loss_ratio"], f"{recorded['side']} eval loss ratio", name)
+        _close(recorded["speedup"], again["speedup"], f"{recorded['side']} speedup", name)

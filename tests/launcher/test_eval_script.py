@@ -68,6 +68,8 @@ def test_eval_script_is_data_parallel_over_the_nodes_gpus() -> None:
     (["--time", "soon"], "--time"),
     (["--every-checkpoint", "--checkpoint", "2"], "--every-checkpoint"),
     (["--checkpoint", "7"], "--checkpoint 7"),
+    (["--tasks", "heldout"], "holds out no eval split"),  # the per-source view, asked for, of a run without one
+    (["--tasks", "tiny_mc,heldout", "--every-checkpoint"], "--tasks heldout"),
     ([], "no exported model"),
 ])
 def test_eval_usage_errors_are_one_line_exit_2(tmp_path: Path, flags: list[str], named: str) -> None:
@@ -117,3 +119,19 @@ def test_pin_links_a_complete_checkpoint_and_gives_up_on_a_pruned_one(tmp_path: 
     assert (pinned / "model.safetensors").stat().st_ino == (checkpoint / "model.safetensors").stat().st_ino
     assert pin(tmp_path / "checkpoints" / "step-00000006", tmp_path, 6) is None  # pruned meanwhile
     assert not list((tmp_path / "eval").glob(".tmp-*"))
+
+
+def test_results_of_one_source_show_its_heldout_row_and_runs_the_loss() -> None:
+    from launcher.ops import evalresults
+
+    data = {"name": "ho", "created": "2026-11-26T17:00:00+00:00", "settings": {"tasks": ["heldout"]},
+            "heldout": {"sources": [{"name": "sample_chat", "loss": 2.5, "perplexity": 12.182, "tokens": 1234,
+                                     "examples": 30}],
+                        "all": {"loss": 2.5, "perplexity": 12.182, "tokens": 1234, "examples": 30}}}
+    view = evalresults.summary(data)
+    lines = evalresults.format_summary(view).splitlines()
+    assert lines[1].split() == ["heldout", "loss", "perplexity", "tokens", "examples"]
+    assert lines[2].split() == ["sample_chat", "2.5000", "12.182", "1,234", "30"] and len(lines) == 3  # no "all" row
+    assert evalresults.short(view) == "heldout loss 2.500"
+    assert evalresults.short(evalresults.summary({**data, "results": {"t": {"acc,none": 0.5}}})) == \
+        "heldout loss 2.500 +1"

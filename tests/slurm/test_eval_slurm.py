@@ -1,6 +1,7 @@
 """`sft-launch eval` as a real SLURM job on the local 2-node cluster: the CLI renders RUN/eval/<name>.slurm,
 sbatch-submits it on the `cpu` profile, the job runs the real lm-eval (HF backend, CPU) on a tiny
-export with custom YAML + JSONL tasks, and the results file is parsed and checked."""
+export with custom YAML + JSONL tasks, and the results file is parsed and checked; the task `heldout`
+on a 2-source run reads the run's train.toml and data on the node and reports each source's loss."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.eval_helpers import make_run, offline_env, sft_launch, write_tasks
+from tests.eval_helpers import make_run, offline_env, save_tiny_export, sft_launch, write_tasks
 from tests.slurm import slurm_harness as sh
 from tests.train.run_helpers import read_log, run_training, write_run
 
@@ -75,4 +76,27 @@ def test_eval_job_exports_the_chosen_checkpoint_first(slurm_jobs) -> None:
     assert "exported" in log and (run_dir / "eval" / "export-step-00000002" / "model.safetensors").is_file()
     data = json.loads((run_dir / "eval" / "ckpt.json").read_text())
     assert data["model"] == str(run_dir / "eval" / "export-step-00000002") and "tiny_mc" in data["results"]
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_eval_job_reports_the_heldout_loss_per_source(slurm_jobs) -> None:
+    from tests.launcher.conftest import write_run as render_run
+
+    root = scratch("sft-eval-heldout-")
+    sample = Path(__file__).resolve().parents[2] / "train" / "assets" / "sample_chat.jsonl"
+    (root / "qa.jsonl").write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "completion": str(2 * i)})
+                                           + "\n" for i in range(40)))
+    (root / "mix.toml").write_text(f'[[data.sources]]\npath = "{sample}"\nname = "chat"\neval_fraction = 0.1\n'
+                                   f'[[data.sources]]\npath = "{root / "qa.jsonl"}"\nname = "qa"\n'
+                                   'format = "prompt_completion"\neval_fraction = 0.25\n')
+    run_dir = render_run(["--executor", "local", "--model", "tiny", "--data", str(root / "mix.toml"),
+                          "--output", str(root / "run")])
+    save_tiny_export(run_dir / "export")
+    job_id = submit_eval(run_dir, write_tasks(root / "tasks"), "ho", "--tasks", "heldout")
+    log = wait_completed(slurm_jobs, run_dir, "ho", job_id)
+    assert "held-out loss of qa: 10 examples" in log and "sft-launch eval: results:" in log
+    heldout = json.loads((run_dir / "eval" / "ho.json").read_text())["heldout"]
+    assert [(row["name"], row["examples"]) for row in heldout["sources"]] == [("chat", 30), ("qa", 10)]
+    assert all(0 < row["loss"] < 20 and row["tokens"] > 0 for row in heldout["sources"])
+    assert set(heldout["metrics"]) == {"eval_loss", "eval_loss/chat", "eval_loss/qa"}
     shutil.rmtree(root, ignore_errors=True)

@@ -139,3 +139,79 @@ def test_fa4_op_is_opaque_to_tracing():
         assert out.shape == (10, 4, 64) and lse.shape == (4, 10) and lse.dtype == torch.float32
         dq, dk, dv = fa4_varlen_bwd(out, q, k, v, out, lse, cu, cu, 6, 6, 0.125, False)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+
+
+# The `flash_attn` (FA2 package) step of `auto`: no wheel of it exists for this torch and the GPU image lacks
+# it, so its kernel never ran here. What can be checked on a CPU is everything around the kernel: how the
+# package is detected (flash-attn-4 installs a `flash_attn` folder too, holding only `flash_attn.cute`), where
+# it sits in `auto`'s order, and the arguments our wrapper hands to `flash_attn_varlen_func`. A stand-in
+# package on sys.path plays the installed one; it records its call and computes nothing.
+STAND_IN = '''
+import torch
+calls = []
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+    calls.append(dict(q=q, k=k, v=v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, max_q=max_seqlen_q,
+                      max_k=max_seqlen_k, **kwargs))
+    return torch.zeros_like(q)
+'''
+
+
+@pytest.fixture
+def flash_attn_stand_in(tmp_path, monkeypatch):
+    """A folder on sys.path with a `flash_attn` package laid out like flash-attn-4's (cute only); the
+    returned function adds FA2's interface module to it."""
+    import importlib
+    import sys
+
+    package = tmp_path / "flash_attn"
+    (package / "cute").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "cute" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+    def install_fa2():
+        (package / "flash_attn_interface.py").write_text(STAND_IN)
+        (package / "__init__.py").write_text("from flash_attn.flash_attn_interface import flash_attn_varlen_func\n")
+        importlib.invalidate_caches()
+        return importlib.import_module("flash_attn.flash_attn_interface")
+
+    yield install_fa2
+    for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
+        del sys.modules[name]
+
+
+def test_flash_attn_detection_tells_fa2_from_flash_attn_4s_folder(flash_attn_stand_in):
+    from train.kernels.attention import flash_attn_unavailable
+
+    assert "not installed" in flash_attn_unavailable(torch.device("cpu"))  # only flash_attn.cute: not FA2
+    flash_attn_stand_in()
+    assert "runs only on CUDA" in flash_attn_unavailable(torch.device("cpu"))  # found; the device check is next
+
+
+def test_auto_tries_flash_attn_after_fa4_and_before_torch_varlen(caplog):
+    with caplog.at_level("INFO", logger="train.kernels.attention"):
+        assert setup_attention("auto", "cpu", packed=True) == PACKED_SDPA
+    line = next(r.getMessage() for r in caplog.records if "for packed batches" in r.getMessage())
+    order = [line.index(f"not {name}:") for name in ("fa4", "flash_attn", "varlen")]
+    assert order == sorted(order), line
+
+
+def test_flash_attn_wrapper_hands_fa2_packed_causal_gqa_inputs(flash_attn_stand_in):
+    calls = flash_attn_stand_in().calls
+    _, attention, _ = PACKED_BACKENDS["flash_attn"]
+    lengths = (5, 11, 1)
+    total, heads, kv_heads, head_dim = sum(lengths), 4, 2, 8
+    query = torch.randn(1, heads, total, head_dim, dtype=torch.bfloat16)
+    key, value = (torch.randn(1, kv_heads, total, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.tensor([0, 5, 16, 17])
+    out, weights = attention(None, query, key, value, None, dropout=0.0, scaling=0.3, cu_seq_lens_q=cu,
+                             cu_seq_lens_k=cu, max_length_q=11, max_length_k=11)
+    (call,) = calls
+    assert call["q"].shape == (total, heads, head_dim) and call["k"].shape == (total, kv_heads, head_dim)  # GQA as is
+    torch.testing.assert_close(call["q"], query[0].transpose(0, 1))
+    assert call["cu_q"].dtype == torch.int32 and call["cu_q"].tolist() == [0, 5, 16, 17]
+    assert (call["max_q"], call["max_k"]) == (11, 11)
+    assert call["causal"] is True and call["softmax_scale"] == 0.3 and call["dropout_p"] == 0.0
+    assert out.shape == (1, total, heads, head_dim) and weights is None

@@ -113,3 +113,11 @@ def collate_padded(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str,
         labels[row, :n] = torch.as_tensor(example["labels"], dtype=torch.long)
         attention_mask[row, :n] = 1
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Asynchronous copy: a plain .to(cuda) from pageable memory waits for the GPU, which would stall
+    the CPU from preparing the next micro-batch while the GPU works."""
+    if device.type != "cuda":
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}

@@ -40,7 +40,8 @@ from train.engine.hooks import HOOKS
 from train.observe.metrics import MetricsSink, Stopwatch, attended_length, lora_params, peak_flops_per_gpu, step_record
 from train.engine.model import build_model, log_model_ready, log_placement
 from train.engine.optim import prepare_for_training
-from train.dataset.packing import collate_packed, collate_padded, plan_micro_batches
+from train.dataset.packing import collate_packed, collate_padded, plan_micro_batches, to_device
+from train.engine.heldout import eval_sums, loss_record
 from train.kernels.perf import RecompileWatch
 from train.observe.profiling import StepProfiler
 from train.engine.stop import StopRequest
@@ -79,14 +80,6 @@ class Batches:
         """The micro-batch on the CPU (counting its tokens there costs no device sync)."""
         examples = [self.dataset[i] for i in indices]
         return collate_packed(examples) if self.packed else collate_padded(examples, self.pad_id)
-
-
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Asynchronous copy: a plain .to(cuda) from pageable memory waits for the GPU, which would stall
-    the CPU from preparing the next micro-batch while the GPU works."""
-    if device.type != "cuda":
-        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-    return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 @dataclass
@@ -337,35 +330,11 @@ class Loop:
 
     def evaluate(self) -> dict[str, float]:
         """`eval_loss`: mean token loss over every eval example; with several sources also
-        `eval_loss/<source>`, each source's own (the overall one weighs them by their label tokens)."""
-        sums = {name: self._eval_sums(dataset) for name, dataset in self.evals.items()}
-        total = torch.stack(list(sums.values())).sum(dim=0)
-        record = {"eval_loss": float(total[0] / torch.clamp(total[1], min=1.0))}
-        for name, (loss, tokens) in sums.items():
-            if name:
-                record[f"eval_loss/{name}"] = float(loss / torch.clamp(tokens, min=1.0))
-        return record
-
-    @torch.no_grad()
-    def _eval_sums(self, dataset: Any) -> torch.Tensor:
-        """(token-loss sum, label tokens) of one eval set over all ranks. Every rank runs the same number
-        of forwards (DDP syncs buffers and FSDP gathers in forward), padding with a repeated batch
-        whose loss is dropped."""
-        lengths = list(dataset["length"])
-        evals = Batches(dataset, lengths, self.batches.budget, self.cfg.train.seed,
-                        self.cfg.data.packing, self.batches.pad_id)
-        plan = evals.plan(0)
-        sums = torch.zeros(2, dtype=torch.float64, device=self.acc.device)
-        self.model.eval()
-        one = torch.ones((), device=self.acc.device)
-        for j in range(math.ceil(len(plan) / self.world)):
-            g = j * self.world + self.rank
-            batch = to_device(evals.collate(plan[min(g, len(plan) - 1)]), self.acc.device)
-            loss_sum = self.model(**batch, num_items_in_batch=one).loss
-            if g < len(plan):
-                sums += torch.stack([loss_sum.double(), (batch["labels"][..., 1:] != -100).sum().double()])
-        self.model.train()
-        return self.acc.reduce(sums, reduction="sum").cpu()
+        `eval_loss/<source>`, each source's own (train/engine/heldout.py)."""
+        b = self.batches
+        return loss_record({name: eval_sums(self.model, dataset, b.budget, self.cfg.train.seed, b.packed, b.pad_id,
+                                            self.acc.device, self.world, self.rank)
+                            for name, dataset in self.evals.items()})
 
 
 def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: bool) -> None:

@@ -35,7 +35,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Pretrain
 from contract import gpus
 from contract.config import TrainConfig
 from contract.schema import ConfigError
-from train.kernels import swiglu
+from train.kernels import float8, swiglu
 from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import peak_rss_mib
 from train.kernels.perf import compile_decoder_layers, decoder_layers, gather_lm_head_with_root, use_fused_loss
@@ -127,7 +127,9 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         use_fused_loss(model, "auto" if cfg.train.fused_loss is True else cfg.train.fused_loss)
         logger.info("fused loss %r; its softmax/gradient pass here: %s", cfg.train.fused_loss,
                     logit_grad_pass(accelerator.device))
-    if cfg.train.fused_mlp:
+    if cfg.train.precision == "fp8":  # before compile and before FSDP2 wraps the layers
+        apply_float8(model, cfg, accelerator)
+    elif cfg.train.fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
     if cfg.lora.quant != "none" and cfg.train.compile == "auto" and accelerator.num_processes > 1:
         # Measured on 2 H100s (BENCHMARKS.md, QLoRA): the compiled llama-70b layers had not finished 22
@@ -135,7 +137,7 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         logger.info("torch.compile of the decoder layers off: QLoRA sharded over %d ranks (auto)",
                     accelerator.num_processes)
     elif cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
-        compile_decoder_layers(model)  # measured +32% tokens/s on H200 (BENCHMARKS.md); slow to compile on CPU
+        compile_decoder_layers(model)  # +32% tokens/s on H200 in files removed in #33; slow to compile on CPU
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
     if cfg.train.fused_loss and zero_stage(accelerator) == 3:
@@ -150,6 +152,20 @@ def quantization_source(cfg: TrainConfig, config: PretrainedConfig, accelerator:
     if not cfg.model.path or not accelerator.is_main_process:
         return None
     return AutoModelForCausalLM.from_pretrained(cfg.model.path, config=config, **kwargs)
+
+
+def apply_float8(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelerator) -> None:
+    """train.precision = "fp8": the decoder's linear layers as torchao float8 linears (train/kernels/float8.py);
+    a one-line ConfigError (exit 2) where this device or engine cannot run them. The fused SwiGLU MLP
+    (bf16 GEMMs of its own) stays off: the MLP's projections are the largest FP8 matmuls."""
+    blocker = float8.unavailable(accelerator.device)
+    if blocker is None and (zero_stage(accelerator) is not None or is_fsdp1(accelerator)):
+        blocker = "it needs FSDP2 or one GPU, not DeepSpeed or FSDP1"
+    if blocker:
+        raise ConfigError(f"train.precision: fp8 cannot be used: {blocker}", "train.precision")
+    count = float8.convert_decoder_linears(decoder_layers(model), cfg.train.fp8_recipe)
+    logger.info("FP8 (%s scaling): %d linear layers of %d decoder layers in float8; fused SwiGLU MLP off",
+                cfg.train.fp8_recipe, count, len(decoder_layers(model)))
 
 
 def apply_fused_mlp(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelerator) -> None:

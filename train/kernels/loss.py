@@ -8,7 +8,8 @@ With a 128k vocabulary, a 32k-token packed micro-batch has 32k x 128k logits: 8 
   lm_head matmul runs once. It is Liger Kernel's scheme with larger chunks and no host sync:
   Liger sizes chunks from V/d (1,024 tokens at 32k tokens and Llama-3's vocabulary), where cuBLAS
   runs the three lm_head matmuls ~10% slower than at 4,096 (bench/gpu_ceilings.py), and its
-  backward reads grad_output back to the host every step. Measured +1.7% tokens/s (BENCHMARKS.md).
+  backward reads grad_output back to the host every step. Measured +1.7% tokens/s in issue #13 (file
+  removed in #33, no provenance).
   The softmax/gradient pass is quack's cross-entropy kernel on Hopper/Blackwell when quack-kernels
   is installed (it comes with flash-attn-4): a thread-block cluster holds a whole 128k-entry row in
   shared memory, so the logits are read once and their gradient overwrites them in place. Elsewhere

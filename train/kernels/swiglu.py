@@ -2,7 +2,8 @@
 DSL kernels, Hopper and Blackwell; `quack-kernels` comes with flash-attn-4).
 
 Why: on the 1B shape the SwiGLU product and its gradient are separate elementwise passes over
-[tokens, ffn] tensors, about a tenth of a step at the memory-bandwidth roof (BENCHMARKS.md #13).
+[tokens, ffn] tensors, about a tenth of a step at the memory-bandwidth roof (issue #13; its files
+were removed in #33, no provenance).
 Here the forward's gate/up GEMM writes the pre-activation and the product in its epilogue, and the
 backward's first GEMM (dout @ W_down) applies the SwiGLU gradient and recomputes the product in
 its epilogue, so no elementwise kernel runs and the product is not kept for the backward.

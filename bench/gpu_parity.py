@@ -1,0 +1,301 @@
+"""Learning parity: does a model trained by our fast path learn what TRL's SFTTrainer learns?
+
+    python -m bench.gpu_parity --results bench/results/h100/parity-DATE     # 1B, ours vs TRL, FP8 vs bf16
+    python -m bench.gpu_parity --sides ours-plain,ours-plain+compile,...    # one switch at a time
+    python -m bench.gpu_parity --cpu-smoke                                  # tiny shape on CPU
+    python -m bench.gpu_parity --plot bench/results/h100/parity-DATE/parity-llama3.2-1b.json
+
+A learnable corpus (bench/arithmetic.py: multi-turn chats of integer arithmetic, rendered with the
+chat template into token documents; the loss is on every token, the same objective on every side),
+ONE saved initial checkpoint of the 1B shape (fp32 safetensors) that every side loads, the same
+documents, the same schedule (AdamW 0.9/0.95, peak LR, 3% warmup, cosine to 0, --steps optimizer
+steps, clipping at 1.0) and --budget tokens per step (one packed micro-batch). Sides:
+
+  ours            the default fast path (attention auto, fused MLP auto, fused loss, compile)
+  ours-fp8        the same with --precision fp8 (torchao float8 linears, tensorwise)
+  trl             TRL's SFTTrainer padding-free (bench/parity_trl.py)
+  ours-plain      sdpa attention (padding-free through position ids), no fused MLP, full logits, eager
+  ours-plain+X    the plain path with one switch on: attention (auto backend), mlp, loss, compile
+
+Every side's final model is scored by the same function on the same held-out documents (`eval_loss`,
+token-weighted mean cross-entropy, bf16 autocast), so the eval losses differ only by training. Train
+loss per step side by side (table every --every steps, plot PNG), throughput (real tokens/s after
+the shared warm-up) beside it, one JSON through bench/results_io.py. Targets: eval loss within 1% of
+TRL's (ours) and of ours (ours-fp8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.arithmetic import write_corpus
+from bench.gpu_single import TINY, save_train_toml, steady_state
+from bench.results_io import write_result
+from bench.synthetic import SHAPES
+from contract.config import SHIPPED_TOKENIZER, TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "900"))
+TARGET = 0.01  # eval loss within 1%
+PLAIN = {"model": {"attn_implementation": "sdpa"},
+         "train": {"fused_mlp": False, "fused_loss": False, "compile": False}}
+SWITCHES = {"attention": ("model", "attn_implementation", "auto"), "mlp": ("train", "fused_mlp", "auto"),
+            "loss": ("train", "fused_loss", True), "compile": ("train", "compile", True)}
+SIDES = ["ours", "ours-fp8", "trl", "ours-plain", *(f"ours-plain+{name}" for name in SWITCHES)]
+
+
+def side_overrides(side: str) -> dict[str, dict[str, Any]]:
+    """train.toml sections for one of our sides (on top of the shared settings)."""
+    if side == "ours":
+        return {}
+    if side == "ours-fp8":
+        return {"train": {"precision": "fp8", "fp8_recipe": "tensorwise"}}
+    overrides = {section: dict(values) for section, values in PLAIN.items()}
+    if side.startswith("ours-plain+"):
+        section, key, value = SWITCHES[side.removeprefix("ours-plain+")]
+        overrides[section][key] = value
+    elif side != "ours-plain":
+        raise SystemExit(f"unknown side {side!r}; valid: {', '.join(SIDES)}")
+    return overrides
+
+
+def save_initial_checkpoint(folder: Path, arch: dict[str, Any]) -> Path:
+    """The one random initial model every side starts from (fp32 safetensors + the tokenizer)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(LlamaConfig(**arch, use_cache=False))
+    model.save_pretrained(folder)
+    for path in SHIPPED_TOKENIZER.iterdir():
+        shutil.copy(path, folder / path.name)
+    del model
+    return folder
+
+
+def write_train_toml(run_dir: Path, init: Path, docs: Path, args: argparse.Namespace,
+                     overrides: dict[str, dict[str, Any]]) -> Path:
+    cfg = TrainConfig()
+    cfg.model.name, cfg.model.path, cfg.model.tokenizer = "parity", str(init), str(init)
+    cfg.model.precision = "bf16" if not args.cpu_smoke else "fp32"
+    cfg.data.path, cfg.data.format, cfg.data.tokens_per_micro_batch = str(docs), "tokens", args.budget
+    cfg.data.cache_dir = str(run_dir / "cache")
+    t = cfg.train
+    t.max_steps, t.learning_rate, t.warmup_ratio, t.lr_scheduler_type = args.steps, args.lr, 0.03, "cosine"
+    t.adam_beta1, t.adam_beta2, t.weight_decay, t.max_grad_norm = 0.9, 0.95, 0.0, 1.0
+    t.model_max_length, t.logging_steps, t.save_steps, t.gradient_checkpointing = args.budget, 1, 10**9, False
+    cfg.run.dir = str(run_dir)
+    return save_train_toml(cfg, run_dir, overrides)
+
+
+def run_ours(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    run_dir = out / side
+    toml = write_train_toml(run_dir, init, docs, args, side_overrides(side))
+    with (run_dir / "train.log").open("w") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "train", "--config", str(toml)], cwd=ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"side": side, "error": f"timeout {RUN_TIMEOUT_S} s"}
+    if proc.returncode != 0:
+        print((run_dir / "train.log").read_text()[-3000:])
+        return {"side": side, "error": f"exit {proc.returncode}"}
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "tokens_per_s" in r]
+    timing = steady_state(run_dir / "metrics.jsonl") if not args.cpu_smoke else {}
+    return {"side": side, "losses": losses, "export": str(run_dir / "export"), **timing}
+
+
+def run_trl(out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, "-m", "bench.parity_trl", "--init", str(init), "--data", str(docs),
+               "--out", str(out / "trl"), "--steps", str(args.steps), "--max-length", str(args.budget),
+               "--lr", str(args.lr), *(["--attn", args.trl_attn] if args.trl_attn else [])]
+    (out / "trl").mkdir(parents=True, exist_ok=True)
+    log = out / "trl" / "train.log"  # stderr too: what it was doing when a timeout hit
+    try:
+        with log.open("w") as stream:
+            proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stream, text=True,
+                                  timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        print(log.read_text()[-2000:])
+        return {"side": "trl", "error": f"timeout {RUN_TIMEOUT_S} s"}
+    if proc.returncode != 0:
+        print(proc.stdout[-2000:], log.read_text()[-3000:])
+        return {"side": "trl", "error": f"exit {proc.returncode}"}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result.pop("path", None)
+    return {"side": "trl", **result}
+
+
+def eval_loss(model_dir: str, eval_docs: list[list[int]], batch: int = 16) -> float:
+    """Token-weighted mean cross-entropy of `model_dir` over the held-out documents (each its own row,
+    padded; every token but the first is predicted): the one score of every side."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+        for start in range(0, len(eval_docs), batch):
+            rows = eval_docs[start:start + batch]
+            width = max(map(len, rows))
+            ids = torch.zeros(len(rows), width, dtype=torch.long)
+            mask = torch.zeros(len(rows), width, dtype=torch.long)
+            for i, row in enumerate(rows):
+                ids[i, :len(row)], mask[i, :len(row)] = torch.tensor(row), 1
+            ids, mask = ids.to(device), mask.to(device)
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+            total += float(torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels.flatten(),
+                                                             ignore_index=-100, reduction="sum"))
+            count += int((labels != -100).sum())
+    del model
+    return total / count
+
+
+def reference_of(side: str) -> str | None:
+    """The side each one is judged against: ours vs TRL, FP8 vs our bf16, a switch vs the plain path."""
+    if side == "ours":
+        return "trl"
+    if side == "ours-fp8":
+        return "ours"
+    return "ours-plain" if side.startswith("ours-plain+") else None
+
+
+def comparisons(sides: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Eval loss ratio (and speed ratio where both sides were timed) of every side to its reference."""
+    rows = []
+    for side, result in sides.items():
+        ref = reference_of(side)
+        if ref not in sides or "eval_loss" not in result or "eval_loss" not in sides[ref]:
+            continue
+        ratio = result["eval_loss"] / sides[ref]["eval_loss"]
+        speed = result.get("real_tokens_per_s"), sides[ref].get("real_tokens_per_s")
+        rows.append({"side": side, "reference": ref, "eval_loss_ratio": ratio,
+                     "within_target": abs(ratio - 1) <= TARGET,
+                     "speedup": speed[0] / speed[1] if all(speed) else None})
+    return rows
+
+
+def loss_table(sides: dict[str, dict[str, Any]], every: int) -> list[str]:
+    names = [s for s in sides if sides[s].get("losses")]
+    steps = max((len(sides[s]["losses"]) for s in names), default=0)
+    lines = ["| step | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for step in sorted({*range(every, steps + 1, every), 1, steps} - {0}):
+        cells = [f"{sides[s]['losses'][step - 1]:.4f}" if step <= len(sides[s]["losses"]) else "" for s in names]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(record: dict[str, Any], png: Path) -> Path | None:
+    """Train loss per step of every side (one chart), the eval losses in the legend."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not installed: no plot (python -m bench.gpu_parity --plot FILE.json makes it)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for side, result in record["sides"].items():
+        if result.get("losses"):
+            label = f"{side} (eval {result['eval_loss']:.4f})" if "eval_loss" in result else side
+            ax.plot(range(1, len(result["losses"]) + 1), result["losses"], label=label, linewidth=1)
+    ax.set(xlabel="optimizer step", ylabel="train loss", yscale="log",
+           title=f"{record['shape']}: {record['steps']} steps x {record['budget']} tokens, same init and data")
+    ax.legend()
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    return png
+
+
+def summary_row(side: str, result: dict[str, Any], judged: dict[str, Any] | None) -> str:
+    if "error" in result:
+        return f"| {side} | error: {result['error']} | | | | | |"
+    rate = f"{result['real_tokens_per_s']:,.0f}" if result.get("real_tokens_per_s") else "-"
+    if judged is None:
+        return f"| {side} | {result['eval_loss']:.4f} | - | - | - | {rate} | - |"
+    speed = f"{judged['speedup']:.2f}x" if judged["speedup"] else "-"
+    return (f"| {side} | {result['eval_loss']:.4f} | {judged['reference']} | {judged['eval_loss_ratio']:.4f} | "
+            f"{'yes' if judged['within_target'] else 'NO'} | {rate} | {speed} |")
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace, shape: str) -> None:
+    import torch
+
+    sides = {r["side"]: {k: v for k, v in r.items() if k != "side"} for r in results}
+    record = {"shape": shape, "steps": args.steps, "budget": args.budget, "lr": args.lr, "train_docs": args.train_docs,
+              "eval_docs": args.eval_docs, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "sides": sides, "comparisons": comparisons(sides)}
+    print("\n" + "\n".join(loss_table(sides, args.every)))
+    print(f"\n{record['gpu']}, {shape}, {args.steps} steps x {args.budget} tokens, lr {args.lr}, same init checkpoint "
+          f"and documents; eval loss = the same scorer on {args.eval_docs} held-out chats")
+    print("| side | eval loss | vs | ratio | within 1% | real tokens/s | speed vs |\n|---|---|---|---|---|---|---|")
+    judged = {c["side"]: c for c in record["comparisons"]}
+    for side, result in sides.items():
+        print(summary_row(side, result, judged.get(side)))
+    folder = args.results or args.out
+    if args.results:
+        write_result(args.results / f"parity-{shape}.json", record)
+    plot(record, folder / f"parity-{shape}.png")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
+    parser.add_argument("--sides", default="ours,trl,ours-fp8", help=f"comma list of {', '.join(SIDES)}")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--budget", type=int, default=16384, help="tokens per optimizer step (one packed micro-batch)")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--train-docs", type=int, default=0, help="0 = enough for --steps x --budget tokens")
+    parser.add_argument("--eval-docs", type=int, default=400)
+    parser.add_argument("--trl-attn", default="", help="TRL's attention (bench/parity_trl.py; default flex_attention "
+                                                       "on a GPU): on an H100 its first step had not ended after 70 s")
+    parser.add_argument("--every", type=int, default=10, help="train-loss table: every N steps")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench-parity"))
+    parser.add_argument("--results", type=Path, default=None, help="folder for the JSON (and the plot)")
+    parser.add_argument("--plot", type=Path, default=None, help="only draw the plot of a results JSON")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny shape on CPU, our plain path (and TRL "
+                                                                  "where installed): proves the script runs")
+    args = parser.parse_args()
+    if args.plot:
+        print(plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png")))
+        return
+    arch, shape = (TINY, "tiny") if args.cpu_smoke else (SHAPES[args.shape], args.shape)
+    if args.cpu_smoke:
+        args.steps, args.budget, args.eval_docs, args.every = 6, 512, 24, 2
+        args.sides = "ours,trl" if _trl_installed() else "ours"
+    args.train_docs = args.train_docs or int(1.3 * args.steps * args.budget / 90)  # ~90 tokens a chat
+    docs, eval_docs = write_corpus(args.out / "data", args.train_docs, args.eval_docs)
+    init = save_initial_checkpoint(args.out / "init", arch)
+    results = []
+    for side in filter(None, args.sides.split(",")):
+        result = run_trl(args.out, init, docs, args) if side == "trl" else run_ours(side, args.out, init, docs, args)
+        if "error" not in result:
+            result["eval_loss"] = eval_loss(result.pop("export"), eval_docs)
+        print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
+        results.append(result)
+        if args.results:  # what a later side's timeout would lose (not a results file: no provenance)
+            args.results.mkdir(parents=True, exist_ok=True)
+            (args.results / "sides-so-far.log").write_text(json.dumps(results))
+    report(results, args, shape)
+
+
+def _trl_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("trl") is not None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The TRL side of bench/gpu_parity.py: SFTTrainer, padding-free (BFD packing, positions restart per
+document), from the same saved initial checkpoint, on the same token documents, with our optimizer
+and schedule (AdamW 0.9/0.95, peak LR, warmup, cosine to 0: train/engine/optim.py's LambdaLR given to
+the Trainer, whose own warmup starts a step later), max steps, clipping and tokens per step (one
+packed row of --max-length tokens) as our side. bf16 autocast over fp32 weights, fused AdamW,
+no gradient checkpointing, flex_attention and Liger's kernels on a GPU (TRL's speed recipe, as
+bench/peer_trl.py), SDPA and no Liger on a CPU.
+
+    python -m bench.parity_trl --init DIR --data DOCS.jsonl --out DIR --steps N --max-length T --lr LR
+
+Saves the trained model to OUT/export and prints one JSON line: the loss of every optimizer step and
+the throughput on the shared peer clock (bench/peer_clock.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTConfig, SFTTrainer
+
+from bench.peer_clock import TimedSteps
+from bench.synthetic import read_token_jsonl
+from train.engine.optim import lr_multiplier
+
+
+class TimedSFTTrainer(TimedSteps, SFTTrainer):
+    def count_real_tokens(self, inputs):
+        return int(inputs["input_ids"].numel())  # padding-free: one row of real tokens
+
+
+def schedule(model: torch.nn.Module, args: argparse.Namespace) -> tuple[torch.optim.Optimizer, Any]:
+    """Our optimizer and learning-rate schedule (train/engine/optim.py: AdamW 0.9/0.95, no weight decay here,
+    warmup reaching the peak at its last step, cosine to 0), so both sides step with the same LR."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0,
+                                  fused=torch.cuda.is_available())
+    warmup = math.ceil(args.warmup_ratio * args.steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_multiplier(step, args.steps, warmup, "cosine", 0.0))
+    return optimizer, scheduler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("--init", "--data", "--out"):
+        parser.add_argument(name, type=Path, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--max-length", type=int, required=True)
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--warmup-ratio", type=float, default=0.03)
+    parser.add_argument("--attn", default="", help="attention implementation (default: flex_attention on a GPU, "
+                                                   "sdpa on a CPU)")
+    args = parser.parse_args()
+    gpu = torch.cuda.is_available()
+    rows = Dataset.from_dict({"input_ids": read_token_jsonl(args.data)})
+    tokenizer = AutoTokenizer.from_pretrained(args.init, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32,
+                                                 attn_implementation=args.attn or ("flex_attention" if gpu else "sdpa"))
+    config = SFTConfig(
+        output_dir=str(args.out), max_length=args.max_length, packing=True, packing_strategy="bfd",
+        padding_free=True, per_device_train_batch_size=1, max_steps=args.steps, bf16=gpu, use_cpu=not gpu,
+        use_liger_kernel=gpu, learning_rate=args.lr,
+        weight_decay=0.0, max_grad_norm=1.0, gradient_checkpointing=False, logging_steps=1,
+        save_strategy="no", report_to=[], seed=42, data_seed=42, dataset_num_proc=1,
+    )
+    trainer_class = TimedSFTTrainer if gpu else SFTTrainer  # the clock synchronizes CUDA
+    trainer = trainer_class(model=model, args=config, train_dataset=rows, processing_class=tokenizer,
+                            optimizers=schedule(model, args))
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    trainer.save_model(str(args.out / "export"))
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    timing = trainer.result("trl") if gpu else {"path": "trl"}
+    print(json.dumps({**timing, "losses": losses, "export": str(args.out / "export")}))
+
+
+if __name__ == "__main__":
+    main()

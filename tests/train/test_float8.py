@@ -1,0 +1,62 @@
+"""FP8 training on the training side, what a CPU host can show (tests/train/test_gpu_fp8.py runs it on
+an FP8 GPU): which layers become torchao float8 linears, and the one-line refusal (exit 2) of a CPU run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from contract.failure import first_failure
+from tests.train.conftest import TINY_ARCH
+from tests.train.run_helpers import REPO, launch_env, write_run
+from train.kernels.float8 import convert_decoder_linears
+from train.kernels.perf import decoder_layers
+
+
+def _float8_names(model: torch.nn.Module) -> set[str]:
+    from torchao.float8.float8_linear import Float8Linear
+
+    return {name for name, module in model.named_modules() if isinstance(module, Float8Linear)}
+
+
+def test_decoder_linears_become_float8_and_lm_head_stays() -> None:
+    model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH))
+    names_before = [name for name, _ in model.named_parameters()]
+    assert convert_decoder_linears(decoder_layers(model), "tensorwise") == 7 * TINY_ARCH["num_hidden_layers"]
+    converted = _float8_names(model)
+    assert "lm_head" not in {name.split(".")[-1] for name in converted}
+    assert {name.split(".")[-1] for name in converted} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                           "up_proj", "down_proj"}
+    assert [name for name, _ in model.named_parameters()] == names_before  # checkpoints and export unchanged
+
+
+def test_a_packed_micro_batch_of_any_length_trains() -> None:
+    """The weight gradient's FP8 GEMM contracts over the tokens: 37 of them (not a multiple of 16) are padded
+    inside it (an H100 refused 2,430 before `pad_inner_dim`)."""
+    model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH))
+    convert_decoder_linears(decoder_layers(model), "tensorwise")
+    assert all(m.config.pad_inner_dim for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "pad_inner_dim"))
+    ids = torch.randint(0, TINY_ARCH["vocab_size"], (1, 37))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert model.model.layers[0].mlp.down_proj.weight.grad is not None
+
+
+def test_layers_off_the_16_alignment_stay_bf16() -> None:
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY_ARCH, "intermediate_size": 120}))  # 120 % 16 = 8
+    convert_decoder_linears(decoder_layers(model), "rowwise")
+    kinds = {name.split(".")[-1] for name in _float8_names(model)}
+    assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+def test_a_cpu_run_is_refused_in_one_line(tmp_path) -> None:
+    run = write_run(tmp_path / "run", {"train": {"precision": "fp8", "max_steps": 2}}, processes=1)
+    proc = subprocess.run([sys.executable, "-m", "train", "--config", str(run / "train.toml")], cwd=REPO,
+                          env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = first_failure(run)
+    assert record is not None and record["exit_code"] == 2, record
+    assert record["message"].startswith("train.precision: fp8 cannot be used: float8 matmuls need a CUDA GPU")
+    assert not (run / "checkpoints").exists() and not (run / "export").exists()
