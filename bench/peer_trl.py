@@ -12,8 +12,8 @@ LoRA over bitsandbytes' NF4 base (double quantization, bf16 compute and storage)
 Prints one JSON line (real tokens and seconds after the warm-up steps on the shared clock,
 bench/peer_clock.py; peak memory); bench/gpu_single.py drives it. Under `accelerate launch` with an FSDP2
 config (bench/gpu_multi_lora.py) each rank builds the model on its own GPU, the Trainer shards it, and
-rank 0 prints the job's line: every rank's real tokens, the longest clock, the largest peak. Real tokens = non-padding tokens
-(the synthetic ids never hit the pad id).
+rank 0 prints the job's line: every rank's real tokens, the longest clock, the largest peak. Real
+tokens = non-padding tokens (the synthetic ids never hit the pad id).
 """
 
 from __future__ import annotations
