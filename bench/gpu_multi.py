@@ -102,6 +102,18 @@ def naive_loading(folder: Path, ranks: int) -> list[dict]:
     return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
 
 
+def write_run_dir(argv: list[str]) -> Any:
+    """The run directory a launch of `sft-launch argv` writes (a `--dry-run` renders into a temporary
+    directory and leaves it untouched); returns the resolved Launch."""
+    from launcher.commands.launch import build_parser, request_from_args
+    from launcher.execute import render
+    from launcher.resolve.options import resolve
+
+    launch = resolve(request_from_args(build_parser().parse_args(argv)))
+    render.write_run_dir(launch, ["sft-launch", *argv])
+    return launch
+
+
 def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -> None:
     cluster = run_dir.parent / "cluster.toml"
     per_node = max(1, gpus // 2)
@@ -118,6 +130,7 @@ def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"render failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    write_run_dir([a for a in cmd[3:] if a != "--dry-run"])  # the dry run left the run directory untouched
 
 
 def launch(run_dir: Path, gpus: int, port: int) -> tuple[int, str]:
@@ -309,12 +322,24 @@ def bench_8b_fp8(args: argparse.Namespace, ckpt: Path, data: Path, result: dict,
     rows.append(("8B FP8 / bf16 real tokens/s", f"{result['fp8_8b']['speedup']:.2f}x (target >= 1.25x)"))
 
 
+SCALING_STEPS, SCALING_SAVE_AT = 14, 10
+
+
+def save_line(text: str) -> dict | None:
+    """The last 'checkpoint saved' line of a run's log as {gb, seconds, gbps} (train/engine/checkpoint.py)."""
+    saved = re.findall(r"checkpoint saved: \S+ \(([\d.]+) GB in ([\d.]+) s, ([\d.]+) GB/s\)", text)
+    return dict(zip(("gb", "seconds", "gbps"), map(float, saved[-1]))) if saved else None
+
+
 def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:
+    """1B on 1 GPU and on --gpus GPUs, same tokens per GPU; the multi-GPU run saves a full checkpoint
+    (model + optimizer, sharded) at step SCALING_SAVE_AT, timed on its own (the clock stops for it)."""
     per_gpu, runs = {}, {}
     for gpus in (1, args.gpus):
         run = args.out / f"run-1b-{gpus}gpu"
+        save_at = SCALING_SAVE_AT if gpus > 1 else 1000000
         render(run, "llama3.2-1b", data, gpus, [
-            "--max_steps", "14", "--save_steps", "1000000", "--gradient_checkpointing", "false",
+            "--max_steps", str(SCALING_STEPS), "--save_steps", str(save_at), "--gradient_checkpointing", "false",
             "--set", 'model.path=""', "--set", 'model.tokenizer=""',
             "--set", "model.arch=" + toml_inline(shape("llama3.2-1b")),
             "--set", f"data.tokens_per_micro_batch={args.tokens1b}", "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
@@ -324,7 +349,12 @@ def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list
             return
         runs[str(gpus)] = stats
         per_gpu[gpus] = stats["real_tokens_per_s"] / gpus
-        rows.append((f"1B tokens/s/GPU on {gpus} GPU", f"{per_gpu[gpus]:,.0f}"))
+        rows.append((f"1B tokens/s/GPU on {gpus} GPU", f"{per_gpu[gpus]:,.0f} (MFU {(stats['mfu'] or 0) * 100:.1f}% "
+                     f"aggregate, {(stats['mean_step_mfu'] or 0) * 100:.1f}% mean of steps)"))
+        if gpus > 1 and (saved := save_line(text)):
+            result["save_1b"] = dict(saved, gpu_count=gpus, step=SCALING_SAVE_AT)
+            rows.append((f"1B full checkpoint save inside the {gpus}-GPU run",
+                         f"{saved['gb']:.1f} GB in {saved['seconds']:.1f} s = {saved['gbps']:.2f} GB/s"))
     result["scaling_1b"] = runs
     result["weak_scaling_efficiency"] = per_gpu[args.gpus] / per_gpu[1]
     rows.append((f"1B weak scaling 1 -> {args.gpus} GPUs", f"{result['weak_scaling_efficiency'] * 100:.0f}%"))

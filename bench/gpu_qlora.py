@@ -10,11 +10,15 @@ double quantization, bf16 compute and storage; LoRA r 16 on every linear layer, 
 checkpointing) on the same documents. `match` and `llama70b` start `accelerate launch` with an FSDP2
 config as the launcher renders it (bf16) over `python -m train`; the model is random (built per
 module on the meta device and quantized as it is drawn: a 140 GB checkpoint does not fit the disk).
+`match` and `llama70b` write `qlora-1gpu-vs-2gpu.json` / `qlora-llama70b-2gpu.json` through
+bench/results_io.py (provenance; raw `real_tokens`/`seconds` after the warm-up; the 70B run's MFU at
+4·N + 6·N_lora and its peak against the planner's), re-derived by tests/bench/test_results.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -23,22 +27,26 @@ from pathlib import Path
 from typing import Any
 
 from bench import gpu_single
-from bench.synthetic import LLAMA_1B, sample_lengths, write_token_jsonl
+from bench.results_io import document_lengths, throughput_numbers, write_result
+from bench.synthetic import LLAMA_1B, write_token_jsonl
+from contract.config import LoraSection
 from contract.protocol import free_port
+from contract.shape import ModelShape
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_70B = dict(  # the llama-70b preset (Llama-2-70B shape)
     hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
     intermediate_size=28672, vocab_size=32000, tie_word_embeddings=False, max_position_embeddings=4096,
 )
-QLORA = {"lora": {"enabled": True, "quant": "nf4"}}
+QLORA = {"lora": {"enabled": True, "quant": "nf4", "dropout": 0.0}}  # no dropout: 1 and 2 GPUs draw no masks
 # --cpu-smoke: every target weight a multiple of 64 x 256 elements per rank (train/engine/qlora.py)
 TINY_QLORA = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=512, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
 
 
-def accelerate_yaml(run_dir: Path, processes: int, precision: str) -> Path:
-    """FSDP2 as templates/accelerate.yaml.j2 renders it for one node."""
+def accelerate_yaml(run_dir: Path, processes: int, precision: str, ram_efficient_loading: bool = True) -> Path:
+    """FSDP2 as templates/accelerate.yaml.j2 renders it for one node (`ram_efficient_loading` off for a
+    peer that builds its model on the GPU)."""
     path = run_dir / "accelerate.yaml"
     path.write_text(
         "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nuse_cpu: false\nnum_machines: 1\n"
@@ -46,23 +54,25 @@ def accelerate_yaml(run_dir: Path, processes: int, precision: str) -> Path:
         f"main_process_port: {free_port()}\nmixed_precision: '{precision}'\nrdzv_backend: static\n"
         "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
         "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
-        "  fsdp_reshard_after_forward: true\n  fsdp_cpu_ram_efficient_loading: true\n")
+        "  fsdp_reshard_after_forward: true\n"
+        f"  fsdp_cpu_ram_efficient_loading: {str(ram_efficient_loading).lower()}\n")
     return path
 
 
 def launch(name: str, out: Path, data: Path, arch: dict, budget: int, processes: int,
-           overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One `accelerate launch -m train` run; its metrics as a result row."""
+           overrides: dict[str, dict[str, Any]], devices: str | None = None) -> dict[str, Any]:
+    """One `accelerate launch -m train` run (on CUDA_VISIBLE_DEVICES=`devices` if given); its metrics as a result row."""
     run_dir = out / name
     toml = gpu_single.write_train_toml(run_dir, data, arch, budget, overrides)
     precision = "no" if os.environ.get("BENCH_CPU") else "bf16"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(accelerate_yaml(run_dir, processes, precision)), "-m", "train", "--config", str(toml)]
     log = run_dir / "train.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "4", **({"CUDA_VISIBLE_DEVICES": devices} if devices else {})}
     with log.open("w") as f:
         try:
             proc = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=gpu_single.RUN_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "4"})
+                                  timeout=gpu_single.RUN_TIMEOUT_S, env=env)
         except subprocess.TimeoutExpired:
             return {"path": name, "error": f"timeout {gpu_single.RUN_TIMEOUT_S} s"}
     if proc.returncode != 0:
@@ -77,7 +87,7 @@ def launch(name: str, out: Path, data: Path, arch: dict, budget: int, processes:
 
 
 def data_for(out: Path, docs: int, budget: int, vocab: int) -> tuple[Path, list[int]]:
-    lengths = sample_lengths(docs, seed=0, hi=min(4096, budget))
+    lengths = document_lengths(docs, budget)
     path = out / "docs.jsonl"
     write_token_jsonl(path, lengths, vocab)
     return path, lengths
@@ -107,26 +117,39 @@ def part_single(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def part_match(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The same QLoRA job on 2 GPUs (FSDP2) and on 1 GPU with twice the accumulation: loss per step."""
+    """The same QLoRA job on 2 GPUs (FSDP2) and on 1 GPU with twice the accumulation: loss per step. Both
+    eager (the 2-rank default; compiled layers would add a compiled-vs-eager difference), run at the same
+    time (the one-GPU run on the second GPU): a correctness check, its throughputs are shared-GPU numbers."""
     arch, data, train = qlora_job(args, LLAMA_1B, logging_steps=1, learning_rate=2e-4)
-    two = launch("qlora-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
-    one = launch("qlora-1gpu", args.out, data, arch, args.budget, 1,
-                 {**QLORA, "train": {**train, "gradient_accumulation_steps": 2}})
-    result = {"path": "qlora-1gpu-vs-2gpu", "shape": "tiny" if args.cpu_smoke else "llama3.2-1b",
+    train["compile"] = False
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        two_f = pool.submit(launch, "qlora-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
+        one_f = pool.submit(launch, "qlora-1gpu", args.out, data, arch, args.budget, 1,
+                            {**QLORA, "train": {**train, "gradient_accumulation_steps": 2}}, devices="1")
+        two, one = two_f.result(), one_f.result()
+    result = {"path": "qlora-1gpu-vs-2gpu", "shape": "tiny" if args.cpu_smoke else "llama3.2-1b", "docs": args.docs,
               "budget": args.budget, "steps": args.steps, "two": two, "one": one}
     if "error" not in one and "error" not in two:
-        diffs = [abs(one["losses"][s] - two["losses"][s]) for s in two["losses"]]
-        result |= {"max_loss_diff": max(diffs), "target": 1e-2, "met": max(diffs) <= 1e-2}
-    print(f"| run | steps | first loss | last loss | max |diff| |\n|---|---|---|---|---|")
+        result |= loss_match(one, two)
+    print("| run | steps | first loss | last loss | max |loss diff| | max grad-norm rel diff |\n|---|---|---|---|---|---|")
     for row in (two, one):
         if "error" in row:
-            print(f"| {row['path']} | error: {row['error']} | | | |")
+            print(f"| {row['path']} | error: {row['error']} | | | | |")
         else:
             losses = list(row["losses"].values())
             print(f"| {row['path']} | {len(losses)} | {losses[0]:.4f} | {losses[-1]:.4f} | "
-                  f"{result.get('max_loss_diff', float('nan')):.2e} |")
+                  f"{result.get('max_loss_diff', float('nan')):.2e} | {result.get('max_grad_norm_rel_diff', float('nan')):.2e} |")
     write(args, result)
     return [result]
+
+
+def loss_match(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
+    """Step-for-step agreement of two runs' logged losses (target 1e-2) and gradient norms."""
+    if one["losses"].keys() != two["losses"].keys():
+        return {"met": False, "mismatch": f"steps {sorted(one['losses'])} vs {sorted(two['losses'])}"}
+    loss = max(abs(one["losses"][s] - two["losses"][s]) for s in two["losses"])
+    grad = max(abs(one["grad_norms"][s] - two["grad_norms"][s]) / abs(two["grad_norms"][s]) for s in two["grad_norms"])
+    return {"max_loss_diff": loss, "max_grad_norm_rel_diff": grad, "target": 1e-2, "met": loss <= 1e-2}
 
 
 def planned(arch: dict, gpus: int, budget: int, gpu_type: str) -> dict[str, float]:
@@ -145,15 +168,21 @@ def planned(arch: dict, gpus: int, budget: int, gpu_type: str) -> dict[str, floa
 def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
     arch, data, train = qlora_job(args, LLAMA_70B, logging_steps=2, learning_rate=1e-4)
     row = launch("qlora-llama70b-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
-    row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "budget": args.budget,
-            "plan": planned(arch, 2, args.budget, "h100")}
+    row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "arch": arch, "budget": args.budget,
+            "docs": args.docs, "plan": planned(arch, 2, args.budget, "h100")}
     if "error" not in row:
+        adapters = ModelShape.from_arch(arch).lora_params(LoraSection().r, LoraSection().target_modules)
+        peak = gpu_single.device_peak()[1]
+        row |= {"peak_flops": peak, "lora_params": adapters,
+                **throughput_numbers(arch, document_lengths(args.docs, args.budget), row["real_tokens_per_s"], 2,
+                                     peak, adapters)}
         measured, predicted = row["peak_mem_gib"] or 0.0, row["plan"]["allocated_gib"]
         row["plan_error"] = (predicted - measured) / measured if measured else None
         error = "n/a" if row["plan_error"] is None else f"{row['plan_error']:+.1%}"
-        print(f"| run | steps | tokens/s/GPU | last loss | peak GiB (allocated) | plan GiB | plan error |\n"
-              f"|---|---|---|---|---|---|---|\n| {row['path']} | {len(row['losses'])} | "
-              f"{row['tokens_per_s_per_gpu'] or 0:,.0f} | {list(row['losses'].values())[-1]:.4f} | {measured:.2f} | "
+        mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
+        print(f"| run | steps | real tokens/s/GPU | MFU | last loss | peak GiB (allocated) | plan GiB | plan error |\n"
+              f"|---|---|---|---|---|---|---|---|\n| {row['path']} | {len(row['losses'])} | "
+              f"{row['real_tokens_per_s'] / 2:,.0f} | {mfu} | {list(row['losses'].values())[-1]:.4f} | {measured:.2f} | "
               f"{predicted:.2f} | {error} |")
     else:
         print(f"| {row['path']} | error: {row['error']} |")
@@ -162,9 +191,9 @@ def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """One results file `<path>.json` (qlora-…) through bench/results_io.py (provenance), also on failure."""
     if args.results:
-        args.results.mkdir(parents=True, exist_ok=True)
-        (args.results / f"{result['path']}.json").write_text(json.dumps(result, indent=1))
+        write_result(args.results / f"{result['path']}.json", result)
 
 
 def main() -> None:

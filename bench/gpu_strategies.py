@@ -176,9 +176,11 @@ def resolve_case(case: Case, args: argparse.Namespace, run_dir: Path) -> Any:
 
 
 def train(launch: Any, log: Path, timeout: float) -> int:
-    """Start training exactly as `sft-launch --executor local` does."""
+    """Start training exactly as `sft-launch --executor local` does (into the run directory it writes)."""
     from launcher.execute.local import train_command
+    from launcher.execute.render import write_run_dir as write
 
+    write(launch, ["bench/gpu_strategies.py"])
     attempt = protocol.local_attempt_name(time.time())  # each rank's whole output: logs/ranks/<attempt>/
     return run_logged(train_command(launch, protocol.free_port(), attempt), log, timeout)
 

@@ -57,3 +57,18 @@ class TimedSteps:
                 "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
                 # what the model ran with, read from it (transformers' name: sdpa, flex_attention, ...)
                 "attention": getattr(self.model.config, "_attn_implementation", None) or "not recorded"}
+
+    def all_ranks(self, result: dict[str, Any]) -> dict[str, Any]:
+        """`result` of one rank made the job's: real tokens summed over the ranks (each counted its own
+        micro-batches), the longest clock, the largest peak memory."""
+        import torch.distributed as dist
+
+        values = torch.tensor([result["real_tokens"], result["seconds"], result["peak_mem_gib"]],
+                              dtype=torch.float64, device=torch.cuda.current_device())
+        tokens, longest, peak = values.clone(), values.clone(), values.clone()
+        dist.all_reduce(tokens, op=dist.ReduceOp.SUM)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        real_tokens, seconds = int(tokens[0]), float(longest[1])
+        return {**result, "real_tokens": real_tokens, "seconds": seconds, "real_tokens_per_s": real_tokens / seconds,
+                "peak_mem_gib": float(peak[2]), "gpu_count": dist.get_world_size()}

@@ -10,14 +10,17 @@ LoRA over bitsandbytes' NF4 base (double quantization, bf16 compute and storage)
     python -m bench.peer_trl --data DATA.jsonl --shape llama3.2-1b [--compile] [--lora]
 
 Prints one JSON line (real tokens and seconds after the warm-up steps on the shared clock,
-bench/peer_clock.py; peak memory); bench/gpu_single.py drives it. Real tokens = non-padding tokens
-(the synthetic ids never hit the pad id).
+bench/peer_clock.py; peak memory); bench/gpu_single.py drives it. Under `accelerate launch` with an FSDP2
+config (bench/gpu_multi_lora.py) each rank builds the model on its own GPU, the Trainer shards it, and
+rank 0 prints the job's line: every rank's real tokens, the longest clock, the largest peak. Real
+tokens = non-padding tokens (the synthetic ids never hit the pad id).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -40,6 +43,8 @@ class TimedSFTTrainer(TimedSteps, SFTTrainer):
 
 def build_model(shape: str, lora: bool, qlora: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
+    if "LOCAL_RANK" in os.environ:  # under `accelerate launch`: this rank's GPU, before the Trainer sets it
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     config = LlamaConfig(**SHAPES[shape], use_cache=False)
     dtype = torch.bfloat16 if lora or qlora else torch.float32
     with torch.device("cuda"):  # random init on the GPU (minutes on the CPU for 8B), as ours does
@@ -77,6 +82,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--qlora", action="store_true", help="LoRA over a bitsandbytes NF4 base (double quant, bf16)")
+    parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps (-1: one epoch)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/peer_trl"))
     args = parser.parse_args()
 
@@ -93,7 +99,7 @@ def main() -> None:
         padding_free=True, per_device_train_batch_size=1, num_train_epochs=1, bf16=True,
         use_liger_kernel=True, optim="adamw_torch_fused", learning_rate=2e-5, lr_scheduler_type="cosine",
         warmup_steps=0.03, weight_decay=0.0, gradient_checkpointing=False, torch_compile=args.compile,
-        logging_steps=1000, save_strategy="no", report_to=[], seed=0, dataset_num_proc=1,
+        logging_steps=1000, save_strategy="no", report_to=[], seed=0, dataset_num_proc=1, max_steps=args.max_steps,
     )
     trainer = TimedSFTTrainer(model=build_model(args.shape, args.lora, args.qlora), args=config, train_dataset=rows,
                               processing_class=tokenizer, peft_config=peft_config)
@@ -101,7 +107,11 @@ def main() -> None:
     trainer.train()
     kind = "-qlora" if args.qlora else "-lora" if args.lora else ""
     name = "peer-trl" + kind + ("-compile" if args.compile else "")
-    print(json.dumps(trainer.result(name)))
+    result = trainer.result(name)
+    if torch.distributed.is_initialized():  # under FSDP: every rank's tokens, the slowest clock, the largest peak
+        result = trainer.all_ranks(result)
+    if trainer.accelerator.is_main_process:
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,57 @@ def qlora_8b() -> str:
     return _markdown(SINGLE_HEADER, _single_rows("h100/qlora-2026-11-26", EIGHT_B, ["peer-trl-qlora", "ours-qlora"]))
 
 
+TWO_GPU = "h100/two-gpu-2026-11-26"
+
+
+def qlora_70b() -> str:
+    r = _load(f"{TWO_GPU}/qlora-llama70b-2gpu.json")
+    losses = list(r["losses"].values())
+    return _markdown(["file", "steps", "real tokens/s per GPU", "MFU (4·N + 6·N_lora)", "peak GiB allocated",
+                      "plan GiB (when run)", "plan error", "loss first → last"],
+                     [[f"`{TWO_GPU}/qlora-llama70b-2gpu.json`", str(max(int(s) for s in r["losses"])),
+                       f"{r['real_tokens_per_s'] / r['gpu_count']:,.0f}", _pct(r["mfu"]), f"{r['peak_mem_gib']:.1f}",
+                       f"{r['plan']['allocated_gib']:.1f}", f"{r['plan_error'] * 100:+.1f}%",
+                       f"{losses[0]:.3f} → {losses[-1]:.3f}"]])
+
+
+def qlora_match() -> str:
+    r = _load(f"{TWO_GPU}/qlora-1gpu-vs-2gpu.json")
+    rows = []
+    for side in ("two", "one"):
+        s, losses = r[side], list(r[side]["losses"].values())
+        rows.append([s["path"], str(len(losses)), f"{losses[0]:.4f} → {losses[-1]:.4f}", f"{r['max_loss_diff']:.1e}",
+                     f"{r['max_grad_norm_rel_diff']:.1e}", "met" if r["met"] else "NOT met"])
+    return _markdown(["run", "steps logged", "loss first → last", "max abs. loss diff", "max grad-norm rel. diff",
+                      "≤ 1e-2"], rows)
+
+
+def two_gpu_scaling() -> str:
+    r = _load(f"{TWO_GPU}/multi-2gpu-1b-scaling.json")
+    rows = []
+    for gpus, b in r["scaling_1b"].items():
+        rows.append([f"1B, {gpus} GPU{'s' if gpus != '1' else ''}", f"{b['real_tokens_per_s'] / b['gpu_count']:,.0f}",
+                     _pct(b["mfu"]), _pct(b["mean_step_mfu"]), f"{b['peak_mem_gib']:.1f}", str(b["steps"])])
+    rows.append(["weak scaling 1 → 2", f"{r['weak_scaling_efficiency'] * 100:.1f}%", "", "", "", ""])
+    if "save_1b" in r:
+        s = r["save_1b"]
+        rows.append([f"full checkpoint save at step {s['step']} of the 2-GPU run",
+                     f"{s['gb']:.1f} GB in {s['seconds']:.1f} s = {s['gbps']:.2f} GB/s", "", "", "", ""])
+    rows.append(["disk write bandwidth (dd, fsync)", f"{r['disk_write_gbps']:.2f} GB/s", "", "", "", ""])
+    return _markdown(["run", "real tokens/s per GPU", "MFU (real tokens / wall time)", "mean of per-step MFU",
+                      "peak GiB", "steps timed"], rows)
+
+
+def resume_2gpu() -> str:
+    r = _load(f"{TWO_GPU}/resume-2gpu.json")
+    rows = []
+    for row in r["results"]:
+        verdict = ("bitwise" if row["bitwise"] else f"differs (max {row['max_abs_diff']:.1e})"
+                   if row["bitwise"] is False else f"not compared: {row['error'].split(':')[0]}")
+        rows.append([row["case"], str(row["sigterm_after_step"]), row.get("stop_checkpoint") or "–", verdict])
+    return _markdown(["case (2 GPUs)", "SIGTERM once step … was logged", "checkpoint it saved", "final weights vs uninterrupted"], rows)
+
+
 def cli_latency() -> str:
     data = _load("cpu/cli-latency.json")
     machine = data["machine"]
@@ -67,7 +118,10 @@ def cli_latency() -> str:
     return _markdown(["command", "median s", "min s", "max s", "target s", "met", "machine"], rows)
 
 
-TABLES: dict[str, Callable[[], str]] = {"qlora-8b": qlora_8b, "cli-latency": cli_latency}
+TABLES: dict[str, Callable[[], str]] = {
+    "qlora-8b": qlora_8b, "cli-latency": cli_latency, "qlora-70b": qlora_70b, "qlora-match": qlora_match,
+    "two-gpu-scaling": two_gpu_scaling, "resume-2gpu": resume_2gpu,
+}
 
 
 def fill(text: str) -> str:

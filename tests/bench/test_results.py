@@ -37,6 +37,8 @@ OTHER_KEYS = {
                 "attention", "kernels", "provenance"},  # bench/gpu_single.py --profile
     "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/cli_latency.py: CPU only
     "multi": None,  # checked block by block below
+    "qlora": None,  # bench/gpu_qlora.py: checked below
+    "resume": None,  # bench/gpu_resume.py: checked below
     "parity": {"shape", "steps", "budget", "lr", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
                "provenance"},  # bench/gpu_parity.py
 }
@@ -125,7 +127,8 @@ def test_ratio_is_against_the_fastest_peer_file_of_the_same_call(path):
 
 def _check_run_block(block: dict, arch: dict, lengths: list[int], name: str) -> None:
     _close(block["real_tokens_per_s"], block["real_tokens"] / block["seconds"], "real_tokens_per_s", name)
-    derived = throughput_numbers(arch, lengths, block["real_tokens_per_s"], block["gpu_count"], block["peak_flops"])
+    derived = throughput_numbers(arch, lengths, block["real_tokens_per_s"], block["gpu_count"], block["peak_flops"],
+                                 block.get("lora_params"))
     for key in ("flops_per_token", "tflops_per_gpu", "mfu"):
         _close(block[key], derived[key], key, name)
 
@@ -152,6 +155,13 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
         for key in ("bf16", "fp8"):
             _check_run_block(fp8[key], SHAPES["llama3-8b"], lengths, f"{name}: fp8_8b.{key}")
         _close(fp8["speedup"], fp8["fp8"]["real_tokens_per_s"] / fp8["bf16"]["real_tokens_per_s"], "fp8 speedup", name)
+    for key in ("8b_lora", "8b_lora_peer"):  # bench/gpu_multi_lora.py: both sides at 4·N + 6·N_lora
+        if key in r:
+            assert r[key]["lora_params"] and r[key]["gpu_count"] == r["gpu_count"], f"{name}: {key}"
+            _check_run_block(r[key], SHAPES["llama3-8b"], lengths, f"{name}: {key}")
+    if "8b_lora" in r and "8b_lora_peer" in r:
+        ratio = r["8b_lora"]["real_tokens_per_s"] / r["8b_lora_peer"]["real_tokens_per_s"]
+        _close(r["ratio_vs_peer"], ratio, "ratio_vs_peer", name)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "attention"], ids=_id)
@@ -179,6 +189,53 @@ def test_strategy_verdicts_rederive(path):
             assert row["resume_bitwise"] == (row["resume_max_abs_diff"] == 0), f"{case}: resume_bitwise"
         passed = not row["error"] and bool(row["trains"]) and bool(row["resume_bitwise"]) and bool(row["export_loads"])
         assert row["passed"] == passed, f"{case}: passed"
+
+
+QLORA = [p for p in FILES if _kind(p) == "qlora"]
+
+
+def _check_raw_counts(block: dict, name: str) -> None:
+    _close(block["real_tokens_per_s"], block["real_tokens"] / block["seconds"], "real_tokens_per_s", name)
+    assert block["warmup_steps"] == WARMUP_STEPS and block["real_tokens"] > 0, f"{name}: warm-up or tokens"
+
+
+@pytest.mark.parametrize("path", QLORA, ids=_id)
+def test_qlora_numbers_rederive(path):
+    r, name = _load(path), _id(path)
+    assert path.name == f"{r['path']}.json", f"{name}: not the name gpu_qlora.py gives it"
+    if "error" in r or "error" in r.get("one", {}) or "error" in r.get("two", {}):
+        return  # a failed run is recorded as such; no numbers to check
+    if "plan" in r:  # the llama-70b run: throughput at 4·N + 6·N_lora, peak against the plan recorded then
+        _check_raw_counts(r, name)
+        assert max(int(s) for s in r["losses"]) >= 20, f"{name}: fewer than 20 steps"
+        derived = throughput_numbers(r["arch"], document_lengths(r["docs"], r["budget"]), r["real_tokens_per_s"],
+                                     r["gpu_count"], r["peak_flops"], r["lora_params"])
+        for key in ("flops_per_token", "tflops_per_gpu", "mfu"):
+            _close(r[key], derived[key], key, name)
+        planned = r["plan"]["allocated_gib"]
+        _close(r["plan_error"], (planned - r["peak_mem_gib"]) / r["peak_mem_gib"], "plan_error", name)
+        return
+    for side in ("one", "two"):
+        _check_raw_counts(r[side], f"{name}: {side}")
+    one, two = r["one"]["losses"], r["two"]["losses"]
+    assert one.keys() == two.keys() and len(one) >= 20, f"{name}: the runs logged different or too few steps"
+    _close(r["max_loss_diff"], max(abs(one[s] - two[s]) for s in two), "max_loss_diff", name)
+    assert r["met"] == (r["max_loss_diff"] <= r["target"]), f"{name}: met"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "resume"], ids=_id)
+def test_resume_verdicts_rederive(path):
+    r, name = _load(path), _id(path)
+    assert path.name == f"resume-{r['gpu_count']}gpu.json", f"{name}: renamed"
+    for row in r["results"]:
+        case = f"{name}: {row['case']}"
+        assert row["gpu_count"] == r["gpu_count"] and 3 <= row["sigterm_after_step"] <= r["steps"] - 4, case
+        if row["bitwise"] is not None:
+            assert row["bitwise"] == (row["max_abs_diff"] == 0), f"{case}: bitwise"
+            stopped = int(row["stop_checkpoint"].removeprefix("step-"))
+            assert row["sigterm_after_step"] <= stopped < r["steps"], f"{case}: the stop checkpoint's step"
+        else:
+            assert row["error"], f"{case}: no verdict and no error"
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "profile"], ids=_id)
