@@ -52,6 +52,11 @@ def _single_rows(folder: str, shape: str, paths: list[str]) -> list[list[str]]:
 
 SINGLE_HEADER = ["call (bench/results/…)", "path", "real tokens/s", "MFU", "peak GiB", "vs fastest peer of the call",
                  "real tokens counted"]
+def single_1b() -> str:
+    return _markdown(SINGLE_HEADER, _single_rows("h100/single-2026-11-26", "llama3.2-1b",
+                                                 ["peer-trl", "peer-trl-compile", "ours"]))
+
+
 def qlora_8b() -> str:
     return _markdown(SINGLE_HEADER, _single_rows("h100/qlora-2026-11-26", EIGHT_B, ["peer-trl-qlora", "ours-qlora"]))
 
@@ -119,7 +124,7 @@ def cli_latency() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
-    "qlora-8b": qlora_8b, "cli-latency": cli_latency, "qlora-70b": qlora_70b, "qlora-match": qlora_match,
+    "single-1b": single_1b, "qlora-8b": qlora_8b, "cli-latency": cli_latency, "qlora-70b": qlora_70b, "qlora-match": qlora_match,
     "two-gpu-scaling": two_gpu_scaling, "resume-2gpu": resume_2gpu,
 }
 
