@@ -17,7 +17,7 @@ from contract.config import TrainConfig
 from contract.datacheck import DataCheck
 from contract.readers import hub_cache_folder
 from contract.sources import DataSource, epoch_examples, looks_like_hub_id
-from launcher.plan.datasize import BYTES_PER_TOKEN, DataEstimate, estimate_tokens
+from launcher.plan.datasize import DataEstimate, estimate_bytes, estimate_tokens
 from launcher.plan.planner import Plan
 from launcher.resolve.profile import ClusterProfile
 
@@ -77,7 +77,7 @@ def _estimate(source: DataSource, hf_home: str, max_length: int) -> DataEstimate
         return None
     root = hub_cache_folder(source.path, hf_home)
     arrow = sum(p.stat().st_size for p in root.rglob(f"*-{source.split}*.arrow")) if root.is_dir() else 0
-    return DataEstimate(int(arrow / BYTES_PER_TOKEN), 0, f"Arrow bytes/{BYTES_PER_TOKEN:g}", False) if arrow else None
+    return estimate_bytes(arrow, 0, "Arrow")  # as a saved datasets folder is estimated
 
 
 def mixture_estimate(launch: SourcesView) -> DataEstimate | None:
