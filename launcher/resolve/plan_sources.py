@@ -80,9 +80,8 @@ def _estimate(source: DataSource, hf_home: str, max_length: int) -> DataEstimate
     return estimate_bytes(arrow, 0, "Arrow")  # as a saved datasets folder is estimated
 
 
-def mixture_estimate(launch: SourcesView) -> DataEstimate | None:
+def mixture_estimate(rows: list[SourceRow]) -> DataEstimate | None:
     """Tokens of one epoch of the mixture (what the planner counts steps from); None if a source is unknown."""
-    rows = source_rows(launch)
     tokens = [row.epoch_tokens for row in rows]
     if any(t is None for t in tokens):
         return None
@@ -90,11 +89,11 @@ def mixture_estimate(launch: SourcesView) -> DataEstimate | None:
     return DataEstimate(sum(t for t in tokens if t), examples, f"mixture of {len(rows)} sources", False)
 
 
-def source_table(launch: SourcesView, plan: Plan) -> list[str]:
-    """The plan's lines for a mixture (none for one plain source: its `Data` line says it all)."""
+def source_table(launch: SourcesView, plan: Plan, rows: list[SourceRow]) -> list[str]:
+    """The plan's lines for a mixture (none for one plain source: its `Data` line says it all);
+    `rows`: `source_rows(launch)`, estimated once for the plan and this table."""
     if not launch.train.data.sources:
         return []
-    rows = source_rows(launch)
     epoch_tokens = sum(row.epoch_tokens or 0 for row in rows)
     t = launch.train.train
     passes = t.num_train_epochs
