@@ -21,7 +21,7 @@ from launcher.plan.memory import GIB
 from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
-from launcher.resolve.plan_sources import source_table
+from launcher.resolve.plan_sources import source_rows, source_table
 from launcher.plan.planner import Plan, make_plan, plan_to_dict
 from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
     run_writes
@@ -116,14 +116,15 @@ def _checked_name(launch: Launch, check: DataCheck) -> str:
 
 def plan_launch(launch: Launch) -> LaunchPlan:
     """Plan a resolved launch; launcher-level warnings (profile, dataset, signal lead) join the plan's."""
-    data = data_estimate(launch)
+    rows = source_rows(launch) if launch.train.data.sources else []  # each source estimated once
+    data = data_estimate(launch, rows)
     plan = make_plan(plan_input_from_launch(launch, data))
     plan.warnings += _launch_warnings(launch, plan)
     if launch.micro_batch is not None and launch.micro_batch.source == "none":
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
     disk = disk_needs(launch, plan, data)
     plan.warnings += room_warnings(disk)
-    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, source_table(launch, plan),
+    return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, source_table(launch, plan, rows),
                       check_cluster(launch))
 
 

@@ -176,14 +176,16 @@ def write_batch_helpers(run_dir: Path) -> None:
     compute node's python needs only its standard library (contract.protocol.BATCH_HELPERS_DIR)."""
     import importlib
 
-    target = run_dir / protocol.BATCH_HELPERS_DIR
+    sources: dict[Path, str] = {}  # each file once (the packages' __init__.py are shared by several modules)
     for name in BATCH_HELPER_MODULES:
         parts = name.split(".")
         for depth in range(1, len(parts) + 1):
-            module = importlib.import_module(".".join(parts[:depth]))
             relative = Path(*parts[:depth], "__init__.py") if depth < len(parts) else Path(*parts).with_suffix(".py")
-            (target / relative).parent.mkdir(parents=True, exist_ok=True)
-            _write(target / relative, Path(str(module.__file__)).read_text(encoding="utf-8"))
+            sources.setdefault(relative, str(importlib.import_module(".".join(parts[:depth])).__file__))
+    target = run_dir / protocol.BATCH_HELPERS_DIR
+    for relative, source in sources.items():
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        _write(target / relative, Path(source).read_text(encoding="utf-8"))
 
 
 def write_files(directory: Path, files: dict[str, str]) -> None:

@@ -108,7 +108,8 @@ def _estimate_json(path: Path, size: int, max_length: int) -> DataEstimate | Non
                         f"first {len(counts)} rows ({len(raw) >> 20} MiB) scaled to {size >> 20} MiB", False)
 
 
-def _estimate_bytes(uncompressed: int, rows: int, what: str) -> DataEstimate | None:
+def estimate_bytes(uncompressed: int, rows: int, what: str) -> DataEstimate | None:
+    """Tokens from uncompressed bytes (Parquet metadata, Arrow files); None for no bytes."""
     if uncompressed <= 0:
         return None
     return DataEstimate(int(uncompressed / BYTES_PER_TOKEN), rows, f"{what} bytes/{BYTES_PER_TOKEN:g}", False)
@@ -119,7 +120,7 @@ def _estimate_parquet(path: Path) -> DataEstimate | None:
 
     meta = pq.ParquetFile(path).metadata
     uncompressed = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    return _estimate_bytes(uncompressed, meta.num_rows, "Parquet uncompressed")
+    return estimate_bytes(uncompressed, meta.num_rows, "Parquet uncompressed")
 
 
 def _estimate_csv(path: Path, size: int, max_length: int) -> DataEstimate | None:
@@ -152,7 +153,7 @@ def estimate_tokens(path: Path, max_length: int) -> DataEstimate | None:
     try:
         if is_saved_dataset(path):
             arrow = sum(p.stat().st_size for p in path.rglob("*.arrow"))
-            return _estimate_bytes(arrow, 0, "Arrow")
+            return estimate_bytes(arrow, 0, "Arrow")
         if path.is_dir():
             return _estimate_shards(shard_files(path), max_length)
         if path.suffix in (".json", ".jsonl"):

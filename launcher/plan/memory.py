@@ -161,8 +161,11 @@ def frozen_base_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
     return int(NF4_BYTES_PER_PARAM * quantized) + elem * (shape.total_params - quantized)
 
 
-def quantized_layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
-    """One decoder layer as FSDP all-gathers it: NF4 targets + `elem`-byte norms/untargeted weights."""
+def gathered_layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """One decoder layer as FSDP all-gathers it: `elem` bytes per weight; QLoRA: NF4 targets + `elem`-byte
+    norms/untargeted weights."""
+    if opts.quant == "none":
+        return elem * shape.layer_params
     quantized = shape.target_params(opts.lora_target_modules) // shape.layers
     return int(NF4_BYTES_PER_PARAM * quantized) + elem * (shape.layer_params - quantized)
 
@@ -303,7 +306,7 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     """
     low = low_bytes(opts)
     d, spec = shape.hidden, opts.spec
-    layer = quantized_layer_bytes(shape, opts, low) if opts.quant != "none" else low * shape.layer_params
+    layer = gathered_layer_bytes(shape, opts, low)
     layer_grad = low * (shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
                         if opts.lora else shape.layer_params)
     lm_head = low * shape.vocab * d

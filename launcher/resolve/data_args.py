@@ -15,10 +15,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from contract.readers import DATA_SUFFIXES
 from contract.schema import ConfigError
 from contract.sources import default_name, parse_data_flag
 
-DATA_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".txt")
+DATA_FILE_SUFFIXES = (*DATA_SUFFIXES, ".txt")  # names of files, never of a hub dataset
 
 
 def resolve_data_path(data: str, flag: str = "--data") -> str:

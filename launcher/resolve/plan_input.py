@@ -18,7 +18,7 @@ from launcher.plan.datasize import DataEstimate, estimate_tokens
 from launcher.plan.planner import PlanInput
 from launcher.resolve.presets import Preset
 from launcher.resolve.profile import ClusterProfile
-from launcher.resolve.plan_sources import mixture_estimate
+from launcher.resolve.plan_sources import SourceRow, mixture_estimate, source_rows
 
 CPU_RAM_FRACTION = 0.9  # of a CPU node's RAM, shared by its processes (the OS and slurmstepd keep the rest)
 _MEM = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -49,12 +49,13 @@ def mem_gib(mem: str) -> float | None:
     return float(match["n"]) * _UNIT_GIB[match["unit"].upper()]
 
 
-def data_estimate(launch: LaunchView) -> DataEstimate | None:
+def data_estimate(launch: LaunchView, rows: list[SourceRow] | None = None) -> DataEstimate | None:
     """Tokens of the training file ("" = the shipped sample), minus the share split off for eval; of one
-    epoch of the mixture with [[data.sources]] (launcher/resolve/plan_sources.py)."""
+    epoch of the mixture with [[data.sources]] (launcher/resolve/plan_sources.py; `rows`: its
+    `source_rows`, when the caller has them already)."""
     data = launch.train.data
     if data.sources:
-        return mixture_estimate(launch)
+        return mixture_estimate(source_rows(launch) if rows is None else rows)
     estimate = estimate_tokens(Path(data.path) if data.path else SHIPPED_DATA, launch.train.train.model_max_length)
     if estimate is None or data.eval_path or not data.eval_fraction:
         return estimate

@@ -17,7 +17,7 @@ from contract.config import TrainConfig
 from contract.datacheck import DataCheck
 from contract.readers import hub_cache_folder
 from contract.sources import DataSource, epoch_examples, looks_like_hub_id
-from launcher.plan.datasize import BYTES_PER_TOKEN, DataEstimate, estimate_tokens
+from launcher.plan.datasize import DataEstimate, estimate_bytes, estimate_tokens
 from launcher.plan.planner import Plan
 from launcher.resolve.profile import ClusterProfile
 
@@ -77,12 +77,11 @@ def _estimate(source: DataSource, hf_home: str, max_length: int) -> DataEstimate
         return None
     root = hub_cache_folder(source.path, hf_home)
     arrow = sum(p.stat().st_size for p in root.rglob(f"*-{source.split}*.arrow")) if root.is_dir() else 0
-    return DataEstimate(int(arrow / BYTES_PER_TOKEN), 0, f"Arrow bytes/{BYTES_PER_TOKEN:g}", False) if arrow else None
+    return estimate_bytes(arrow, 0, "Arrow")  # as a saved datasets folder is estimated
 
 
-def mixture_estimate(launch: SourcesView) -> DataEstimate | None:
+def mixture_estimate(rows: list[SourceRow]) -> DataEstimate | None:
     """Tokens of one epoch of the mixture (what the planner counts steps from); None if a source is unknown."""
-    rows = source_rows(launch)
     tokens = [row.epoch_tokens for row in rows]
     if any(t is None for t in tokens):
         return None
@@ -90,11 +89,11 @@ def mixture_estimate(launch: SourcesView) -> DataEstimate | None:
     return DataEstimate(sum(t for t in tokens if t), examples, f"mixture of {len(rows)} sources", False)
 
 
-def source_table(launch: SourcesView, plan: Plan) -> list[str]:
-    """The plan's lines for a mixture (none for one plain source: its `Data` line says it all)."""
+def source_table(launch: SourcesView, plan: Plan, rows: list[SourceRow]) -> list[str]:
+    """The plan's lines for a mixture (none for one plain source: its `Data` line says it all);
+    `rows`: `source_rows(launch)`, estimated once for the plan and this table."""
     if not launch.train.data.sources:
         return []
-    rows = source_rows(launch)
     epoch_tokens = sum(row.epoch_tokens or 0 for row in rows)
     t = launch.train.train
     passes = t.num_train_epochs
