@@ -68,7 +68,7 @@ def watch(args: argparse.Namespace, start: Callable[[argparse.Namespace, Path | 
             seen.add(step)
             step_args = argparse.Namespace(**{**vars(args), "checkpoint": str(step),
                                               "name": f"{base}-step-{step:08d}", "every_checkpoint": False})
-            exported = (evalresults.checkpoint_export_dir(run_dir, step) / "config.json").is_file()
+            exported = protocol.is_exported_model(evalresults.checkpoint_export_dir(run_dir, step))
             pinned = None if exported else pin(path, run_dir, step)
             if not exported and pinned is None:
                 print(f"sft-launch: checkpoint step {step} was pruned before it could be pinned; skipped",

@@ -85,9 +85,10 @@ def run_path(run_dir: Path, settings: dict[str, Any], key: str, default: str) ->
 
 
 def export_dir(run_dir: Path) -> Path:
-    """The run's exported model (train.toml run.export_dir); ConfigError when training has not exported."""
+    """The run's exported model (train.toml run.export_dir): a full model or a LoRA adapter
+    (protocol.is_exported_model); ConfigError when training has not exported."""
     path = run_path(run_dir, train_settings(run_dir), "export_dir", "export")
-    if not (path / "config.json").is_file():
+    if not protocol.is_exported_model(path):
         raise ConfigError(f"RUN {run_dir}: no exported model at {path} (has training finished?)")
     return path
 

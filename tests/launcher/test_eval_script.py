@@ -106,6 +106,20 @@ def test_eval_and_chat_do_not_import_torch_or_lm_eval_on_the_login_node(tmp_path
     assert result.returncode == 0, result.stderr
 
 
+def test_eval_and_chat_take_a_lora_adapter_export(tmp_path: Path) -> None:
+    """A LoRA run exports its adapter alone by default (no config.json): eval and chat take it."""
+    run_dir = tmp_path / "run"
+    (run_dir / "export").mkdir(parents=True)
+    (run_dir / "train.toml").write_text('[run]\ndir = "."\n')
+    (run_dir / "export" / "adapter_config.json").write_text("{}")
+    proc = run_cli(["eval", str(run_dir), "--executor", "local", "--dry-run", "--tasks", "x"], tmp_path, cli_env())
+    assert proc.returncode == 0 and "would run" in proc.stdout, proc.stderr
+    assert str(run_dir / "export") in proc.stdout
+    from launcher.ops import rundir
+
+    assert rundir.export_dir(run_dir) == run_dir / "export"
+
+
 def test_pin_links_a_complete_checkpoint_and_gives_up_on_a_pruned_one(tmp_path: Path) -> None:
     from launcher.commands.eval_watch import pin
 
