@@ -115,15 +115,8 @@ def load_tokenizer(cfg: TrainConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def resolve_data_path(cfg: TrainConfig, value: str, key: str) -> Path:
-    """A data path as given (absolute or relative to the working dir), else relative to run.dir."""
-    path = _local_path(cfg, value)
-    if path is None:
-        raise ConfigError(f"{key}: {value!r} does not exist (relative paths: working dir or run.dir)", key)
-    return path
-
-
 def _local_path(cfg: TrainConfig, value: str) -> Path | None:
+    """A data path as given (absolute or relative to the working dir), else relative to run.dir; None: neither."""
     for candidate in (Path(value), cfg.run.resolve(value)):
         if candidate.exists():
             return candidate.resolve()

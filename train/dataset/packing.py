@@ -115,6 +115,11 @@ def collate_padded(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str,
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
+def collate(examples: Sequence[dict[str, Any]], packed: bool, pad_id: int) -> dict[str, Any]:
+    """One micro-batch on the CPU: packed into one row, else padded with `pad_id`."""
+    return collate_packed(examples) if packed else collate_padded(examples, pad_id)
+
+
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """Asynchronous copy: a plain .to(cuda) from pageable memory waits for the GPU, which would stall
     the CPU from preparing the next micro-batch while the GPU works."""

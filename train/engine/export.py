@@ -71,10 +71,10 @@ def _merged_copy(peft_model: torch.nn.Module, state_dict: dict[str, torch.Tensor
     from peft import get_peft_model
 
     base = _base_model(peft_model)
-    # The class's constructor, not from_config: under ZeRO-3 from_config builds inside zero.Init and
-    # would hand back a partitioned (empty) model. fp32 on the CPU, as from_config would.
     if quantized:
         return _merged_dequantized(base, peft_model.peft_config["default"], state_dict)
+    # The class's constructor, not from_config: under ZeRO-3 from_config builds inside zero.Init and
+    # would hand back a partitioned (empty) model. fp32 on the CPU, as from_config would.
     fresh = type(base)(base.config).float()
     fresh.generation_config = base.generation_config
     merged = get_peft_model(fresh, peft_model.peft_config["default"])

@@ -28,7 +28,7 @@ from accelerate.utils import reduce
 from contract.config import TrainConfig
 from contract.schema import ConfigError
 from train.dataset.load import build_datasets, load_tokenizer
-from train.dataset.packing import collate_packed, collate_padded, plan_micro_batches, to_device
+from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.kernels.attention import setup_attention
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def eval_sums(model: torch.nn.Module, dataset: Any, budget: int, seed: int, pack
     for j in range(math.ceil(len(plan) / world)):
         g = j * world + rank
         examples = [dataset[i] for i in plan[min(g, len(plan) - 1)]]
-        batch = to_device(collate_packed(examples) if packed else collate_padded(examples, pad_id), device)
+        batch = to_device(collate(examples, packed, pad_id), device)
         loss_sum = model(**batch, num_items_in_batch=one).loss
         if g < len(plan):
             sums += torch.stack([loss_sum.double(), (batch["labels"][..., 1:] != -100).sum().double()])

@@ -40,7 +40,7 @@ from train.engine.hooks import HOOKS
 from train.observe.metrics import MetricsSink, Stopwatch, attended_length, lora_params, peak_flops_per_gpu, step_record
 from train.engine.model import build_model, log_model_ready, log_placement
 from train.engine.optim import prepare_for_training
-from train.dataset.packing import collate_packed, collate_padded, plan_micro_batches, to_device
+from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
 from train.kernels.perf import RecompileWatch
 from train.observe.profiling import StepProfiler
@@ -79,7 +79,7 @@ class Batches:
     def collate(self, indices: list[int]) -> dict[str, Any]:
         """The micro-batch on the CPU (counting its tokens there costs no device sync)."""
         examples = [self.dataset[i] for i in indices]
-        return collate_packed(examples) if self.packed else collate_padded(examples, self.pad_id)
+        return collate(examples, self.packed, self.pad_id)
 
 
 @dataclass

@@ -30,6 +30,7 @@ of the whole weight per call).
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from typing import Any
@@ -148,13 +149,9 @@ def _dequantize(codes: torch.Tensor, scalers: torch.Tensor, factors: torch.Tenso
     return torch.stack([high, low], dim=-1).flatten()
 
 
-_COMPILED: list[Any] = []
-
-
+@functools.cache
 def _compiled_dequantize() -> Any:
-    if not _COMPILED:
-        _COMPILED.append(torch.compile(_dequantize, dynamic=False))
-    return _COMPILED[0]
+    return torch.compile(_dequantize, dynamic=False)
 
 
 class NF4Linear(torch.autograd.Function):
