@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -36,13 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.arithmetic import write_corpus
-from bench.gpu_single import TINY, save_train_toml, steady_state
+from bench.gpu_single import ROOT, RUN_TIMEOUT_S, TINY, save_train_toml, steady_state
 from bench.results_io import write_result
 from bench.synthetic import SHAPES
 from contract.config import SHIPPED_TOKENIZER, TrainConfig
 
-ROOT = Path(__file__).resolve().parent.parent
-RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "900"))
 TARGET = 0.01  # eval loss within 1%
 PLAIN = {"model": {"attn_implementation": "sdpa"},
          "train": {"fused_mlp": False, "fused_loss": False, "compile": False}}

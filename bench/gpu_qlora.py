@@ -33,7 +33,6 @@ from contract.config import LoraSection
 from contract.protocol import free_port
 from contract.shape import ModelShape
 
-ROOT = Path(__file__).resolve().parent.parent
 LLAMA_70B = dict(  # the llama-70b preset (Llama-2-70B shape)
     hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
     intermediate_size=28672, vocab_size=32000, tie_word_embeddings=False, max_position_embeddings=4096,
@@ -71,7 +70,7 @@ def launch(name: str, out: Path, data: Path, arch: dict, budget: int, processes:
     env = {**os.environ, "OMP_NUM_THREADS": "4", **({"CUDA_VISIBLE_DEVICES": devices} if devices else {})}
     with log.open("w") as f:
         try:
-            proc = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+            proc = subprocess.run(command, cwd=gpu_single.ROOT, stdout=f, stderr=subprocess.STDOUT,
                                   timeout=gpu_single.RUN_TIMEOUT_S, env=env)
         except subprocess.TimeoutExpired:
             return {"path": name, "error": f"timeout {gpu_single.RUN_TIMEOUT_S} s"}
