@@ -64,13 +64,13 @@ class Chat:
     def reply(self, text: str) -> str:
         import torch
 
+        from train.dataset.load import pad_id
+
         self.messages.append({"role": "user", "content": text})
         inputs = self.tokenizer.apply_chat_template(self.messages, add_generation_prompt=True, return_dict=True,
                                                     return_tensors="pt").to(self.device)
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else \
-            self.tokenizer.eos_token_id
         with torch.inference_mode():
-            output = self.model.generate(**inputs, pad_token_id=pad_id, **self.kwargs)
+            output = self.model.generate(**inputs, pad_token_id=pad_id(self.tokenizer), **self.kwargs)
         answer = self.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
         self.messages.append({"role": "assistant", "content": answer})
         return answer

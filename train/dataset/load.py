@@ -115,6 +115,12 @@ def load_tokenizer(cfg: TrainConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id padded batches and generate() pad with: the pad token, else end-of-sequence (load_tokenizer
+    sets one; a tokenizer from elsewhere, e.g. an export's, may lack it)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def _local_path(cfg: TrainConfig, value: str) -> Path | None:
     """A data path as given (absolute or relative to the working dir), else relative to run.dir; None: neither."""
     for candidate in (Path(value), cfg.run.resolve(value)):

@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from contract.config import TrainConfig
+from train.dataset.load import pad_id
 from train.engine.qlora import dequantized_state
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def _base_model(model: torch.nn.Module) -> PreTrainedModel:
 def _set_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """generate() needs eos/pad ids; take them from the tokenizer we trained with."""
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+               pad_token_id=pad_id(tokenizer))
     for key, value in ids.items():
         setattr(model.config, key, value)
     if model.generation_config is None:

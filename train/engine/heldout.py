@@ -27,7 +27,7 @@ from accelerate.utils import reduce
 
 from contract.config import TrainConfig
 from contract.schema import ConfigError
-from train.dataset.load import build_datasets, load_tokenizer
+from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.kernels.attention import setup_attention
 
@@ -98,7 +98,7 @@ def evaluate_export(model_dir: Path, cfg: TrainConfig) -> dict[str, Any]:
     if not sets:
         raise ConfigError("--tasks heldout: the run has no eval examples (set data.eval_fraction, or a source's "
                           "eval_fraction / eval_path / eval_split, in its train.toml)", "data.eval_fraction")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    padding = pad_id(tokenizer)
     model = _load_model(model_dir, cfg, state.device)
     label = cfg.data.source_list()[0].label
     sums = {}
@@ -106,7 +106,7 @@ def evaluate_export(model_dir: Path, cfg: TrainConfig) -> dict[str, Any]:
         for name, dataset in sets.items():
             logger.info("held-out loss of %s: %d examples", name or label, len(dataset))
             sums[name] = eval_sums(model, dataset, cfg.micro_batch_tokens, cfg.train.seed, cfg.data.packing,
-                                   pad_id, state.device, state.num_processes, state.process_index)
+                                   padding, state.device, state.num_processes, state.process_index)
     del model
     sources = [{"name": name or label, **_row(float(s[0]), float(s[1]), len(sets[name]))} for name, s in sums.items()]
     total = torch.stack(list(sums.values())).sum(dim=0)

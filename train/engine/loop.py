@@ -34,7 +34,7 @@ from contract.schema import ConfigError
 from contract.sources import Mixture
 from train.kernels.attention import setup_attention
 from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
-from train.dataset.load import build_datasets, load_tokenizer
+from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.engine.export import export_model
 from train.engine.hooks import HOOKS
 from train.observe.metrics import MetricsSink, Stopwatch, attended_length, lora_params, peak_flops_per_gpu, step_record
@@ -131,9 +131,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     # Rank 0 tokenizes and caches; the others wait at the barrier, then read the cache.
     bundle = build_datasets(cfg, tokenizer, is_main=accelerator.is_main_process,
                             barrier=accelerator.wait_for_everyone)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
-                      cfg.data.packing, pad_id, bundle.mixture)
+                      cfg.data.packing, pad_id(tokenizer), bundle.mixture)
     attn = setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing)
     started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)
