@@ -68,23 +68,11 @@ def last_step(run_dir: Path) -> int:
     return max((json.loads(line).get("step", 0) for line in lines if line.strip()), default=0)
 
 
-def signal_job(proc: subprocess.Popen, sig: signal.Signals) -> None:
-    """`sig` to the launcher and every process below it (the workers live in sessions of their own)."""
-    import psutil
-
-    parent = psutil.Process(proc.pid)
-    for p in [parent, *parent.children(recursive=True)]:
-        try:
-            p.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
-
-
 def wait(proc: subprocess.Popen, timeout: float) -> int:
     try:
         return proc.wait(timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
-        signal_job(proc, signal.SIGKILL)
+        strategies.signal_job(proc, signal.SIGKILL)
         proc.wait()
         return 124
 
@@ -94,7 +82,7 @@ def interrupt_at(proc: subprocess.Popen, run_dir: Path, at_step: int, deadline: 
     while proc.poll() is None and time.monotonic() < deadline:
         seen = last_step(run_dir)
         if seen >= at_step:
-            signal_job(proc, signal.SIGTERM)
+            strategies.signal_job(proc, signal.SIGTERM)
             return seen
         time.sleep(0.05)
     return None

@@ -147,15 +147,29 @@ def child_env() -> dict[str, str]:
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 4)))}
 
 
+def signal_job(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    """`sig` to the launcher and every process below it (the workers live in sessions of their own)."""
+    import psutil
+
+    parent = psutil.Process(proc.pid)
+    for p in [parent, *parent.children(recursive=True)]:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
 def run_logged(cmd: list[str], log: Path, timeout: float) -> int:
-    """Run cmd in its own process group (killed whole on timeout); output to log. Returns the exit code."""
+    """Run cmd in a session of its own, output to log; on timeout it and every process below it are
+    killed (torchrun's workers start sessions of their own: a process-group kill would leave them on
+    the GPUs). Returns the exit code, 124 on timeout."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_job(proc, signal.SIGKILL)
             proc.wait()
             out.write(f"\n[gpu_strategies] killed after {timeout:.0f} s\n")
             return 124
