@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 from collections.abc import Callable
-from pathlib import Path
 
 from contract import command, failure, protocol
 from launcher.execute.executors import Started
