@@ -14,7 +14,7 @@ from pathlib import Path
 
 from contract import protocol
 from launcher import runrecord
-from launcher.execute.render import TEMPLATE_NAMES, record_fields, render_files, write_batch_helpers, write_files
+from launcher.execute.render import TEMPLATE_NAMES, record_fields, render_files, write_files
 from launcher.resolve.options import Launch
 
 # run.json fields that describe the machine the launch runs from, not the job: not worth a line
@@ -44,7 +44,6 @@ def dry_run(launch: Launch, check: Callable[[Launch, Path], str]) -> str:
     files = render_files(launch)
     rendered = Path(tempfile.mkdtemp(prefix=f"sft-launch-dry-run-{launch.run_dir.name}-"))
     write_files(rendered, files)
-    write_batch_helpers(rendered)
     runrecord.write_atomic(rendered / protocol.RUN_RECORD, {**record_fields(launch), "dry_run_of": str(launch.run_dir)})
     return "\n".join([check(launch, rendered), f"dry run: rendered into {rendered} (the run directory is untouched)",
                       *changes(launch, files)])

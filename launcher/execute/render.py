@@ -189,12 +189,14 @@ def write_batch_helpers(run_dir: Path) -> None:
 
 
 def write_files(directory: Path, files: dict[str, str]) -> None:
-    """The rendered files into `directory` (a run directory, or a dry run's temporary one)."""
+    """The rendered files, and the batch shell's helpers, into `directory` (a run directory, or a dry
+    run's temporary one)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / protocol.LOGS_DIR).mkdir(exist_ok=True)
     for name, text in files.items():
         _write(directory / name, text)
     (directory / protocol.LAUNCH_SCRIPT).chmod(0o755)
+    write_batch_helpers(directory)
 
 
 def record_fields(launch: Launch) -> dict[str, Any]:
@@ -221,7 +223,6 @@ def write_run_dir(launch: Launch, command: list[str]) -> Path:
     files = render_files(launch)
     run_dir = launch.run_dir
     write_files(run_dir, files)
-    write_batch_helpers(run_dir)
     for stale in set(TEMPLATE_NAMES) - set(files):
         (run_dir / stale).unlink(missing_ok=True)  # e.g. deepspeed.json left over from an earlier zero run
     (run_dir / protocol.CANCEL_FILE).unlink(missing_ok=True)  # launching again means: this run should go on
