@@ -13,7 +13,10 @@ steps, clipping at 1.0) and --budget tokens per step (one packed micro-batch). S
 
   ours            the default fast path (attention auto, fused MLP auto, fused loss, compile)
   ours-fp8        the same with --precision fp8 (torchao float8 linears, tensorwise)
-  trl             TRL's SFTTrainer padding-free (bench/parity_trl.py)
+  ours-fp8-rowwise  the same with rowwise scaling
+  trl             TRL's SFTTrainer padding-free (bench/parity_trl.py), flex attention
+  trl-sdpa        the same with SDPA attention (transformers masks each packed document from the
+                  position ids): the reference for `ours` when `trl` did not finish (--trl-fallback)
   ours-plain      sdpa attention (padding-free through position ids), no fused MLP, full logits, eager
   ours-plain+X    the plain path with one switch on: attention (auto backend), mlp, loss, compile
 
@@ -29,12 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from bench.arithmetic import write_corpus
+from bench.gpu_strategies import run_logged
 from bench.gpu_single import ROOT, RUN_TIMEOUT_S, TINY, save_train_toml, steady_state
 from bench.results_io import write_result
 from bench.synthetic import SHAPES
@@ -45,15 +48,15 @@ PLAIN = {"model": {"attn_implementation": "sdpa"},
          "train": {"fused_mlp": False, "fused_loss": False, "compile": False}}
 SWITCHES = {"attention": ("model", "attn_implementation", "auto"), "mlp": ("train", "fused_mlp", "auto"),
             "loss": ("train", "fused_loss", True), "compile": ("train", "compile", True)}
-SIDES = ["ours", "ours-fp8", "trl", "ours-plain", *(f"ours-plain+{name}" for name in SWITCHES)]
+SIDES = ["ours", "ours-fp8", "ours-fp8-rowwise", "trl", "trl-sdpa", "ours-plain", *(f"ours-plain+{name}" for name in SWITCHES)]
 
 
 def side_overrides(side: str) -> dict[str, dict[str, Any]]:
     """train.toml sections for one of our sides (on top of the shared settings)."""
     if side == "ours":
         return {}
-    if side == "ours-fp8":
-        return {"train": {"precision": "fp8", "fp8_recipe": "tensorwise"}}
+    if side in ("ours-fp8", "ours-fp8-rowwise"):
+        return {"train": {"precision": "fp8", "fp8_recipe": side.removeprefix("ours-fp8").lstrip("-") or "tensorwise"}}
     overrides = {section: dict(values) for section, values in PLAIN.items()}
     if side.startswith("ours-plain+"):
         section, key, value = SWITCHES[side.removeprefix("ours-plain+")]
@@ -96,40 +99,34 @@ def write_train_toml(run_dir: Path, init: Path, docs: Path, args: argparse.Names
 def run_ours(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = out / side
     toml = write_train_toml(run_dir, init, docs, args, side_overrides(side))
-    with (run_dir / "train.log").open("w") as log:
-        try:
-            proc = subprocess.run([sys.executable, "-m", "train", "--config", str(toml)], cwd=ROOT, stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return {"side": side, "error": f"timeout {RUN_TIMEOUT_S} s"}
-    if proc.returncode != 0:
-        print((run_dir / "train.log").read_text()[-3000:])
-        return {"side": side, "error": f"exit {proc.returncode}"}
+    log = run_dir / "train.log"
+    code = run_logged([sys.executable, "-m", "train", "--config", str(toml)], log, RUN_TIMEOUT_S)
+    if code != 0:
+        print(log.read_text(errors="replace")[-3000:])
+        return {"side": side, "error": f"timeout {RUN_TIMEOUT_S} s" if code == 124 else f"exit {code}"}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "tokens_per_s" in r]
     timing = steady_state(run_dir / "metrics.jsonl") if not args.cpu_smoke else {}
     return {"side": side, "losses": losses, "export": str(run_dir / "export"), **timing}
 
 
-def run_trl(out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_trl(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """TRL's side (`trl`: --trl-attn, flex attention by default; `trl-sdpa`: SDPA). Its Python stacks go
+    to the log every --stack-every seconds: what it was doing when a timeout hit."""
+    attn = "sdpa" if side == "trl-sdpa" else args.trl_attn
     command = [sys.executable, "-m", "bench.parity_trl", "--init", str(init), "--data", str(docs),
-               "--out", str(out / "trl"), "--steps", str(args.steps), "--max-length", str(args.budget),
-               "--lr", str(args.lr), *(["--attn", args.trl_attn] if args.trl_attn else [])]
-    (out / "trl").mkdir(parents=True, exist_ok=True)
-    log = out / "trl" / "train.log"  # stderr too: what it was doing when a timeout hit
-    try:
-        with log.open("w") as stream:
-            proc = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stream, text=True,
-                                  timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        print(log.read_text()[-2000:])
-        return {"side": "trl", "error": f"timeout {RUN_TIMEOUT_S} s"}
-    if proc.returncode != 0:
-        print(proc.stdout[-2000:], log.read_text()[-3000:])
-        return {"side": "trl", "error": f"exit {proc.returncode}"}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+               "--out", str(out / side), "--steps", str(args.steps), "--max-length", str(args.budget),
+               "--lr", str(args.lr), "--stack-every", str(args.stack_every), *(["--attn", attn] if attn else [])]
+    (out / side).mkdir(parents=True, exist_ok=True)
+    log = out / side / "train.log"
+    code = run_logged(command, log, RUN_TIMEOUT_S)
+    text = log.read_text(errors="replace")
+    if code != 0:
+        print(text[-3000:])
+        return {"side": side, "error": f"timeout {RUN_TIMEOUT_S} s" if code == 124 else f"exit {code}"}
+    result = json.loads([line for line in text.splitlines() if line.startswith('{"')][-1])
     result.pop("path", None)
-    return {"side": "trl", **result}
+    return {"side": side, "attention": attn or "default", **result}
 
 
 def eval_loss(model_dir: str, eval_docs: list[list[int]], batch: int = 16) -> float:
@@ -160,11 +157,12 @@ def eval_loss(model_dir: str, eval_docs: list[list[int]], batch: int = 16) -> fl
     return total / count
 
 
-def reference_of(side: str) -> str | None:
-    """The side each one is judged against: ours vs TRL, FP8 vs our bf16, a switch vs the plain path."""
+def reference_of(side: str, sides: dict[str, dict[str, Any]]) -> str | None:
+    """The side each one is judged against: ours vs TRL (flex, else SDPA), FP8 vs our bf16, a switch vs
+    the plain path."""
     if side == "ours":
-        return "trl"
-    if side == "ours-fp8":
+        return next((t for t in ("trl", "trl-sdpa") if "eval_loss" in sides.get(t, {})), "trl")
+    if side.startswith("ours-fp8"):
         return "ours"
     return "ours-plain" if side.startswith("ours-plain+") else None
 
@@ -173,7 +171,7 @@ def comparisons(sides: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Eval loss ratio (and speed ratio where both sides were timed) of every side to its reference."""
     rows = []
     for side, result in sides.items():
-        ref = reference_of(side)
+        ref = reference_of(side, sides)
         if ref not in sides or "eval_loss" not in result or "eval_loss" not in sides[ref]:
             continue
         ratio = result["eval_loss"] / sides[ref]["eval_loss"]
@@ -227,24 +225,32 @@ def summary_row(side: str, result: dict[str, Any], judged: dict[str, Any] | None
             f"{'yes' if judged['within_target'] else 'NO'} | {rate} | {speed} |")
 
 
-def report(results: list[dict[str, Any]], args: argparse.Namespace, shape: str) -> None:
+def parity_record(results: list[dict[str, Any]], args: argparse.Namespace, shape: str) -> dict[str, Any]:
     import torch
 
     sides = {r["side"]: {k: v for k, v in r.items() if k != "side"} for r in results}
-    record = {"shape": shape, "steps": args.steps, "budget": args.budget, "lr": args.lr, "train_docs": args.train_docs,
-              "eval_docs": args.eval_docs, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "sides": sides, "comparisons": comparisons(sides)}
+    return {"shape": shape, "steps": args.steps, "budget": args.budget, "lr": args.lr, "train_docs": args.train_docs,
+            "eval_docs": args.eval_docs, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "sides": sides, "comparisons": comparisons(sides)}
+
+
+def save(record: dict[str, Any], args: argparse.Namespace) -> None:
+    """The results file (after every side: a call cut short keeps the sides done) and the plot."""
+    stem = f"{record['shape']}-{args.name}" if args.name else record["shape"]
+    if args.results:
+        write_result(args.results / f"parity-{stem}.json", record)
+    plot(record, (args.results or args.out) / f"parity-{stem}.png")
+
+
+def report(record: dict[str, Any], args: argparse.Namespace) -> None:
+    sides = record["sides"]
     print("\n" + "\n".join(loss_table(sides, args.every)))
-    print(f"\n{record['gpu']}, {shape}, {args.steps} steps x {args.budget} tokens, lr {args.lr}, same init checkpoint "
-          f"and documents; eval loss = the same scorer on {args.eval_docs} held-out chats")
+    print(f"\n{record['gpu']}, {record['shape']}, {args.steps} steps x {args.budget} tokens, lr {args.lr}, same init "
+          f"checkpoint and documents; eval loss = the same scorer on {args.eval_docs} held-out chats")
     print("| side | eval loss | vs | ratio | within 1% | real tokens/s | speed vs |\n|---|---|---|---|---|---|---|")
     judged = {c["side"]: c for c in record["comparisons"]}
     for side, result in sides.items():
         print(summary_row(side, result, judged.get(side)))
-    folder = args.results or args.out
-    if args.results:
-        write_result(args.results / f"parity-{shape}.json", record)
-    plot(record, folder / f"parity-{shape}.png")
 
 
 def main() -> None:
@@ -258,6 +264,9 @@ def main() -> None:
     parser.add_argument("--eval-docs", type=int, default=400)
     parser.add_argument("--trl-attn", default="", help="TRL's attention (bench/parity_trl.py; default flex_attention "
                                                        "on a GPU): on an H100 its first step had not ended after 70 s")
+    parser.add_argument("--trl-fallback", action="store_true", help="run trl-sdpa when the trl side fails")
+    parser.add_argument("--stack-every", type=int, default=60, help="TRL's Python stacks to its log every N s (0: off)")
+    parser.add_argument("--name", default="", help="results file parity-<shape>[-NAME].json")
     parser.add_argument("--every", type=int, default=10, help="train-loss table: every N steps")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-parity"))
     parser.add_argument("--results", type=Path, default=None, help="folder for the JSON (and the plot)")
@@ -276,16 +285,19 @@ def main() -> None:
     docs, eval_docs = write_corpus(args.out / "data", args.train_docs, args.eval_docs)
     init = save_initial_checkpoint(args.out / "init", arch)
     results = []
-    for side in filter(None, args.sides.split(",")):
-        result = run_trl(args.out, init, docs, args) if side == "trl" else run_ours(side, args.out, init, docs, args)
+    queue = list(filter(None, args.sides.split(",")))
+    while queue:
+        side = queue.pop(0)
+        result = run_trl(side, args.out, init, docs, args) if side.startswith("trl") else \
+            run_ours(side, args.out, init, docs, args)
+        if side == "trl" and "error" in result and args.trl_fallback and "trl-sdpa" not in queue:
+            queue.insert(0, "trl-sdpa")
         if "error" not in result:
             result["eval_loss"] = eval_loss(result.pop("export"), eval_docs)
         print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
         results.append(result)
-        if args.results:  # what a later side's timeout would lose (not a results file: no provenance)
-            args.results.mkdir(parents=True, exist_ok=True)
-            (args.results / "sides-so-far.log").write_text(json.dumps(results))
-    report(results, args, shape)
+        save(parity_record(results, args, shape), args)
+    report(parity_record(results, args, shape), args)
 
 
 def _trl_installed() -> bool:

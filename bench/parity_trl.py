@@ -15,6 +15,7 @@ the throughput on the shared peer clock (bench/peer_clock.py).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 from pathlib import Path
@@ -56,7 +57,11 @@ def main() -> None:
     parser.add_argument("--warmup-ratio", type=float, default=0.03)
     parser.add_argument("--attn", default="", help="attention implementation (default: flex_attention on a GPU, "
                                                    "sdpa on a CPU)")
+    parser.add_argument("--stack-every", type=int, default=0, help="every thread's Python stack to stderr every N s "
+                                                                   "(0: off): where a slow first step spends its time")
     args = parser.parse_args()
+    if args.stack_every > 0:
+        faulthandler.dump_traceback_later(args.stack_every, repeat=True)
     gpu = torch.cuda.is_available()
     rows = Dataset.from_dict({"input_ids": read_token_jsonl(args.data)})
     tokenizer = AutoTokenizer.from_pretrained(args.init, local_files_only=True)
@@ -75,6 +80,7 @@ def main() -> None:
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
+    faulthandler.cancel_dump_traceback_later()
     trainer.save_model(str(args.out / "export"))
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     timing = trainer.result("trl") if gpu else {"path": "trl"}
