@@ -154,6 +154,8 @@ def eval_loss(model_dir: str, eval_docs: list[list[int]], batch: int = 16) -> fl
                                                              ignore_index=-100, reduction="sum"))
             count += int((labels != -100).sum())
     del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the next side trains on this GPU
     return total / count
 
 
