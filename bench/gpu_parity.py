@@ -75,9 +75,11 @@ def save_initial_checkpoint(folder: Path, arch: dict[str, Any]) -> Path:
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = LlamaForCausalLM(LlamaConfig(**arch, use_cache=False))
     model.save_pretrained(folder)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # every side trains on this GPU while this process waits
     for path in SHIPPED_TOKENIZER.iterdir():
         shutil.copy(path, folder / path.name)
-    del model
     return folder
 
 
