@@ -32,6 +32,7 @@ def prepare_for_training(accelerator: Accelerator, model: torch.nn.Module, cfg: 
     model, optimizer = accelerator.prepare(model, optimizer)
     if quantized:
         qlora.check_quantized(model, quantized)
+        qlora.keep_built_weights_on_load(model)
     # On the prepared optimizer: DeepSpeed regroups the parameters (and with optimizer offload
     # Accelerate swaps in DeepSpeedCPUAdam), so the schedule must drive the groups that really step.
     # Not prepare()d itself: AcceleratedScheduler would step it once per process.

@@ -205,6 +205,31 @@ def check_quantized(model: torch.nn.Module, expected: int) -> None:
         raise RuntimeError("QLoRA: NF4 base weights require grad after sharding; they must stay frozen")
 
 
+def keep_built_weights_on_load(model: torch.nn.Module) -> None:
+    """A resume restores the adapters, the optimizer and the data position, not the NF4 base weights:
+    they are frozen, and every start rebuilds them exactly (the same checkpoint quantized the same way,
+    or the same seeded random draw). Copying them back is not only needless but broken on GPUs: under
+    FSDP2 on 2 H100s (torch 2.11, torchao 0.18) ``load_state_dict``'s ``param.copy_`` into an NF4
+    DTensor failed with "maximum recursion depth exceeded" for every base weight (bench/gpu_resume.py
+    fsdp-qlora), while on CPU ranks it worked. So each module holding one drops that key before
+    ``load_state_dict`` copies and takes it off the missing keys after (the checkpoint still saves it)."""
+    nf4_tensor, _ = nf4_api()
+
+    dropped: set[str] = set()
+
+    def drop_weight(module, state_dict, prefix, *_):
+        if state_dict.pop(prefix + "weight", None) is not None:
+            dropped.add(prefix + "weight")
+
+    def not_missing(module, incompatible):
+        incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in dropped]
+
+    for module in model.modules():
+        if isinstance(local_weight(getattr(module, "weight", None)), nf4_tensor):
+            module._register_load_state_dict_pre_hook(drop_weight, with_module=True)
+            module.register_load_state_dict_post_hook(not_missing)
+
+
 def count_quantized(model: torch.nn.Module) -> int:
     nf4_tensor, _ = nf4_api()
     return sum(isinstance(local_weight(p), nf4_tensor) for p in model.parameters())
