@@ -21,12 +21,12 @@ import argparse
 import concurrent.futures
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from bench import gpu_single
+from bench.gpu_strategies import TIMED_OUT, run_logged
 from bench.results_io import document_lengths, throughput_numbers, write_result
 from bench.synthetic import LLAMA_1B, write_token_jsonl
 from contract.config import LoraSection
@@ -68,15 +68,12 @@ def launch(name: str, out: Path, data: Path, arch: dict, budget: int, processes:
                str(accelerate_yaml(run_dir, processes, precision)), "-m", "train", "--config", str(toml)]
     log = run_dir / "train.log"
     env = {**os.environ, "OMP_NUM_THREADS": "4", **({"CUDA_VISIBLE_DEVICES": devices} if devices else {})}
-    with log.open("w") as f:
-        try:
-            proc = subprocess.run(command, cwd=gpu_single.ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=gpu_single.RUN_TIMEOUT_S, env=env)
-        except subprocess.TimeoutExpired:
-            return {"path": name, "error": f"timeout {gpu_single.RUN_TIMEOUT_S} s"}
-    if proc.returncode != 0:
+    code = run_logged(command, log, gpu_single.RUN_TIMEOUT_S, env)
+    if code == TIMED_OUT:
+        return {"path": name, "error": f"timeout {gpu_single.RUN_TIMEOUT_S} s"}
+    if code != 0:
         print(log.read_text()[-4000:])
-        return {"path": name, "error": f"exit {proc.returncode}"}
+        return {"path": name, "error": f"exit {code}"}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     return {"path": name, "gpu_count": processes, **gpu_single.steady_state(run_dir / "metrics.jsonl"),
