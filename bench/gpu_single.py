@@ -72,16 +72,26 @@ PEERS: dict[str, list[str]] = {
 }
 
 
+def bench_settings(data: Path, arch: dict, budget: int, overrides: dict) -> dict[str, dict[str, Any]]:
+    """train.toml's settings of a benchmark run (section -> key -> value), `overrides` applied: a random
+    model from `arch`, the token documents `data` packed `budget` tokens to a micro-batch, one epoch,
+    no checkpoint, no export."""
+    settings: dict[str, dict[str, Any]] = {
+        "model": {"name": "bench", "path": "", "arch": dict(arch),
+                  "precision": "bf16" if not os.environ.get("BENCH_CPU") else "fp32"},
+        "data": {"path": str(data), "format": "tokens", "tokens_per_micro_batch": budget},
+        "train": {"num_train_epochs": 1.0, "logging_steps": LOGGING_STEPS, "save_steps": 10**9,
+                  "learning_rate": 2e-5, "warmup_ratio": 0.03, "model_max_length": budget},
+        "run": {"export_dir": ""}}
+    for section, values in overrides.items():
+        settings[section] = {**settings.get(section, {}), **values}
+    return settings
+
+
 def write_train_toml(run_dir: Path, data: Path, arch: dict, budget: int, overrides: dict) -> Path:
     cfg = TrainConfig()
-    cfg.model.name, cfg.model.path, cfg.model.arch = "bench", "", dict(arch)
-    cfg.model.precision = "bf16" if not os.environ.get("BENCH_CPU") else "fp32"
-    cfg.data.path, cfg.data.format, cfg.data.tokens_per_micro_batch = str(data), "tokens", budget
-    cfg.data.cache_dir = str(run_dir / "cache")
-    cfg.train.num_train_epochs, cfg.train.logging_steps, cfg.train.save_steps = 1.0, LOGGING_STEPS, 10**9
-    cfg.train.learning_rate, cfg.train.warmup_ratio, cfg.train.model_max_length = 2e-5, 0.03, budget
-    cfg.run.dir, cfg.run.export_dir = str(run_dir), ""
-    return save_train_toml(cfg, run_dir, overrides)
+    cfg.data.cache_dir, cfg.run.dir = str(run_dir / "cache"), str(run_dir)
+    return save_train_toml(cfg, run_dir, bench_settings(data, arch, budget, overrides))
 
 
 def save_train_toml(cfg: TrainConfig, run_dir: Path, overrides: dict[str, dict[str, Any]]) -> Path:
