@@ -7,8 +7,9 @@
 
 `single` runs bench/gpu_single.py's `ours-qlora` variant and the `trl-qlora` peer (bitsandbytes NF4,
 double quantization, bf16 compute and storage; LoRA r 16 on every linear layer, no dropout, no
-checkpointing) on the same documents. `match` and `llama70b` start `accelerate launch` with an FSDP2
-config as the launcher renders it (bf16) over `python -m train`; the model is random (built per
+checkpointing) on the same documents. `match` and `llama70b` run what users run: the run directory
+`sft-launch --executor local` renders (FSDP2 accelerate.yaml from the launcher's template, train.toml;
+render_run), started with the local executor's own command; the model is random (built per
 module on the meta device and quantized as it is drawn: a 140 GB checkpoint does not fit the disk).
 `match` and `llama70b` write `qlora-1gpu-vs-2gpu.json` / `qlora-llama70b-2gpu.json` through
 bench/results_io.py (provenance; raw `real_tokens`/`seconds` after the warm-up; the 70B run's MFU at
@@ -21,17 +22,20 @@ import argparse
 import concurrent.futures
 import json
 import os
-import subprocess
-import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from bench import gpu_single
+from bench.gpu_multi import toml_inline, write_run_dir
+from bench.gpu_strategies import TIMED_OUT, run_logged
 from bench.results_io import document_lengths, throughput_numbers, write_result
 from bench.synthetic import LLAMA_1B, write_token_jsonl
 from contract.config import LoraSection
+from contract import protocol
 from contract.protocol import free_port
 from contract.shape import ModelShape
+from launcher.execute.local import train_command
 
 LLAMA_70B = dict(  # the llama-70b preset (Llama-2-70B shape)
     hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
@@ -39,13 +43,23 @@ LLAMA_70B = dict(  # the llama-70b preset (Llama-2-70B shape)
 )
 QLORA = {"lora": {"enabled": True, "quant": "nf4", "dropout": 0.0}}  # no dropout: 1 and 2 GPUs draw no masks
 # --cpu-smoke: every target weight a multiple of 64 x 256 elements per rank (train/engine/qlora.py)
+PROFILE = """[profiles.bench]
+gpus_per_node = {gpus}
+processes_per_node = {processes}
+backend = "{backend}"
+partition = ""
+storage_root = "{root}"
+strategy = "fsdp"
+time = "1:00:00"
+"""  # one node; no gpu_type: train.toml's run.gpu_type stays "" and the run names its GPU itself, as before
 TINY_QLORA = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=512, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
 
 
 def accelerate_yaml(run_dir: Path, processes: int, precision: str, ram_efficient_loading: bool = True) -> Path:
-    """FSDP2 as templates/accelerate.yaml.j2 renders it for one node (`ram_efficient_loading` off for a
-    peer that builds its model on the GPU)."""
+    """FSDP2 as templates/accelerate.yaml.j2 renders it for one node, for a peer that is no `python -m
+    train` (bench/gpu_multi_lora.py's; `ram_efficient_loading` off for one that builds its model on the
+    GPU). Our runs use the launcher's own rendering (render_run)."""
     path = run_dir / "accelerate.yaml"
     path.write_text(
         "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nuse_cpu: false\nnum_machines: 1\n"
@@ -58,31 +72,45 @@ def accelerate_yaml(run_dir: Path, processes: int, precision: str, ram_efficient
     return path
 
 
+def render_run(name: str, out: Path, data: Path, arch: dict, budget: int, processes: int,
+               overrides: dict[str, dict[str, Any]]) -> Any:
+    """The run directory `sft-launch --executor local` writes for this job on a one-node profile of
+    `processes` GPUs (CPU processes over gloo under --cpu-smoke): accelerate.yaml from the launcher's
+    template, train.toml with gpu_single's benchmark settings as --set flags. Returns the Launch."""
+    cpu = bool(os.environ.get("BENCH_CPU"))
+    cluster = out / f"{name}.cluster.toml"
+    cluster.write_text(PROFILE.format(gpus=0 if cpu else processes, processes=processes,
+                                      backend="gloo" if cpu else "nccl", root=out))
+    settings = gpu_single.bench_settings(data, arch, budget, overrides)
+    sets = [f"{section}.{key}={toml_inline(value) if isinstance(value, dict) else json.dumps(value)}"
+            for section, values in settings.items() for key, value in values.items() if f"{section}.{key}" != "data.path"]
+    return write_run_dir(["--executor", "local", "--cluster", str(cluster), "--profile", "bench", "--model", "tiny",
+                          "--data", str(data), "--output", str(out / name), *[w for s in sets for w in ("--set", s)]])
+
+
 def launch(name: str, out: Path, data: Path, arch: dict, budget: int, processes: int,
            overrides: dict[str, dict[str, Any]], devices: str | None = None) -> dict[str, Any]:
-    """One `accelerate launch -m train` run (on CUDA_VISIBLE_DEVICES=`devices` if given); its metrics as a result row."""
+    """One run as `sft-launch --executor local` starts it (on CUDA_VISIBLE_DEVICES=`devices` if given);
+    its metrics as a result row."""
     run_dir = out / name
-    toml = gpu_single.write_train_toml(run_dir, data, arch, budget, overrides)
-    precision = "no" if os.environ.get("BENCH_CPU") else "bf16"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(accelerate_yaml(run_dir, processes, precision)), "-m", "train", "--config", str(toml)]
+    attempt = protocol.local_attempt_name(time.time())  # each rank's whole output: logs/ranks/<attempt>/
+    command = train_command(render_run(name, out, data, arch, budget, processes, overrides), free_port(), attempt)
     log = run_dir / "train.log"
     env = {**os.environ, "OMP_NUM_THREADS": "4", **({"CUDA_VISIBLE_DEVICES": devices} if devices else {})}
-    with log.open("w") as f:
-        try:
-            proc = subprocess.run(command, cwd=gpu_single.ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=gpu_single.RUN_TIMEOUT_S, env=env)
-        except subprocess.TimeoutExpired:
-            return {"path": name, "error": f"timeout {gpu_single.RUN_TIMEOUT_S} s"}
-    if proc.returncode != 0:
-        print(log.read_text()[-4000:])
-        return {"path": name, "error": f"exit {proc.returncode}"}
+    code = run_logged(command, log, gpu_single.RUN_TIMEOUT_S, env)
+    text = log.read_text() + "".join(p.read_text() for p in sorted(
+        Path(protocol.rank_logs_dir(str(run_dir), attempt)).glob("rank-*.log")))
+    if code == TIMED_OUT:
+        return {"path": name, "error": f"timeout {gpu_single.RUN_TIMEOUT_S} s"}
+    if code != 0:
+        print(text[-4000:])
+        return {"path": name, "error": f"exit {code}"}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     return {"path": name, "gpu_count": processes, **gpu_single.steady_state(run_dir / "metrics.jsonl"),
             "losses": {r["step"]: r["loss"] for r in steps}, "grad_norms": {r["step"]: r["grad_norm"] for r in steps},
             "tokens_per_s_per_gpu": steps[-1].get("tokens_per_s_per_gpu"), "mfu_last": steps[-1].get("mfu"),
-            "load_log": [line for line in log.read_text().splitlines() if "peak RSS" in line or "NF4" in line][:6]}
+            "load_log": [line for line in text.splitlines() if "peak RSS" in line or "NF4" in line][:6]}
 
 
 def data_for(out: Path, docs: int, budget: int, vocab: int) -> tuple[Path, list[int]]:

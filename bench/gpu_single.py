@@ -21,13 +21,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
+from bench.gpu_strategies import TIMED_OUT, run_logged
 from bench.results_io import WARMUP_STEPS, document_lengths, throughput_numbers, write_result
 from bench.synthetic import SHAPES, write_token_jsonl
 from contract.gpus import gpu_type_from_device_name, lookup
@@ -72,16 +72,26 @@ PEERS: dict[str, list[str]] = {
 }
 
 
+def bench_settings(data: Path, arch: dict, budget: int, overrides: dict) -> dict[str, dict[str, Any]]:
+    """train.toml's settings of a benchmark run (section -> key -> value), `overrides` applied: a random
+    model from `arch`, the token documents `data` packed `budget` tokens to a micro-batch, one epoch,
+    no checkpoint, no export."""
+    settings: dict[str, dict[str, Any]] = {
+        "model": {"name": "bench", "path": "", "arch": dict(arch),
+                  "precision": "bf16" if not os.environ.get("BENCH_CPU") else "fp32"},
+        "data": {"path": str(data), "format": "tokens", "tokens_per_micro_batch": budget},
+        "train": {"num_train_epochs": 1.0, "logging_steps": LOGGING_STEPS, "save_steps": 10**9,
+                  "learning_rate": 2e-5, "warmup_ratio": 0.03, "model_max_length": budget},
+        "run": {"export_dir": ""}}
+    for section, values in overrides.items():
+        settings[section] = {**settings.get(section, {}), **values}
+    return settings
+
+
 def write_train_toml(run_dir: Path, data: Path, arch: dict, budget: int, overrides: dict) -> Path:
     cfg = TrainConfig()
-    cfg.model.name, cfg.model.path, cfg.model.arch = "bench", "", dict(arch)
-    cfg.model.precision = "bf16" if not os.environ.get("BENCH_CPU") else "fp32"
-    cfg.data.path, cfg.data.format, cfg.data.tokens_per_micro_batch = str(data), "tokens", budget
-    cfg.data.cache_dir = str(run_dir / "cache")
-    cfg.train.num_train_epochs, cfg.train.logging_steps, cfg.train.save_steps = 1.0, LOGGING_STEPS, 10**9
-    cfg.train.learning_rate, cfg.train.warmup_ratio, cfg.train.model_max_length = 2e-5, 0.03, budget
-    cfg.run.dir, cfg.run.export_dir = str(run_dir), ""
-    return save_train_toml(cfg, run_dir, overrides)
+    cfg.data.cache_dir, cfg.run.dir = str(run_dir / "cache"), str(run_dir)
+    return save_train_toml(cfg, run_dir, bench_settings(data, arch, budget, overrides))
 
 
 def save_train_toml(cfg: TrainConfig, run_dir: Path, overrides: dict[str, dict[str, Any]]) -> Path:
@@ -143,15 +153,12 @@ def run_ours(name: str, out: Path, data: Path, arch: dict, budget: int, profile:
                                              **({"profile_steps": profile} if profile else {})}}
     toml = write_train_toml(run_dir, data, arch, budget, overrides)
     log = run_dir / "train.log"
-    with log.open("w") as f:
-        try:
-            proc = subprocess.run([sys.executable, "-m", "train", "--config", str(toml)], cwd=ROOT,
-                                  stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return {"path": name, "error": f"timeout {RUN_TIMEOUT_S} s"}
-    if proc.returncode != 0:
+    code = run_logged([sys.executable, "-m", "train", "--config", str(toml)], log, RUN_TIMEOUT_S, dict(os.environ))
+    if code == TIMED_OUT:
+        return {"path": name, "error": f"timeout {RUN_TIMEOUT_S} s"}
+    if code != 0:
         print(log.read_text()[-3000:])
-        return {"path": name, "error": f"exit {proc.returncode}"}
+        return {"path": name, "error": f"exit {code}"}
     result = {"path": name, **steady_state(run_dir / "metrics.jsonl"), **kernels_in_log(log.read_text())}
     if profile:
         result["_profile"] = profile_record(run_dir, name, profile)
@@ -162,14 +169,14 @@ def run_peer(name: str, out: Path, data: Path, shape: str, budget: int) -> dict[
     command = [sys.executable, *PEERS[name], "--data", str(data), "--shape", shape, "--out", str(out / name)]
     if name.startswith("trl"):
         command += ["--max-length", str(budget)]
-    try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    stdout, stderr = out / f"peer-{name}.out", out / f"peer-{name}.err"
+    code = run_logged(command, stdout, RUN_TIMEOUT_S, dict(os.environ), errors=stderr)
+    if code == TIMED_OUT:
         return {"path": f"peer-{name}", "error": f"timeout {RUN_TIMEOUT_S} s"}
-    if proc.returncode != 0:
-        print(proc.stdout[-2000:], proc.stderr[-3000:])
-        return {"path": f"peer-{name}", "error": f"exit {proc.returncode}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if code != 0:
+        print(stdout.read_text()[-2000:], stderr.read_text()[-3000:])
+        return {"path": f"peer-{name}", "error": f"exit {code}"}
+    return json.loads(stdout.read_text().strip().splitlines()[-1])
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -63,6 +64,7 @@ STRATEGIES = ("fsdp", "fsdp1", "zero2", "zero3")
 GPU_ARCH = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4,
             "intermediate_size": 2816}
 CPU_ARCH: dict[str, int] = {}  # the tiny preset as it is
+TIMED_OUT = 124  # run_logged's exit code for a command it killed at its timeout (as timeout(1))
 GPU_PROFILE = """[profiles.gpus]
 gpus_per_node = {gpus}
 gpu_type = "{gpu_type}"
@@ -159,20 +161,24 @@ def signal_job(proc: subprocess.Popen, sig: signal.Signals) -> None:
             pass
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float) -> int:
-    """Run cmd in a session of its own, output to log; on timeout it and every process below it are
-    killed (torchrun's workers start sessions of their own: a process-group kill would leave them on
-    the GPUs). Returns the exit code, 124 on timeout."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
+def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None,
+               errors: Path | None = None) -> int:
+    """Run cmd (in the repository, with `env`, default child_env()) in a session of its own, output to
+    log (stderr too, unless `errors` names its own file); on timeout it and every process below it
+    are killed (torchrun's and `accelerate launch`'s workers start sessions of their own: a
+    process-group kill would leave them on the GPUs). Returns the exit code, TIMED_OUT on timeout."""
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(open(log, "w"))
+        err = files.enter_context(open(errors, "w")) if errors else subprocess.STDOUT
+        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env() if env is None else env, stdout=out, stderr=err,
                                 start_new_session=True)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             signal_job(proc, signal.SIGKILL)
             proc.wait()
-            out.write(f"\n[gpu_strategies] killed after {timeout:.0f} s\n")
-            return 124
+            out.write(f"\n[bench] killed after {timeout:.0f} s, with every process below it\n")
+            return TIMED_OUT
 
 
 def render(case: Case, args: argparse.Namespace, run_dir: Path, log: Path) -> None:

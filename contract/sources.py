@@ -26,7 +26,10 @@ from contract.readers import DATA_SUFFIXES
 from contract.schema import ConfigError, require
 
 DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "prompt_completion", "text", "tokens"]
+# A hub repo id: `name` or `org/name`, each part a letter or digit then letters, digits, `_`, `.`, `-`
+# (so never `./x`, `/x`, `~/x` or `a/b/c`, which can only be paths).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+DATA_FILE_SUFFIXES = (*DATA_SUFFIXES, ".txt")  # names of files, never of a hub dataset
 _NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 
 
@@ -89,8 +92,11 @@ def default_name(path: str) -> str:
 
 
 def looks_like_hub_id(value: str) -> bool:
-    """`org/name` or `name` that is no local path: read from the HF cache, never from the network."""
-    return bool(_HUB_ID.match(value)) and not value.endswith(DATA_SUFFIXES) and not Path(value).expanduser().exists()
+    """`org/name` or `name` (_HUB_ID) that is no local path and no data file's name (`x.jsonl`, `x.txt`):
+    a hub dataset, read from the HF cache, never from the network. The one rule of the launcher
+    (`--data`, preflight, plan) and train (data.path, data.sources)."""
+    return (bool(_HUB_ID.match(value)) and not value.lower().endswith(DATA_FILE_SUFFIXES)
+            and not Path(value).expanduser().exists())
 
 
 def check_unique_names(sources: list[DataSource], key: str = "data.sources") -> None:

@@ -25,7 +25,6 @@ from launcher.resolve.plan_sources import source_rows, source_table
 from launcher.plan.planner import Plan, make_plan, plan_to_dict
 from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
     run_writes
-from launcher.ops import slurm
 
 if TYPE_CHECKING:
     from contract.datacheck import DataCheck
@@ -77,7 +76,7 @@ class LaunchPlan:
         return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
 
 
-def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
+def _launch_warnings(launch: Launch, plan: Plan, cluster: ClusterCheck | None) -> list[str]:
     profile, warnings = launch.profile, []
     if profile.gpus_per_node and not profile.gpu_type:
         warnings.append(f"profile '{launch.profile_name}' has no gpu_type: memory fit not checked "
@@ -91,7 +90,7 @@ def _launch_warnings(launch: Launch, plan: Plan) -> list[str]:
     if launch.executor != "local" and requeues is not None and requeues > profile.max_timeouts:
         warnings.append(f"the run needs ~{requeues} time-limit requeues but max_timeouts = {profile.max_timeouts}: "
                         "it stops early (raise profile.max_timeouts or --time)")
-    grace = slurm.partition_grace_time(profile.partition) if launch.executor != "local" else None
+    grace = cluster.grace_time_s if cluster else None
     if grace and grace < plan.signal_lead_s:  # 0: no GraceTime set, as on partitions without preemption
         warnings.append(f"partition {profile.partition or '(default)'} has GraceTime={grace} s, below the "
                         f"{plan.signal_lead_s} s the checkpoint save needs: if its jobs can be preempted, SLURM "
@@ -119,13 +118,14 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     rows = source_rows(launch) if launch.train.data.sources else []  # each source estimated once
     data = data_estimate(launch, rows)
     plan = make_plan(plan_input_from_launch(launch, data))
-    plan.warnings += _launch_warnings(launch, plan)
+    cluster = check_cluster(launch)  # the one `scontrol show partition` of the plan
+    plan.warnings += _launch_warnings(launch, plan, cluster)
     if launch.micro_batch is not None and launch.micro_batch.source == "none":
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
     disk = disk_needs(launch, plan, data)
     plan.warnings += room_warnings(disk)
     return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, source_table(launch, plan, rows),
-                      check_cluster(launch))
+                      cluster)
 
 
 def disk_needs(launch: Launch, plan: Plan, data: DataEstimate | None) -> list[Filesystem]:

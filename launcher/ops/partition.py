@@ -2,7 +2,8 @@
 partition. sbatch accepts a job that asks for more nodes than the partition has or allows, or more time
 than its MaxTime, and it then pends forever (PartitionNodeLimit, PartitionTimeLimit); a GPU profile
 on a partition without GPUs never starts either. So the plan (and every launch) asks
-`scontrol show partition -o` (MaxNodes, MaxTime, TotalNodes) and `sinfo -o %G` (the nodes' GRES).
+`scontrol show partition -o` (MaxNodes, MaxTime, TotalNodes, GraceTime) and `sinfo -o %G` (the nodes'
+GRES), once per plan: the plan's GraceTime warning reads the same answer.
 
 Where SLURM cannot be asked (no client here, no controller, the local executor), nothing is checked
 and the plan says so; an unknown partition name is left to sbatch (which names it).
@@ -28,12 +29,14 @@ class Partition:
     max_nodes: int | None  # None = UNLIMITED
     max_time_s: int | None  # None = UNLIMITED / INFINITE
     gpus_per_node: int  # most GPUs (GRES gpu) any node of the partition has; 0 = none
+    grace_time_s: int | None = None  # GraceTime: how long a preempted job may save; None = not said
 
 
 @dataclass
 class ClusterCheck:
     line: str  # the plan's "Cluster" line
     problems: list[str] = field(default_factory=list)  # each a reason the job can never start there
+    grace_time_s: int | None = None  # the partition's GraceTime, where SLURM told it
 
 
 def _limit(value: str) -> int | None:
@@ -60,7 +63,8 @@ def parse_partition(scontrol_line: str, gres_lines: str) -> Partition:
     fields = dict(slurm.parse_fields(scontrol_line))
     return Partition(name=fields.get("PartitionName", ""), total_nodes=int(fields.get("TotalNodes", "0")),
                      max_nodes=_limit(fields.get("MaxNodes", "UNLIMITED")),
-                     max_time_s=_time(fields.get("MaxTime", "UNLIMITED")), gpus_per_node=_gpus(gres_lines))
+                     max_time_s=_time(fields.get("MaxTime", "UNLIMITED")), gpus_per_node=_gpus(gres_lines),
+                     grace_time_s=int(grace) if (grace := fields.get("GraceTime", "")).isdigit() else None)
 
 
 def read_partition(name: str) -> Partition | None:
@@ -102,7 +106,8 @@ def problems(launch: Launch, part: Partition) -> list[str]:
 
 
 def check_cluster(launch: Launch) -> ClusterCheck | None:
-    """The job against its partition; None for the local executor (no SLURM involved)."""
+    """The job against its partition, from one `scontrol show partition` (the plan reads its GraceTime
+    from here too); None for the local executor (no SLURM involved)."""
     if launch.executor == "local":
         return None
     name = launch.profile.partition
@@ -116,4 +121,4 @@ def check_cluster(launch: Launch) -> ClusterCheck | None:
               f"MaxTime {format_time_limit(part.max_time_s) if part.max_time_s else 'UNLIMITED'}, "
               f"{part.gpus_per_node or 'no'} GPU(s) per node")
     found = problems(launch, part)
-    return ClusterCheck(f"{limits}: {'DOES NOT FIT' if found else 'fits'}", found)
+    return ClusterCheck(f"{limits}: {'DOES NOT FIT' if found else 'fits'}", found, part.grace_time_s)

@@ -45,23 +45,6 @@ def job_fields(job_id: str) -> dict[str, str] | None:
     return parse_fields(first) or None
 
 
-def partition_grace_time(partition: str) -> int | None:
-    """GraceTime (s) of `partition` (the default partition for ""): how long a preempted job may save
-    before SLURM kills it. None when SLURM cannot tell (no client, no controller, unknown partition)."""
-    if not available():
-        return None
-    try:
-        proc = subprocess.run(["scontrol", "show", "partition", "-o", *([partition] if partition else [])],
-                              capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
-        fields = dict(_FIELD.findall(line.strip()))
-        if (partition or fields.get("Default") == "YES") and fields.get("GraceTime", "").isdigit():
-            return int(fields["GraceTime"])
-    return None
-
-
 def parse_fields(line: str) -> dict[str, str]:
     """`Key=value ...` of one `scontrol -o` line as a dict."""
     return {key: value for key, value in _FIELD.findall(line.strip())}

@@ -1,9 +1,9 @@
 """The planner: will a run fit, how long will it take, what will it cost — before anything is submitted.
 
 Pure Python (no torch), instant on a login node. `make_plan(PlanInput) -> Plan` combines the memory
-model (launcher/plan/memory.py) with a throughput model (expected MFU x peak FLOP/s / FLOPs per token), the
-time limit (how many requeues) and the checkpoint size (how early SLURM must signal the job so the
-save finishes). `plan_format.format_plan` renders a compact table, `plan_to_dict` the same for `--json`.
+model (launcher/plan/memory.py, peak.py) with a throughput model (expected MFU x peak FLOP/s / FLOPs
+per token), the time limit (how many requeues) and the checkpoint size (how early SLURM must signal the
+job so the save finishes). `plan_format.format_plan` renders a compact table, `plan_to_dict` the same for `--json`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
 from launcher.plan.host_memory import cpu_bytes_per_node
-from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, gpu_memory, trainable_params
+from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, trainable_params
+from launcher.plan.peak import gpu_memory
 
 # Expected model-FLOPs utilization (docs/ARCHITECTURE.md's MFU) for full fine-tuning with per-layer
 # checkpointing, packed micro-batches, FSDP2, bf16 (PlanInput.expected_mfu overrides). Hopper entries are

@@ -6,7 +6,7 @@
     --data mix.toml                         a [data] table written by hand: [[data.sources]] with formats,
                                             column/role mappings, eval splits (relative paths: from its folder)
 A path that exists is made absolute (the nodes start elsewhere); anything else that looks like
-`org/name` stays a hub dataset id, read from the profile's HF cache.
+`org/name` (contract/sources.py's looks_like_hub_id) stays a hub dataset id, read from the profile's HF cache.
 """
 
 from __future__ import annotations
@@ -15,20 +15,17 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from contract.readers import DATA_SUFFIXES
 from contract.schema import ConfigError
-from contract.sources import default_name, parse_data_flag
-
-DATA_FILE_SUFFIXES = (*DATA_SUFFIXES, ".txt")  # names of files, never of a hub dataset
+from contract.sources import default_name, looks_like_hub_id, parse_data_flag
 
 
 def resolve_data_path(data: str, flag: str = "--data") -> str:
     path = Path(data).expanduser()
     if path.exists():
         return str(path.resolve())
-    if path.suffix in DATA_FILE_SUFFIXES or data.startswith((".", "/", "~")):
-        raise ConfigError(f"{flag} {data}: no such file")
-    return data  # a hub dataset id: preflight looks for it in the profile's HF cache
+    if looks_like_hub_id(data):
+        return data  # a hub dataset id: preflight looks for it in the profile's HF cache
+    raise ConfigError(f"{flag} {data}: no such file (nor a hub dataset id org/name)")
 
 
 def data_table(flags: list[str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 
 from contract.config import TrainConfig
 from contract.schema import ConfigError, build
-from contract.sources import DataSource, Mixture, epoch_examples, parse_data_flag
+from contract.sources import DataSource, Mixture, epoch_examples, looks_like_hub_id, parse_data_flag
 
 
 def test_one_plain_source_is_every_example_once_in_order() -> None:
@@ -47,6 +47,23 @@ def test_cli_weight_suffix() -> None:
 
 def _config(text: str) -> TrainConfig:
     return build(TrainConfig, tomllib.loads(text))
+
+
+@pytest.mark.parametrize(("value", "hub"), [
+    ("org/name", True), ("name", True), ("Org-1/data_set.v2", True),  # hub repo ids
+    ("a/b/c", False), ("./org/name", False), ("/abs/name", False), ("~/name", False),  # only paths
+    ("org/chats.jsonl", False), ("notes.txt", False), ("DATA.JSONL", False), ("org/name.csv", False),  # files
+    ("org/-name", False), ("org name", False), ("", False),  # not repo ids
+])
+def test_one_rule_tells_a_hub_id(value: str, hub: bool) -> None:
+    assert looks_like_hub_id(value) is hub
+
+
+def test_a_path_that_exists_is_never_a_hub_id(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "name").write_text("{}\n")  # a relative path with a slash, shaped like a hub id
+    assert not looks_like_hub_id("org/name") and looks_like_hub_id("org/other")
 
 
 def test_sources_table_validates_with_dotted_keys() -> None:

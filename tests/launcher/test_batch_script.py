@@ -290,6 +290,13 @@ def _requeues(tmp_path: Path) -> int:
     return _argv(calls).count("requeue") if calls.exists() else 0
 
 
+def _job_reads(tmp_path: Path) -> int:
+    """How many times the script read its job record (`scontrol show job`)."""
+    calls = tmp_path / "stublog" / "scontrol.argv"
+    argv = _argv(calls) if calls.exists() else []
+    return sum(1 for a, b in zip(argv, argv[1:]) if (a, b) == ("show", "job"))
+
+
 def test_sigterm_checkpoints_and_never_requeues(tmp_path: Path) -> None:
     # A plain scancel: SIGTERM to the batch shell (and the steps); training checkpoints; torchrun says 1.
     run_dir = _render(tmp_path, "run", [])
@@ -308,6 +315,7 @@ def test_sigterm_of_a_node_failure_leaves_the_decision_and_the_evidence_to_slurm
     result = _run_script(tmp_path, run_dir, behaviour, STUB_JOB_STATE="NODE_FAIL")
     assert result.returncode == 1 and _requeues(tmp_path) == 0
     assert "SIGTERM while SLURM ends the job (NODE_FAIL); not requeueing" in (run_dir / "logs" / "4242-r0.log").read_text()
+    assert _job_reads(tmp_path) == 1  # PreemptTime and JobState from one read
     assert [e["event"] for e in _events(run_dir)] == ["start"]
     assert (run_dir / "logs" / "attempt.txt").read_text().startswith("4242 0 ")
 

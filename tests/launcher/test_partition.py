@@ -34,7 +34,9 @@ def test_partition_fields_are_read() -> None:
     assert (part.name, part.total_nodes, part.max_nodes, part.max_time_s, part.gpus_per_node) == \
         ("gpu", 64, 4, 2 * 86400, 8)
     cpu = parse_partition(TEST_CLUSTER, "(null)\n")
-    assert (cpu.total_nodes, cpu.max_nodes, cpu.max_time_s, cpu.gpus_per_node) == (3, None, None, 0)
+    assert (cpu.total_nodes, cpu.max_nodes, cpu.max_time_s, cpu.gpus_per_node, cpu.grace_time_s) == \
+        (3, None, None, 0, 0)
+    assert parse_partition("PartitionName=x TotalNodes=1", "").grace_time_s is None  # not said
 
 
 def test_each_limit_is_named() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
+from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli, write_stub
 from launcher.plan.datasize import SAMPLE_BYTES, estimate_tokens, row_tokens
 from launcher.plan.memory import MemoryBreakdown
 from launcher.resolve.options import LaunchRequest, resolve
@@ -178,14 +178,16 @@ def test_more_time_limit_requeues_than_max_timeouts_warns(tmp_path: Path) -> Non
 
 
 def test_a_partition_grace_time_shorter_than_the_save_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # SLURM reachable: `scontrol show partition -o gpu` says GraceTime=30 (a stub on PATH).
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/bash\n[[ \"$*\" == 'show partition -o gpu' ]] && "
-                                      "echo 'PartitionName=gpu AllowGroups=ALL Default=NO GraceTime=30 Hidden=NO'\n")
-    (bin_dir / "scontrol").chmod(0o755)
+    # SLURM reachable: `scontrol show partition -o gpu` says GraceTime=30 (stubs on PATH that log each call).
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    write_stub(bin_dir, "scontrol", f'echo "scontrol $*" >> {calls}\n[[ "$*" == \'show partition -o gpu\' ]] && '
+               "echo 'PartitionName=gpu Default=NO GraceTime=30 MaxNodes=4 TotalNodes=64'\n")
+    write_stub(bin_dir, "sinfo", f'echo "sinfo $*" >> {calls}\necho gpu:a100:8\n')
     monkeypatch.setenv("PATH", f"{bin_dir}:{path_without('scontrol')}")
     launch = resolve(_a100("llama3-8b", nodes=2, tmp=tmp_path / "run"))
     report = plan_launch(launch)
     (warning,) = [w for w in report.plan.warnings if "GraceTime" in w]
     assert f"GraceTime=30 s, below the {report.plan.signal_lead_s} s the checkpoint save needs" in warning
+    assert report.cluster and report.cluster.line.endswith(": fits")
+    # one partition query serves both the cluster check and the GraceTime warning
+    assert calls.read_text().splitlines() == ["scontrol show partition -o gpu", "sinfo -h -p gpu -o %G"]

@@ -9,6 +9,10 @@ import json
 import tomllib
 from pathlib import Path
 
+import pytest
+
+from contract.schema import ConfigError
+from launcher.resolve.data_args import resolve_data_path
 from tests.hub_fixture import build_hub_cache
 from tests.launcher.conftest import REPO, cli_env, rendered_dir, run_cli
 
@@ -127,3 +131,14 @@ def test_tool_calls_are_checked_against_a_cached_hub_models_template(tmp_path: P
     assert result.returncode == 2
     assert f"model.path: {snapshot}: {tmp_path / 'tools.jsonl'}:1: the chat template does not render tool calls " \
            "(tool call 'get_weather' is missing from its output)" in result.stderr
+
+
+def test_data_flags_resolve_by_contracts_hub_id_rule(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "name").write_text("{}\n")
+    assert resolve_data_path("org/name") == str(tmp_path / "org" / "name")  # exists: made absolute
+    assert resolve_data_path("org/other") == "org/other"  # a hub id, kept as given
+    for value in ("a/b/c", "missing.jsonl", "./org/other", "notes.txt"):
+        with pytest.raises(ConfigError, match=f"--data {value}: no such file"):
+            resolve_data_path(value)

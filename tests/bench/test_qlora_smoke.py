@@ -1,0 +1,25 @@
+"""bench/gpu_qlora.py `match` end to end on CPU (--cpu-smoke: tiny QLoRA shape, 4 steps, gloo): both runs
+start from the run directory the launcher renders (its accelerate.yaml template, not one of the bench's
+own) with the local executor's command, and 2 processes match 1 process with twice the accumulation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cpu_smoke_runs_the_launchers_run_directory(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_qlora", "match", "--cpu-smoke", "--out", str(tmp_path),
+                           "--results", str(tmp_path / "results")], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((tmp_path / "results" / "qlora-1gpu-vs-2gpu.json").read_text())
+    assert record["met"] and len(record["two"]["losses"]) == 4, record
+    for run in ("qlora-2gpu", "qlora-1gpu"):
+        assert (tmp_path / run / "accelerate.yaml").read_text().startswith("# Rendered by sft-launch")
+        assert (tmp_path / run / "run.json").exists()  # written by launcher.execute.render.write_run_dir
+    assert any("NF4" in line for line in record["two"]["load_log"])  # read from the ranks' logs

@@ -1,0 +1,41 @@
+"""bench/gpu_strategies.py's run_logged, which every bench script that starts training runs its children
+with (gpu_single, gpu_qlora, gpu_strategies): a timeout kills the whole process tree, workers that
+started sessions of their own included (as torchrun's and `accelerate launch`'s do)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from bench.gpu_strategies import TIMED_OUT, run_logged
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"))  # a zombie is gone too
+
+
+def test_a_timeout_kills_a_worker_in_a_session_of_its_own(tmp_path: Path) -> None:
+    pid_file, log, errors = tmp_path / "worker.pid", tmp_path / "out.log", tmp_path / "err.log"
+    script = f"setsid sleep 300 & echo $! > {pid_file}; echo to-stdout; echo to-stderr >&2; sleep 300"
+    started = time.monotonic()
+    assert run_logged(["bash", "-c", script], log, 3, dict(os.environ), errors=errors) == TIMED_OUT
+    assert time.monotonic() - started < 60
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker), "the setsid worker outlived the timeout"
+    assert log.read_text().startswith("to-stdout\n") and "killed after 3 s" in log.read_text()
+    assert errors.read_text() == "to-stderr\n"
+
+
+def test_the_exit_code_and_the_combined_log_of_a_run_that_ends(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    assert run_logged(["bash", "-c", "echo a; echo b >&2; exit 3"], log, 30, dict(os.environ)) == 3
+    assert log.read_text() == "a\nb\n"
