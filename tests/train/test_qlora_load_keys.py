@@ -1,0 +1,30 @@
+"""A QLoRA resume loads the adapters, not the frozen NF4 base weights (train/engine/qlora.py
+keep_built_weights_on_load): loading a state dict leaves the built NF4 weight untouched, loads the rest,
+and a strict load does not report the skipped weight as missing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.engine import qlora
+
+
+def test_nf4_weight_is_kept_and_the_rest_loads():
+    pytest.importorskip("torchao")
+    _, to_nf4 = qlora.nf4_api()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128, bias=False), torch.nn.Linear(128, 4))
+    model[0].weight = torch.nn.Parameter(to_nf4(model[0].weight.data, qlora.BLOCK_SIZE, qlora.SCALER_BLOCK_SIZE),
+                                         requires_grad=False)
+    built = qlora.dequantize(model[0].weight, torch.float32).clone()
+    qlora.keep_built_weights_on_load(model)
+
+    other = {"0.weight": torch.zeros(128, 128), "1.weight": torch.ones(4, 128), "1.bias": torch.full((4,), 2.0)}
+    result = model.load_state_dict(other, strict=True)
+
+    assert not result.missing_keys and not result.unexpected_keys
+    assert torch.equal(qlora.dequantize(model[0].weight, torch.float32), built)
+    assert torch.equal(model[1].weight, torch.ones(4, 128)) and torch.equal(model[1].bias, torch.full((4,), 2.0))
+    with pytest.raises(RuntimeError, match="Missing key"):  # other keys still count as missing
+        model.load_state_dict({"1.weight": torch.ones(4, 128)}, strict=True)
