@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arithmetic import write_corpus
-from bench.gpu_strategies import run_logged
+from bench.gpu_strategies import TIMED_OUT, run_logged
 from bench.gpu_single import ROOT, RUN_TIMEOUT_S, TINY, save_train_toml, steady_state
 from bench.results_io import write_result
 from bench.synthetic import SHAPES
@@ -98,14 +98,19 @@ def write_train_toml(run_dir: Path, init: Path, docs: Path, args: argparse.Names
     return save_train_toml(cfg, run_dir, overrides)
 
 
+def failed(side: str, code: int, log_text: str) -> dict[str, Any]:
+    """A side that did not finish: its log's tail printed, the reason recorded."""
+    print(log_text[-3000:])
+    return {"side": side, "error": f"timeout {RUN_TIMEOUT_S} s" if code == TIMED_OUT else f"exit {code}"}
+
+
 def run_ours(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = out / side
     toml = write_train_toml(run_dir, init, docs, args, side_overrides(side))
     log = run_dir / "train.log"
     code = run_logged([sys.executable, "-m", "train", "--config", str(toml)], log, RUN_TIMEOUT_S)
     if code != 0:
-        print(log.read_text(errors="replace")[-3000:])
-        return {"side": side, "error": f"timeout {RUN_TIMEOUT_S} s" if code == 124 else f"exit {code}"}
+        return failed(side, code, log.read_text(errors="replace"))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "tokens_per_s" in r]
     timing = steady_state(run_dir / "metrics.jsonl") if not args.cpu_smoke else {}
@@ -124,8 +129,7 @@ def run_trl(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespa
     code = run_logged(command, log, RUN_TIMEOUT_S)
     text = log.read_text(errors="replace")
     if code != 0:
-        print(text[-3000:])
-        return {"side": side, "error": f"timeout {RUN_TIMEOUT_S} s" if code == 124 else f"exit {code}"}
+        return failed(side, code, text)
     result = json.loads([line for line in text.splitlines() if line.startswith('{"')][-1])
     result.pop("path", None)
     return {"side": side, "attention": attn or "default", **result}
@@ -290,6 +294,7 @@ def main() -> None:
     init = save_initial_checkpoint(args.out / "init", arch)
     results = []
     queue = list(filter(None, args.sides.split(",")))
+    record = parity_record([], args, shape)
     while queue:
         side = queue.pop(0)
         result = run_trl(side, args.out, init, docs, args) if side.startswith("trl") else \
@@ -300,8 +305,9 @@ def main() -> None:
             result["eval_loss"] = eval_loss(result.pop("export"), eval_docs)
         print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
         results.append(result)
-        save(parity_record(results, args, shape), args)
-    report(parity_record(results, args, shape), args)
+        record = parity_record(results, args, shape)
+        save(record, args)
+    report(record, args)
 
 
 def _trl_installed() -> bool:
