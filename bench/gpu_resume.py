@@ -74,7 +74,7 @@ def wait(proc: subprocess.Popen, timeout: float) -> int:
     except subprocess.TimeoutExpired:
         strategies.signal_job(proc, signal.SIGKILL)
         proc.wait()
-        return 124
+        return strategies.TIMED_OUT
 
 
 def interrupt_at(proc: subprocess.Popen, run_dir: Path, at_step: int, deadline: float) -> int | None:
