@@ -24,9 +24,11 @@ file is rewritten after each side, so a call cut short keeps the first.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,8 @@ RECOMPILE_LINES = 80  # of TORCH_LOGS=recompiles' output kept in the results (al
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps8b-full", type=int, default=46, help="8b-peer: optimizer steps on each side")
     parser.add_argument("--tokens8b-full", type=int, default=8192, help="8b-peer: packed tokens per GPU per step")
-    parser.add_argument("--ours-timeout", type=float, default=280, help="8b-peer: our side's wall-clock limit (s)")
-    parser.add_argument("--peer-timeout", type=float, default=260,
+    parser.add_argument("--ours-timeout", type=float, default=300, help="8b-peer: our side's wall-clock limit (s)")
+    parser.add_argument("--peer-timeout", type=float, default=240,
                         help="8b-peer: the peer's wall-clock limit (s), its fall-back run included")
     parser.add_argument("--peer-compile", action="store_true", help="8b-peer: the peer with torch_compile")
 
@@ -73,15 +75,48 @@ def recompiles(text: str) -> list[str]:
 
 
 def last_step(metrics: Path) -> int:
-    """The last optimizer step metrics.jsonl logged (0 when none)."""
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    """The last optimizer step metrics.jsonl logged (0 when none); read while the run appends to it."""
+    text = metrics.read_text() if metrics.exists() else ""
+    lines = text.splitlines()[: text.count("\n")]  # whole lines only
     return max((json.loads(line).get("step", 0) for line in lines), default=0)
+
+
+def kill_job(run: Path) -> None:
+    """SIGKILL to the processes of this job that this process started (its launchers and ranks: every
+    descendant whose command line names the run's train.toml)."""
+    import psutil
+
+    marker = str(run / "train.toml")
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if marker in " ".join(process.cmdline()):
+                process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def launch_to_last_step(run: Path, args: argparse.Namespace) -> tuple[int, str, str]:
+    """Our job, ended as soon as its last step is logged: what follows, the end-of-run export (an 8B
+    gather to rank 0 and a 32 GB write; train exports even with run.export_dir = ""), is no part of
+    the measurement. Returns (exit code, log text, how it ended); the side's time limit still holds."""
+    metrics = run / "metrics.jsonl"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        job = pool.submit(gpu_multi.launch, run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
+        while not job.done():
+            if last_step(metrics) >= args.steps8b_full:
+                kill_job(run)
+                code, text = job.result()
+                return 0, text, "stopped once its last step was logged (the end-of-run export not run)"
+            time.sleep(1)
+        code, text = job.result()
+    if code == TIMED_OUT and last_step(metrics) >= args.steps8b_full:
+        return 0, text, f"killed at its {args.ours_timeout:.0f} s limit after its last step"
+    return code, text, f"exit {code}"
 
 
 def free_disk(run: Path) -> None:
     """Remove what our run wrote beside its logs and metrics: the checkpoint (~96 GB at 8B: model and
-    optimizer) and the end-of-run export (train exports into the run directory even with
-    run.export_dir = ""), so the peer finds the disk as we did."""
+    optimizer) and any end-of-run export, so the peer finds the disk as we did."""
     shutil.rmtree(run / protocol.CHECKPOINT_DIR, ignore_errors=True)
     for export in run.glob("model*.safetensors*"):
         export.unlink()
@@ -95,12 +130,9 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
         "--set", 'model.path=""', "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
         "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
-    code, text = gpu_multi.launch(run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
+    code, text, ended = launch_to_last_step(run, args)
     free_disk(run)
-    ended = "exit 0"
-    if code == TIMED_OUT and last_step(run / "metrics.jsonl") == args.steps8b_full:
-        ended = f"killed at its {args.ours_timeout:.0f} s limit after its last step (in the end-of-run export)"
-    elif code != 0:
+    if code != 0:
         print(text[-4000:])
         return f"timeout {args.ours_timeout:.0f} s" if code == TIMED_OUT else f"exit {code}"
     stats = gpu_multi.run_stats(run, 0, text, [], "", arch, args.gpus, args.lengths)
