@@ -38,9 +38,11 @@ from bench.gpu_strategies import TIMED_OUT
 from bench.peer_fsdp import run_peer
 from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
 from contract import protocol
+from contract.shape import ModelShape
 
 SHAPE = "llama3-8b"
 SAVE_FRACTION = 2 / 3  # the one save: after the warm-up, with a third of the steps left to show its after-effects
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the sharded save's bulk)
 RECOMPILE_LINES = 80  # of TORCH_LOGS=recompiles' output kept in the results (all of it stays in machine*.log)
 
 
@@ -168,6 +170,10 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
     record: dict[str, Any] = {"gpu_count": args.gpus, "docs": gpu_multi.DOCS, "max_doc_tokens": gpu_multi.MAX_DOC_TOKENS,
                               "shape": "tiny" if gpu_multi.CPU_SMOKE else SHAPE, "tokens_per_gpu": args.tokens8b_full,
                               "max_steps": args.steps8b_full, "disk_write_gbps": disk_gbps}
+    record["expected_save_gb"] = ModelShape.from_arch(arch).total_params * CHECKPOINT_BYTES_PER_PARAM / 1e9
+    record["expected_save_s"] = record["expected_save_gb"] / disk_gbps
+    print(f"8b-peer: our save writes ~{record['expected_save_gb']:.0f} GB; at the measured {disk_gbps:.2f} GB/s "
+          f"~{record['expected_save_s']:.0f} s of our {args.ours_timeout:.0f} s limit", flush=True)
     for key, side in (("8b_full", ours), ("8b_full_peer", peer)):
         found = side(args, data, arch)
         if isinstance(found, str):
