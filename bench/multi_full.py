@@ -5,7 +5,10 @@ the host, ours against the peer a user would pick, same documents and tokens per
 
 - Ours: rendered by `sft-launch` and started as a 2-node job (bench/gpu_multi.py: 2 machines x G/2
   processes): FSDP2, compiled layers, no activation checkpointing, --tokens8b-full tokens per GPU, random
-  weights (model.path ""), --steps8b-full optimizer steps and exactly one full checkpoint save (model +
+  weights (model.path "": every rank draws the fp32 model on its CPU; torch's normal_ runs on one thread,
+  0.11-0.14 G parameters/s measured on the 2-core dev machine, so ~40-75 s for 8B, the ranks in parallel:
+  no slower than writing a 16 GB checkpoint and loading it, and no disk; `model_ready_s` records what it
+  took), --steps8b-full optimizer steps and exactly one full checkpoint save (model +
   optimizer, sharded) after the warm-up, at step SAVE_FRACTION of the run. The run's clock stops for the
   save (train/engine/loop.py: the save sits between a settle and a lap), so `real_tokens_per_s` and `mfu`
   are over the steps alone; `with_save` books the logged save seconds too. TORCH_LOGS=recompiles for its
@@ -89,12 +92,18 @@ def kill_job(run: Path) -> None:
     import psutil
 
     marker = str(run / "train.toml")
+    direct = {p.pid for p in psutil.Process().children()}
+    killed = []
     for process in psutil.Process().children(recursive=True):
         try:
             if marker in " ".join(process.cmdline()):
                 process.kill()
+                killed.append(process)
         except psutil.NoSuchProcess:
             pass
+    # The ranks gone, and their GPU memory with them, before the peer starts (the launchers, children of
+    # this process, are reaped by run_logged's wait).
+    psutil.wait_procs([p for p in killed if p.pid not in direct], timeout=60)
 
 
 def launch_to_last_step(run: Path, args: argparse.Namespace) -> tuple[int, str, str]:
@@ -126,6 +135,7 @@ def free_disk(run: Path) -> None:
 
 def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
     run = args.out / "run-8b-full"
+    shutil.rmtree(run, ignore_errors=True)  # a run of an earlier call would be resumed, its metrics appended to
     at = save_step(args.steps8b_full)
     gpu_multi.render(run, SHAPE, data, args.gpus, [
         "--max_steps", str(args.steps8b_full), "--save_steps", str(at), "--gradient_checkpointing", "false",
