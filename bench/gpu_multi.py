@@ -11,8 +11,13 @@ Measures, in one call:
   4. 8B FSDP2 training throughput / MFU, a sharded checkpoint save, then a resumed run (resume time);
   5. 1B weak scaling: tokens/s per GPU on 1 GPU vs on all GPUs;
   6. (phase 8b-fp8) 8B full fine-tuning, --precision fp8 against our bf16 path in the same call, same
-     documents and settings (FSDP2, compile, checkpointing, --tokens8b-fp8 tokens/GPU): the speed-up.
+     documents and settings (FSDP2, compile, checkpointing, --tokens8b-fp8 tokens/GPU): the speed-up;
+  7. (phase 8b-peer, bench/multi_full.py) 8B full fine-tuning, ours (random weights, compile, no
+     checkpointing, one timed save) against TRL's SFTTrainer under accelerate FSDP2, each side under its
+     own time limit: multi-<gpus>gpu-8b-full.json.
 Prints a table last.
+
+    python -m bench.gpu_multi --gpus 4 --only 8b-peer --results DIR   # 8b-peer only (never run by default)
 
     python -m bench.gpu_multi --gpus 2 --skip naive,8b,scaling,8b-mfu --tag fp8 --results DIR   # FP8 only
 """
@@ -20,6 +25,7 @@ Prints a table last.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -30,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_single import TINY, device_peak, steady_state
+from bench.gpu_strategies import TIMED_OUT, run_logged
 from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("naive", "8b", "scaling", "8b-mfu", "8b-fp8", "8b-peer")
 CPU_SMOKE = bool(os.environ.get("BENCH_CPU_SMOKE"))  # tiny shapes on CPU: proves the script end to end
 DOCS, MAX_DOC_TOKENS = (300, 512) if CPU_SMOKE else (6000, 4096)
 
@@ -133,26 +141,31 @@ def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -
     write_run_dir([a for a in cmd[3:] if a != "--dry-run"])  # the dry run left the run directory untouched
 
 
-def launch(run_dir: Path, gpus: int, port: int) -> tuple[int, str]:
-    """2 machines x gpus/2 processes on this host (or 1 x 1); returns (exit code, combined log)."""
+def launch(run_dir: Path, gpus: int, port: int, timeout: float | None = None,
+           env: dict[str, str] | None = None) -> tuple[int, str]:
+    """2 machines x gpus/2 processes on this host (or 1 x 1), with os.environ updated by `env`; returns
+    (exit code, combined log). Past `timeout` seconds every process of the job is killed (run_logged)
+    and the code is TIMED_OUT."""
     machines = 2 if gpus > 1 else 1
     per = gpus // machines
-    procs = []
-    for rank in range(machines):
-        env = dict(os.environ)
-        if not CPU_SMOKE:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(rank * per + i) for i in range(per))
-        cmd = ["accelerate", "launch", "--config_file", str(run_dir / "accelerate.yaml"), "--num_machines",
-               str(machines), "--machine_rank", str(rank), "--num_processes", str(gpus), "--main_process_ip",
-               "127.0.0.1", "--main_process_port", str(port), "-m", "train", "--config", str(run_dir / "train.toml")]
-        log = (run_dir / f"machine{rank}.log").open("a")
-        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
-    codes = [p.wait() for p in procs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=machines) as pool:
+        futures = []
+        for rank in range(machines):
+            machine_env = {**os.environ, **(env or {})}
+            if not CPU_SMOKE:
+                machine_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(rank * per + i) for i in range(per))
+            cmd = ["accelerate", "launch", "--config_file", str(run_dir / "accelerate.yaml"), "--num_machines",
+                   str(machines), "--machine_rank", str(rank), "--num_processes", str(gpus), "--main_process_ip",
+                   "127.0.0.1", "--main_process_port", str(port), "-m", "train", "--config", str(run_dir / "train.toml")]
+            futures.append(pool.submit(run_logged, cmd, run_dir / f"machine{rank}.log", timeout, machine_env))
+        codes = [f.result() for f in futures]
     text = "".join((run_dir / f"machine{r}.log").read_text() for r in range(machines))
-    return max(codes), text
+    return (TIMED_OUT if TIMED_OUT in codes else max(codes)), text
 
 
 def main() -> None:
+    from bench import multi_full  # it builds on this module
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-multi"))
@@ -162,11 +175,18 @@ def main() -> None:
     parser.add_argument("--tokens1b", type=int, default=16384)
     parser.add_argument("--tokens8b-mfu", type=int, default=8192)
     parser.add_argument("--tokens8b-fp8", type=int, default=8192)
-    parser.add_argument("--skip", default="", help="comma list of phases to skip: naive,8b,scaling,8b-mfu,8b-fp8")
+    parser.add_argument("--skip", default="", help=f"comma list of phases to skip: {','.join(PHASES)}")
+    parser.add_argument("--only", default="", help="comma list of the phases to run; without it every phase "
+                        "but 8b-peer (its own call, its own file) runs, less --skip")
+    multi_full.add_arguments(parser)
     parser.add_argument("--tag", default="", help="results file multi-<gpus>gpu-<tag>.json (one per set of phases)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
+    only = set(filter(None, args.only.split(",")))
+    if unknown := (skip | only) - set(PHASES):
+        parser.error(f"--skip/--only: unknown phase(s) {','.join(sorted(unknown))}; known: {','.join(PHASES)}")
+    skip = set(PHASES) - only if only else skip | {"8b-peer"}
     rows: list[tuple[str, str]] = []
     result: dict[str, Any] = {"gpu_count": args.gpus, "docs": DOCS, "max_doc_tokens": MAX_DOC_TOKENS}
 
@@ -194,8 +214,10 @@ def main() -> None:
         bench_8b_mfu(args, ckpt, data, result, rows)
     if "8b-fp8" not in skip:
         bench_8b_fp8(args, ckpt, data, result, rows)
+    if "8b-peer" not in skip:  # its own file, multi-<gpus>gpu-8b-full.json (bench/multi_full.py)
+        multi_full.bench_8b_peer(args, data, result["disk_write_gbps"], rows)
 
-    if args.results:
+    if args.results and not {"naive", "8b", "scaling", "8b-mfu", "8b-fp8"} <= skip:
         write_result(args.results / f"multi-{args.gpus}gpu{'-' + args.tag if args.tag else ''}.json", result)
     print("\n| measurement | value |\n|---|---|")
     for name, value in rows:

@@ -16,16 +16,12 @@ MFU counts the frozen base at 4·N + 6·N_lora (contract.shape) on both sides.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from bench import gpu_multi
-from bench.gpu_qlora import accelerate_yaml
 from bench.gpu_single import RUN_TIMEOUT_S, device_peak
+from bench.peer_fsdp import run_peer
 from bench.results_io import throughput_numbers, write_result
 from bench.synthetic import sample_lengths, write_token_jsonl
 from contract.shape import LORA_TARGETS, ModelShape
@@ -48,22 +44,9 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
 
 
 def peer(args: argparse.Namespace, data: Path) -> dict[str, Any] | str:
-    run = args.out / "peer-trl-lora"
-    run.mkdir(parents=True, exist_ok=True)
-    config = accelerate_yaml(run, args.gpus, "bf16", ram_efficient_loading=False)
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "bench.peer_trl",
-               "--lora", "--data", str(data), "--shape", SHAPE, "--max-length", str(args.budget),
-               "--max-steps", str(args.steps), "--out", str(run)]
-    try:
-        proc = subprocess.run(command, cwd=gpu_multi.ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "8")})
-    except subprocess.TimeoutExpired:
-        return f"timeout {RUN_TIMEOUT_S} s"
-    (run / "peer.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        print(proc.stdout[-2000:], proc.stderr[-4000:])
-        return f"exit {proc.returncode}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_peer(args.out / "peer-trl-lora", args.gpus, [
+        "--lora", "--data", str(data), "--shape", SHAPE, "--max-length", str(args.budget),
+        "--max-steps", str(args.steps)], RUN_TIMEOUT_S)
 
 
 def derived(side: dict[str, Any], arch: dict, lengths: list[int], gpus: int, peak: float | None,

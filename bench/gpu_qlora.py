@@ -56,22 +56,6 @@ TINY_QLORA = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, n
                   intermediate_size=512, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
 
 
-def accelerate_yaml(run_dir: Path, processes: int, precision: str, ram_efficient_loading: bool = True) -> Path:
-    """FSDP2 as templates/accelerate.yaml.j2 renders it for one node, for a peer that is no `python -m
-    train` (bench/gpu_multi_lora.py's; `ram_efficient_loading` off for one that builds its model on the
-    GPU). Our runs use the launcher's own rendering (render_run)."""
-    path = run_dir / "accelerate.yaml"
-    path.write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nuse_cpu: false\nnum_machines: 1\n"
-        f"num_processes: {processes}\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\n"
-        f"main_process_port: {free_port()}\nmixed_precision: '{precision}'\nrdzv_backend: static\n"
-        "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
-        "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
-        "  fsdp_reshard_after_forward: true\n"
-        f"  fsdp_cpu_ram_efficient_loading: {str(ram_efficient_loading).lower()}\n")
-    return path
-
-
 def render_run(name: str, out: Path, data: Path, arch: dict, budget: int, processes: int,
                overrides: dict[str, dict[str, Any]]) -> Any:
     """The run directory `sft-launch --executor local` writes for this job on a one-node profile of

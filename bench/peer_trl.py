@@ -3,7 +3,7 @@
 BFD packing with padding-free batches (one row of up to --max-length tokens, positions restart per
 document), flex_attention (transformers builds the document mask from position_ids), Liger kernels
 (fused RMSNorm/RoPE/SwiGLU and the fused linear cross-entropy), bf16 autocast over fp32 weights,
-fused AdamW, no gradient checkpointing; optionally torch.compile, optionally LoRA through PEFT
+fused AdamW, no gradient checkpointing (unless --gradient-checkpointing); optionally torch.compile, optionally LoRA through PEFT
 (r 16, all linear layers, base weights in bf16 as TRL's speed recipes load them), or QLoRA: the same
 LoRA over bitsandbytes' NF4 base (double quantization, bf16 compute and storage).
 
@@ -83,6 +83,8 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--qlora", action="store_true", help="LoRA over a bitsandbytes NF4 base (double quant, bf16)")
     parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps (-1: one epoch)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="non-reentrant activation checkpointing (the fall-back when a run does not fit)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/peer_trl"))
     args = parser.parse_args()
 
@@ -98,7 +100,8 @@ def main() -> None:
         output_dir=str(args.out), max_length=args.max_length, packing=True, packing_strategy="bfd",
         padding_free=True, per_device_train_batch_size=1, num_train_epochs=1, bf16=True,
         use_liger_kernel=True, optim="adamw_torch_fused", learning_rate=2e-5, lr_scheduler_type="cosine",
-        warmup_steps=0.03, weight_decay=0.0, gradient_checkpointing=False, torch_compile=args.compile,
+        warmup_steps=0.03, weight_decay=0.0, torch_compile=args.compile, gradient_checkpointing=args.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
         logging_steps=1000, save_strategy="no", report_to=[], seed=0, dataset_num_proc=1, max_steps=args.max_steps,
     )
     trainer = TimedSFTTrainer(model=build_model(args.shape, args.lora, args.qlora), args=config, train_dataset=rows,
@@ -106,7 +109,7 @@ def main() -> None:
     torch.cuda.reset_peak_memory_stats()
     trainer.train()
     kind = "-qlora" if args.qlora else "-lora" if args.lora else ""
-    name = "peer-trl" + kind + ("-compile" if args.compile else "")
+    name = "peer-trl" + kind + ("-compile" if args.compile else "") + ("-ckpt" if args.gradient_checkpointing else "")
     result = trainer.result(name)
     if torch.distributed.is_initialized():  # under FSDP: every rank's tokens, the slowest clock, the largest peak
         result = trainer.all_ranks(result)

@@ -162,6 +162,34 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
     if "8b_lora" in r and "8b_lora_peer" in r:
         ratio = r["8b_lora"]["real_tokens_per_s"] / r["8b_lora_peer"]["real_tokens_per_s"]
         _close(r["ratio_vs_peer"], ratio, "ratio_vs_peer", name)
+    if "8b_full" in r or "8b_full_peer" in r:
+        check_8b_full(r, SHAPES["llama3-8b"], lengths, name)
+
+
+def check_8b_full(r: dict, arch: dict, lengths: list[int], name: str) -> None:
+    """bench/multi_full.py (gpu_multi's 8b-peer phase): ours' aggregate over the timed windows it lists,
+    the save's seconds booked on their own, the top-level fields taken from the sides."""
+    if ours := r.get("8b_full"):
+        _check_run_block(ours, arch, lengths, f"{name}: 8b_full")
+        timed = [w for w in ours["windows"] if w["step"] > ours["warmup_steps"]]
+        _close(ours["seconds"], sum(w["seconds"] for w in timed), "seconds over the timed windows", name)
+        assert ours["steps"] == timed[-1]["step"] - ours["warmup_steps"] == r["steps"], f"{name}: steps"
+        mfus = [w["mfu"] for w in timed if w["mfu"]]
+        _close(ours["mean_step_mfu"], statistics.fmean(mfus) if mfus else None, "mean_step_mfu", name)
+        assert (r["mfu"], r["mean_step_mfu"]) == (ours["mfu"], ours["mean_step_mfu"]), f"{name}: top-level mfu"
+        if save := ours.get("save"):
+            assert ours["warmup_steps"] < save["step"] < r["max_steps"], f"{name}: the save is not inside the clock"
+            with_save = ours["with_save"]
+            _close(with_save["seconds"], ours["seconds"] + save["seconds"], "with_save seconds", name)
+            _close(with_save["real_tokens_per_s"], ours["real_tokens"] / with_save["seconds"], "with_save rate", name)
+            derived = throughput_numbers(arch, lengths, with_save["real_tokens_per_s"], ours["gpu_count"],
+                                         ours["peak_flops"])
+            _close(with_save["mfu"], derived["mfu"], "with_save mfu", name)
+    if peer := r.get("8b_full_peer"):
+        _check_run_block(peer, arch, lengths, f"{name}: 8b_full_peer")
+        assert r["peer"] == peer["path"] and isinstance(peer["gradient_checkpointing"], bool), f"{name}: peer"
+    if ours and peer:
+        _close(r["ratio_vs_peer"], ours["real_tokens_per_s"] / peer["real_tokens_per_s"], "ratio_vs_peer", name)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "attention"], ids=_id)

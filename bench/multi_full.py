@@ -1,0 +1,236 @@
+"""Phase `8b-peer` of bench/gpu_multi.py (issue #29 items 1 and 2): 8B full fine-tuning on all GPUs of
+the host, ours against the peer a user would pick, same documents and tokens per GPU, one call.
+
+    python -m bench.gpu_multi --gpus 4 --only 8b-peer --results DIR   # multi-4gpu-8b-full.json
+
+- Ours: rendered by `sft-launch` and started as a 2-node job (bench/gpu_multi.py: 2 machines x G/2
+  processes): FSDP2, compiled layers, no activation checkpointing, --tokens8b-full tokens per GPU, random
+  weights (model.path "": every rank draws the fp32 model on its CPU; torch's normal_ runs on one thread,
+  0.11-0.14 G parameters/s measured on the 2-core dev machine, so ~40-75 s for 8B, the ranks in parallel:
+  no slower than writing a 16 GB checkpoint and loading it, and no disk; `model_ready_s` records what it
+  took), --steps8b-full optimizer steps and exactly one full checkpoint save (model +
+  optimizer, sharded) after the warm-up, at step SAVE_FRACTION of the run. The run's clock stops for the
+  save (train/engine/loop.py: the save sits between a settle and a lap), so `real_tokens_per_s` and `mfu`
+  are over the steps alone; `with_save` books the logged save seconds too. TORCH_LOGS=recompiles for its
+  processes: every recompile and its reason is in the results (`recompiles`), with the per-window timings
+  of metrics.jsonl (`windows`) to find a window that stalled. The checkpoint is deleted once measured.
+- Peer: TRL's SFTTrainer under `accelerate launch` with FSDP2 (bench/peer_fsdp.py, bench/peer_trl.py):
+  fp32 weights with bf16 autocast, BFD padding-free packing, flex attention, Liger, fused AdamW, no
+  gradient checkpointing; when that does not fit the GPUs it starts again with gradient checkpointing
+  inside its time limit (`gradient_checkpointing`, `fallback_reason` say which ran and why).
+  torch_compile is off unless --peer-compile: it gave 1.00x on one H100 (BENCHMARKS.md, single-1b) and a
+  whole-model compile of 8B would eat the call's time.
+Each side runs under its own wall-clock limit (run_logged kills the whole process tree). The results
+file is rewritten after each side, so a call cut short keeps the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import gpu_multi
+from bench.gpu_single import device_peak
+from bench.gpu_strategies import TIMED_OUT
+from bench.peer_fsdp import run_peer
+from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
+from contract import protocol
+from contract.shape import ModelShape
+
+SHAPE = "llama3-8b"
+SAVE_FRACTION = 2 / 3  # the one save: after the warm-up, with a third of the steps left to show its after-effects
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the sharded save's bulk)
+RECOMPILE_LINES = 80  # of TORCH_LOGS=recompiles' output kept in the results (all of it stays in machine*.log)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps8b-full", type=int, default=46, help="8b-peer: optimizer steps on each side")
+    parser.add_argument("--tokens8b-full", type=int, default=8192, help="8b-peer: packed tokens per GPU per step")
+    parser.add_argument("--ours-timeout", type=float, default=300, help="8b-peer: our side's wall-clock limit (s)")
+    parser.add_argument("--peer-timeout", type=float, default=240,
+                        help="8b-peer: the peer's wall-clock limit (s), its fall-back run included")
+    parser.add_argument("--peer-compile", action="store_true", help="8b-peer: the peer with torch_compile")
+
+
+def save_step(steps: int) -> int:
+    """The step of the run's only save: after the warm-up, and twice it lies past the last step."""
+    step = int(steps * SAVE_FRACTION)
+    assert WARMUP_STEPS < step < steps < 2 * step, f"{steps} steps leave no room for one timed save"
+    return step
+
+
+def windows(metrics: Path) -> list[dict[str, Any]]:
+    """Each logged window's step, duration, throughput, MFU and compiled-graph count (metrics.jsonl)."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r for r in records if "tokens_per_s" in r]
+    previous = [0.0] + [r["elapsed_s"] for r in steps[:-1]]
+    return [{"step": r["step"], "seconds": r["elapsed_s"] - before, "tokens_per_s": r["tokens_per_s"],
+             "mfu": r.get("mfu"), "compiled_graphs": r.get("compiled_graphs", 0)} for r, before in zip(steps, previous)]
+
+
+def recompiles(text: str) -> list[str]:
+    """TORCH_LOGS=recompiles' lines (what was recompiled and the guard that failed), every rank's."""
+    return [line.strip() for line in text.splitlines() if "[__recompiles" in line][:RECOMPILE_LINES]
+
+
+def last_step(metrics: Path) -> int:
+    """The last optimizer step metrics.jsonl logged (0 when none); read while the run appends to it."""
+    text = metrics.read_text() if metrics.exists() else ""
+    lines = text.splitlines()[: text.count("\n")]  # whole lines only
+    return max((json.loads(line).get("step", 0) for line in lines), default=0)
+
+
+def kill_job(run: Path) -> None:
+    """SIGKILL to the processes of this job that this process started (its launchers and ranks: every
+    descendant whose command line names the run's train.toml)."""
+    import psutil
+
+    marker = str(run / "train.toml")
+    direct = {p.pid for p in psutil.Process().children()}
+    killed = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if marker in " ".join(process.cmdline()):
+                process.kill()
+                killed.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    # The ranks gone, and their GPU memory with them, before the peer starts (the launchers, children of
+    # this process, are reaped by run_logged's wait).
+    psutil.wait_procs([p for p in killed if p.pid not in direct], timeout=60)
+
+
+def launch_to_last_step(run: Path, args: argparse.Namespace) -> tuple[int, str, str]:
+    """Our job, ended as soon as its last step is logged: what follows, the end-of-run export (an 8B
+    gather to rank 0 and a 32 GB write; train exports even with run.export_dir = ""), is no part of
+    the measurement. Returns (exit code, log text, how it ended); the side's time limit still holds."""
+    metrics = run / "metrics.jsonl"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        job = pool.submit(gpu_multi.launch, run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
+        while not job.done():
+            if last_step(metrics) >= args.steps8b_full:
+                kill_job(run)
+                code, text = job.result()
+                return 0, text, "stopped once its last step was logged (the end-of-run export not run)"
+            time.sleep(1)
+        code, text = job.result()
+    if code == TIMED_OUT and last_step(metrics) >= args.steps8b_full:
+        return 0, text, f"killed at its {args.ours_timeout:.0f} s limit after its last step"
+    return code, text, f"exit {code}"
+
+
+def free_disk(run: Path) -> None:
+    """Remove what our run wrote beside its logs and metrics: the checkpoint (~96 GB at 8B: model and
+    optimizer) and any end-of-run export, so the peer finds the disk as we did."""
+    shutil.rmtree(run / protocol.CHECKPOINT_DIR, ignore_errors=True)
+    for export in run.glob("model*.safetensors*"):
+        export.unlink()
+
+
+def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
+    run = args.out / "run-8b-full"
+    shutil.rmtree(run, ignore_errors=True)  # a run of an earlier call would be resumed, its metrics appended to
+    at = save_step(args.steps8b_full)
+    gpu_multi.render(run, SHAPE, data, args.gpus, [
+        "--max_steps", str(args.steps8b_full), "--save_steps", str(at), "--gradient_checkpointing", "false",
+        "--set", 'model.path=""', "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
+        "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
+        "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
+    code, text, ended = launch_to_last_step(run, args)
+    free_disk(run)
+    if code != 0:
+        print(text[-4000:])
+        return f"timeout {args.ours_timeout:.0f} s" if code == TIMED_OUT else f"exit {code}"
+    stats = gpu_multi.run_stats(run, 0, text, [], "", arch, args.gpus, args.lengths)
+    saved = gpu_multi.save_line(text)
+    ready = re.findall(r"model ready ([\d.]+) s", text)
+    block = {"path": "ours-8b-full", **stats, "tokens_per_micro_batch": args.tokens8b_full, "compile": not gpu_multi.CPU_SMOKE,
+             "gradient_checkpointing": False, "model_ready_s": max(map(float, ready), default=None),
+             "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text), "ended": ended}
+    if saved:
+        block["save"] = {**saved, "step": at}
+        seconds = stats["seconds"] + saved["seconds"]
+        block["with_save"] = {"seconds": seconds, "real_tokens_per_s": stats["real_tokens"] / seconds,
+                              "mfu": throughput_numbers(arch, args.lengths, stats["real_tokens"] / seconds, args.gpus,
+                                                        stats["peak_flops"])["mfu"]}
+    return block
+
+
+def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
+    side = run_peer(args.out / "peer-trl-full", args.gpus, [
+        "--data", str(data), "--shape", SHAPE, "--max-length", str(args.tokens8b_full),
+        "--max-steps", str(args.steps8b_full), *(["--compile"] if args.peer_compile else [])],
+        args.peer_timeout, checkpointing_fallback=True)
+    if isinstance(side, str):
+        return side
+    peak = device_peak()[1]
+    return {**side, "gpu_count": args.gpus, "peak_flops": peak,
+            **throughput_numbers(arch, args.lengths, side["real_tokens_per_s"], args.gpus, peak)}
+
+
+def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: list) -> dict[str, Any]:
+    """Both sides, ours first; the record (also written to multi-<gpus>gpu-8b-full.json after each side)."""
+    arch = gpu_multi.shape(SHAPE)
+    record: dict[str, Any] = {"gpu_count": args.gpus, "docs": gpu_multi.DOCS, "max_doc_tokens": gpu_multi.MAX_DOC_TOKENS,
+                              "shape": "tiny" if gpu_multi.CPU_SMOKE else SHAPE, "tokens_per_gpu": args.tokens8b_full,
+                              "max_steps": args.steps8b_full, "disk_write_gbps": disk_gbps}
+    record["expected_save_gb"] = ModelShape.from_arch(arch).total_params * CHECKPOINT_BYTES_PER_PARAM / 1e9
+    record["expected_save_s"] = record["expected_save_gb"] / disk_gbps
+    print(f"8b-peer: our save writes ~{record['expected_save_gb']:.0f} GB; at the measured {disk_gbps:.2f} GB/s "
+          f"~{record['expected_save_s']:.0f} s of our {args.ours_timeout:.0f} s limit", flush=True)
+    for key, side in (("8b_full", ours), ("8b_full_peer", peer)):
+        found = side(args, data, arch)
+        if isinstance(found, str):
+            record[f"{key}_error"] = found
+        else:
+            record[key] = found
+        summarize(record)
+        if args.results:
+            write_result(args.results / f"multi-{args.gpus}gpu-8b-full.json", record)
+    rows.extend(table_rows(record, args.gpus))
+    return record
+
+
+def summarize(record: dict[str, Any]) -> None:
+    """The issue's top-level fields: ours' steps and aggregate MFU (the per-step mean beside it), the peer
+    and the ratio of real tokens/s."""
+    ours_side, peer_side = record.get("8b_full"), record.get("8b_full_peer")
+    if ours_side:
+        record.update(steps=ours_side["steps"], mfu=ours_side["mfu"], mean_step_mfu=ours_side["mean_step_mfu"])
+    if peer_side:
+        record["peer"] = peer_side["path"]
+    if ours_side and peer_side:
+        record["ratio_vs_peer"] = ours_side["real_tokens_per_s"] / peer_side["real_tokens_per_s"]
+
+
+def table_rows(record: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{value * 100:.1f}%"
+
+    rows = []
+    if ours_side := record.get("8b_full"):
+        rows.append((f"8B full FT ours ({ours_side['steps']} steps): tokens/s/GPU, MFU aggregate, mean of steps",
+                     f"{ours_side['real_tokens_per_s'] / gpus:,.0f}, {pct(ours_side['mfu'])}, "
+                     f"{pct(ours_side['mean_step_mfu'])}"))
+        if save := ours_side.get("save"):
+            rows.append((f"8B full checkpoint save at step {save['step']}",
+                         f"{save['gb']:.1f} GB in {save['seconds']:.1f} s = {save['gbps']:.2f} GB/s"))
+            rows.append(("8B ours MFU with the save's seconds", pct(ours_side["with_save"]["mfu"])))
+        rows.append(("8B ours: recompiles after first log, TORCH_LOGS lines",
+                     f"{ours_side['recompiles_after_first_log']}, {len(ours_side['recompiles'])}"))
+    if peer_side := record.get("8b_full_peer"):
+        how = "with gradient checkpointing (fall-back)" if peer_side["gradient_checkpointing"] else "no checkpointing"
+        rows.append((f"8B full FT {peer_side['path']} ({how}): tokens/s/GPU, MFU",
+                     f"{peer_side['real_tokens_per_s'] / gpus:,.0f}, {pct(peer_side['mfu'])}"))
+    for key in ("8b_full_error", "8b_full_peer_error"):
+        if key in record:
+            rows.append((key, record[key]))
+    if "ratio_vs_peer" in record:
+        rows.append(("8B full FT ours / TRL+FSDP2 real tokens/s", f"{record['ratio_vs_peer']:.2f}x (target >= 1.3x)"))
+    return rows

@@ -1,0 +1,43 @@
+"""bench/gpu_multi.py --only 8b-peer end to end on CPU (BENCH_CPU_SMOKE: tiny shape, 2 gloo ranks started
+as 2 machines): our side trains to its last step, saves once after the warm-up, is ended before its
+export, leaves no checkpoint behind, and the results file re-derives (tests/bench/test_results.py's
+check). The TRL peer builds its model on CUDA (bench/peer_trl.py): here its launch runs and fails, and
+the failure is recorded beside our side instead of ending the call."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_single import TINY
+from bench.synthetic import sample_lengths
+from tests.bench.test_results import check_8b_full
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Path) -> None:
+    out, results = tmp_path / "out", tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_multi", "--gpus", "2", "--only", "8b-peer", "--out", str(out),
+                           "--results", str(results), "--steps8b-full", "9", "--tokens8b-full", "1024"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "BENCH_CPU_SMOKE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| 8B full checkpoint save at step 6 |" in proc.stdout
+    assert [p.name for p in results.iterdir()] == ["multi-2gpu-8b-full.json"]  # no file of the other phases
+    record = json.loads((results / "multi-2gpu-8b-full.json").read_text())
+    ours = record["8b_full"]
+    assert ours["steps"] == record["steps"] == 5 and ours["save"]["step"] == 6, ours
+    assert ours["ended"].startswith("stopped once its last step was logged"), ours["ended"]
+    assert [w["step"] for w in ours["windows"]] == list(range(1, 10))
+    check_8b_full(record, TINY, sample_lengths(record["docs"], seed=0, hi=record["max_doc_tokens"]), "smoke")
+    run = out / "run-8b-full"
+    assert not (run / "checkpoints").exists() and not list(run.glob("model*.safetensors"))
+    assert (run / "machine0.log").exists() and (run / "machine1.log").exists()
+    assert "8b_full_peer" in record or record["8b_full_peer_error"].startswith("exit ")
+    assert "provenance" in record
