@@ -108,3 +108,11 @@ def test_reference_run_trains_logs_and_exports(reference):
                                            add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**prompt, max_new_tokens=5, do_sample=False)
     assert out.shape[1] > prompt["input_ids"].shape[1]
+
+
+def test_empty_export_dir_finishes_without_exporting(tmp_path):
+    """run.export_dir = "" (benchmarks) ends the run after its last step: no full-model gather, no files."""
+    run_dir = write_run(tmp_path / "run", {"train": {"max_steps": 2, "logging_steps": 1}, "run": {"export_dir": ""}})
+    assert run_training(run_dir) == 0, read_log(run_dir)
+    assert metrics(run_dir)[-1]["event"] == "done"
+    assert not list(run_dir.rglob("*.safetensors")) and not (run_dir / "config.json").exists()

@@ -161,7 +161,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
         with watchdog.paused():  # the final eval and the export are not steps
             if loop.evals:
                 sink.write({"step": state.step, "epoch": state.epoch, **loop.evaluate()})
-            export_model(accelerator, model, tokenizer, cfg)
+            if cfg.run.export_dir:  # "" = no export (benchmarks: an 8B gather and a 32 GB write)
+                export_model(accelerator, model, tokenizer, cfg)
         sink.write({"event": "done", "step": state.step, "epoch": state.epoch, "elapsed_s": state.elapsed_s,
                     "tokens_seen": state.tokens_seen})
     finally:
