@@ -27,11 +27,9 @@ file is rewritten after each side, so a call cut short keeps the first.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -79,58 +77,10 @@ def recompiles(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if "[__recompiles" in line][:RECOMPILE_LINES]
 
 
-def last_step(metrics: Path) -> int:
-    """The last optimizer step metrics.jsonl logged (0 when none); read while the run appends to it."""
-    text = metrics.read_text() if metrics.exists() else ""
-    lines = text.splitlines()[: text.count("\n")]  # whole lines only
-    return max((json.loads(line).get("step", 0) for line in lines), default=0)
-
-
-def kill_job(run: Path) -> None:
-    """SIGKILL to the processes of this job that this process started (its launchers and ranks: every
-    descendant whose command line names the run's train.toml)."""
-    import psutil
-
-    marker = str(run / "train.toml")
-    direct = {p.pid for p in psutil.Process().children()}
-    killed = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if marker in " ".join(process.cmdline()):
-                process.kill()
-                killed.append(process)
-        except psutil.NoSuchProcess:
-            pass
-    # The ranks gone, and their GPU memory with them, before the peer starts (the launchers, children of
-    # this process, are reaped by run_logged's wait).
-    psutil.wait_procs([p for p in killed if p.pid not in direct], timeout=60)
-
-
-def launch_to_last_step(run: Path, args: argparse.Namespace) -> tuple[int, str, str]:
-    """Our job, ended as soon as its last step is logged: what follows, the end-of-run export (an 8B
-    gather to rank 0 and a 32 GB write; train exports even with run.export_dir = ""), is no part of
-    the measurement. Returns (exit code, log text, how it ended); the side's time limit still holds."""
-    metrics = run / "metrics.jsonl"
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        job = pool.submit(gpu_multi.launch, run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
-        while not job.done():
-            if last_step(metrics) >= args.steps8b_full:
-                kill_job(run)
-                code, text = job.result()
-                return 0, text, "stopped once its last step was logged (the end-of-run export not run)"
-            time.sleep(1)
-        code, text = job.result()
-    if code == TIMED_OUT and last_step(metrics) >= args.steps8b_full:
-        return 0, text, f"killed at its {args.ours_timeout:.0f} s limit after its last step"
-    return code, text, f"exit {code}"
-
-
 def free_disk(run: Path) -> None:
-    """Remove what our run wrote beside its logs and metrics: the checkpoint (~96 GB at 8B: model and
-    optimizer) and any end-of-run export, so the peer finds the disk as we did."""
+    """Remove the checkpoint our run wrote (~96 GB at 8B: model and optimizer), so the peer finds the
+    disk as we did (run.export_dir = "": no end-of-run export)."""
     shutil.rmtree(run / protocol.CHECKPOINT_DIR, ignore_errors=True)
-    for export in run.glob("model*.safetensors*"):
-        export.unlink()
 
 
 def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
@@ -142,7 +92,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
         "--set", 'model.path=""', "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
         "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
-    code, text, ended = launch_to_last_step(run, args)
+    code, text = gpu_multi.launch(run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
     free_disk(run)
     if code != 0:
         print(text[-4000:])
@@ -152,7 +102,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     ready = re.findall(r"model ready ([\d.]+) s", text)
     block = {"path": "ours-8b-full", **stats, "tokens_per_micro_batch": args.tokens8b_full, "compile": not gpu_multi.CPU_SMOKE,
              "gradient_checkpointing": False, "model_ready_s": max(map(float, ready), default=None),
-             "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text), "ended": ended}
+             "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text)}
     if saved:
         block["save"] = {**saved, "step": at}
         seconds = stats["seconds"] + saved["seconds"]

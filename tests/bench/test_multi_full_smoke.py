@@ -1,6 +1,6 @@
 """bench/gpu_multi.py --only 8b-peer end to end on CPU (BENCH_CPU_SMOKE: tiny shape, 2 gloo ranks started
-as 2 machines): our side trains to its last step, saves once after the warm-up, is ended before its
-export, leaves no checkpoint behind, and the results file re-derives (tests/bench/test_results.py's
+as 2 machines): our side trains to its last step, saves once after the warm-up, exports nothing
+(run.export_dir = ""), leaves no checkpoint behind, and the results file re-derives (tests/bench/test_results.py's
 check). The TRL peer builds its model on CUDA (bench/peer_trl.py): here its launch runs and fails, and
 the failure is recorded beside our side instead of ending the call."""
 
@@ -33,7 +33,6 @@ def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Pa
     record = json.loads((results / "multi-2gpu-8b-full.json").read_text())
     ours = record["8b_full"]
     assert ours["steps"] == record["steps"] == 5 and ours["save"]["step"] == 6, ours
-    assert ours["ended"].startswith("stopped once its last step was logged"), ours["ended"]
     assert [w["step"] for w in ours["windows"]] == list(range(1, 10))
     check_8b_full(record, TINY, sample_lengths(record["docs"], seed=0, hi=record["max_doc_tokens"]), "smoke")
     run = out / "run-8b-full"
