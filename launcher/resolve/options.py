@@ -252,6 +252,9 @@ def check_combinations(launch: Launch) -> None:
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
     check_quantized_base(launch)
     check_fp8(launch, spec)
+    if model.init == "sharded" and (launch.strategy_spec.engine == "deepspeed" or launch.strategy_spec.fsdp_version == 1):
+        raise ConfigError(f"model.init: 'sharded' needs --strategy fsdp (FSDP2 shards the model on the meta device "
+                          f"before each rank draws its part), not {launch.strategy}", "model.init")
     if launch.train.train.fused_mlp is True:
         blocker = gpus.fused_mlp_blocker(profile.gpus_per_node > 0, spec.compute_capability if spec else None,
                                          launch.train.lora.enabled, launch.strategy_spec.zero_stage)
