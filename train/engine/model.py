@@ -40,6 +40,7 @@ from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import peak_rss_mib
 from train.kernels.perf import compile_decoder_layers, decoder_layers, gather_lm_head_with_root, use_fused_loss
 from train.engine.qlora import build_quantized_model
+from train.engine.sharded_init import build_on_meta
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if cfg.lora.quant == "nf4":
         source = quantization_source(cfg, config, accelerator, kwargs)
         model = build_quantized_model(cfg, config, accelerator, kwargs, source)
+    elif cfg.model.init == "sharded":  # drawn per shard after sharding (train/engine/optim.py)
+        model = build_on_meta(config, kwargs)
     elif not cfg.model.path:
         model = random_init(config, accelerator, kwargs)
     elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
