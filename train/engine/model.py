@@ -95,7 +95,8 @@ def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
 def random_init(config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]) -> PreTrainedModel:
     """A model with random weights (no model.path: tests, benchmarks), the same seed on every rank.
     One process initialises on its own device (an 8B init takes minutes on the CPU, seconds on a
-    GPU); several processes build on the CPU, as the sharding that follows expects."""
+    GPU); several processes build on the CPU, as the sharding that follows expects. Too large for
+    that (a 70B shape): model.init = "sharded" (train/engine/sharded_init.py)."""
     if accelerator.num_processes == 1:
         with torch.device(accelerator.device):
             return AutoModelForCausalLM.from_config(config, **kwargs)
