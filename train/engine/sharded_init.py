@@ -6,7 +6,8 @@ real, as in train/engine/qlora.py) and LoRA wraps it there. Under FSDP2, Acceler
 shards the meta model (its rank-0 broadcast, ``cpu_ram_efficient_loading``, is switched off: there is
 nothing to send), then each rank allocates its local shards on its device (``to_empty``, which keeps
 the Parameter objects) and fills them. Without sharding (one process, DDP) the whole model is
-allocated on the device and filled before ``prepare``. DeepSpeed and FSDP1 are refused (one line).
+allocated on the device and filled before ``prepare``. With FSDP2's CPU offload the shards are allocated
+in host memory (drawn on the device all the same). DeepSpeed and FSDP1 are refused (one line).
 
 The values depend on (train.seed, parameter name) only: each parameter's FULL tensor is drawn on the
 device from a generator seeded by a hash of both, and the rank copies out its own rows (FSDP2 cuts
@@ -56,14 +57,18 @@ def prepare(accelerator: Accelerator, model: torch.nn.Module, cfg: TrainConfig,
             build_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]
             ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """``accelerator.prepare`` of a meta model and its optimizer, the weights drawn where they live."""
-    started = time.perf_counter()
+    started, device, seed = time.perf_counter(), accelerator.device, cfg.train.seed
     if not shards_on_meta(accelerator):
-        materialize(model, accelerator.device, cfg.train.seed, _init_range(model))
+        materialize(model, device, device, seed, _init_range(model))
         model, optimizer = accelerator.prepare(model, build_optimizer(model))
     else:
-        accelerator.state.fsdp_plugin.cpu_ram_efficient_loading = False  # no rank has weights to broadcast
+        plugin = accelerator.state.fsdp_plugin
+        plugin.cpu_ram_efficient_loading = False  # no rank has weights to broadcast
         model, optimizer = accelerator.prepare(model, build_optimizer(model))
-        materialize(model, accelerator.device, cfg.train.seed, _init_range(model))
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        offloaded = isinstance(plugin.cpu_offload, CPUOffloadPolicy)  # FSDP2 keeps the shards in host memory
+        materialize(model, torch.device("cpu") if offloaded else device, device, seed, _init_range(model))
         regroup(optimizer, build_optimizer(model))
     logger.info("rank %d: random init drawn per shard (model.init = sharded) on %s in %.1f s",
                 accelerator.process_index, accelerator.device, time.perf_counter() - started)
@@ -84,20 +89,22 @@ def shards_on_meta(accelerator: Accelerator) -> bool:
 
 
 @torch.no_grad()
-def materialize(model: torch.nn.Module, device: torch.device, seed: int, init_range: float) -> None:
-    """Allocate this rank's part of every meta parameter on `device` and draw it (module docstring).
-    The buffers are real already: ``to_empty`` would replace them with uninitialised memory, so
-    their values are put back."""
-    buffers = {name: buffer.to(device) for name, buffer in model.named_buffers()}
+def materialize(model: torch.nn.Module, storage: torch.device, compute: torch.device, seed: int,
+                init_range: float) -> None:
+    """Allocate this rank's part of every meta parameter on `storage` and draw it on `compute` (module
+    docstring). The buffers are real already: ``to_empty`` would replace them with uninitialised memory,
+    so they are put back, on `compute`."""
+    buffers = [(module, name, buffer.to(compute)) for module in model.modules()
+               for name, buffer in module._buffers.items() if buffer is not None]
     shared = _shared_parameters(model)
-    model.to_empty(device=device)
+    model.to_empty(device=storage)
     for owners in shared:  # a plain tensor leaves meta as a new Parameter per module: tie them again
         for module, name in owners[1:]:
             setattr(module, name, getattr(*owners[0]))
-    for name, buffer in model.named_buffers():
-        buffer.copy_(buffers[name])
+    for module, name, buffer in buffers:
+        module._buffers[name] = buffer
     for name, param in model.named_parameters():  # each tied parameter once
-        fill(param, canonical_name(name), seed, init_range)
+        fill(param, canonical_name(name), seed, init_range, compute)
 
 
 def _shared_parameters(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
@@ -110,8 +117,9 @@ def _shared_parameters(model: torch.nn.Module) -> list[list[tuple[torch.nn.Modul
     return [places for places in owners.values() if len(places) > 1]
 
 
-def fill(param: torch.Tensor, name: str, seed: int, init_range: float) -> None:
-    """Write this rank's part of parameter `name` (a DTensor's local shard, or the whole tensor)."""
+def fill(param: torch.Tensor, name: str, seed: int, init_range: float, compute: torch.device) -> None:
+    """Write this rank's part of parameter `name` (a DTensor's local shard, or the whole tensor), the full
+    tensor drawn on `compute`."""
     local = getattr(param, "_local_tensor", param)
     parts = name.split(".")
     if name.endswith("norm.weight"):
@@ -119,7 +127,7 @@ def fill(param: torch.Tensor, name: str, seed: int, init_range: float) -> None:
     elif name.endswith(".bias") or "lora_B" in parts:
         local.zero_()
     else:
-        full = draw(tuple(param.shape), local.dtype, local.device, name_seed(seed, name),
+        full = draw(tuple(param.shape), local.dtype, compute, name_seed(seed, name),
                     1 / math.sqrt(param.shape[-1]) if "lora_A" in parts else None, init_range)
         local.copy_(full[_rows(param, local)])
 
