@@ -105,7 +105,10 @@ def launch(name: str, out: Path, data: Path, arch: dict, budget: int, processes:
     return {"path": name, "gpu_count": processes, **gpu_single.steady_state(run_dir / "metrics.jsonl"),
             "losses": {r["step"]: r["loss"] for r in steps}, "grad_norms": {r["step"]: r["grad_norm"] for r in steps},
             "tokens_per_s_per_gpu": steps[-1].get("tokens_per_s_per_gpu"), "mfu_last": steps[-1].get("mfu"),
-            "load_log": [line for line in text.splitlines() if "peak RSS" in line or "NF4" in line][:6]}
+            "load_log": [line for line in text.splitlines() if any(k in line for k in LOAD_LINES)][:6]}
+
+
+LOAD_LINES = ("peak RSS", "NF4", "per shard")  # how each rank loaded or drew its weights (train/engine/)
 
 
 def data_for(out: Path, docs: int, budget: int, vocab: int) -> tuple[Path, list[int]]:

@@ -43,3 +43,4 @@ def test_llama70b_lora_bf16_cpu_smoke_draws_the_model_per_shard(tmp_path: Path) 
     assert record["ratio_vs_peer"] is None and record["plan"]["verdict"] == "fits" and "mfu" in record
     logs = "".join(p.read_text() for p in run.glob("logs/ranks/*/rank-*.log"))
     assert "rank 0: random init drawn per shard" in logs, logs[-3000:]
+    assert any("drawn per shard" in line for line in record["load_log"]), record["load_log"]
