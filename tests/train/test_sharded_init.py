@@ -1,7 +1,8 @@
 """model.init = "sharded" (train/engine/sharded_init.py): a meta model whose random weights each rank draws
 for its own FSDP2 shards. The gathered initial state is the same bit for bit without FSDP (one process)
 and under FSDP2 on 2 ranks (a tied embedding with an odd row count: uneven shards); a 2-rank LoRA run
-trains, with the losses of a 1-rank run; the refused combinations are one line each."""
+trains, with the losses of a 1-rank run, and a full fine-tune starts from the same base weights; the
+refused combinations are one line each."""
 
 from __future__ import annotations
 
@@ -70,18 +71,23 @@ def test_the_initial_weights_do_not_depend_on_the_world_size(tmp_path):
 
 @pytest.mark.slow
 def test_a_sharded_init_lora_run_trains_on_two_ranks_as_on_one(tmp_path):
+    """LoRA on 2 ranks and on 1 (twice the accumulation): the same losses. A full fine-tune on 2 ranks (two
+    optimizer groups, weight decay) trains from the same base weights: LoRA B is zero, so its first loss
+    is the LoRA runs' own."""
     train = {"max_steps": 6, "logging_steps": 1, "gradient_accumulation_steps": 1}
     two = write_run(tmp_path / "two", SHARDED | {"train": train})
     one = write_run(tmp_path / "one", SHARDED | {"train": {**train, "gradient_accumulation_steps": 2}}, processes=1)
-    for run_dir in (two, one):
+    full = write_run(tmp_path / "full", {"model": SHARDED["model"], "train": {**train, "weight_decay": 0.1}})
+    for run_dir in (two, one, full):
         assert run_training(run_dir) == 0, read_log(run_dir)[-4000:]
     assert "random init drawn per shard" in read_log(two) and "DistributedType.FSDP" in read_log(two)
-    losses = {run: {r["step"]: r["loss"] for r in metrics(run) if "loss" in r} for run in (two, one)}
-    records = [r for r in metrics(two) if "loss" in r]
-    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in records)
-    assert abs(records[0]["loss"] - math.log(515)) < 0.05  # normal(0, 0.02) weights: near-uniform logits
-    assert records[-1]["loss"] < records[0]["loss"] - 0.05, [r["loss"] for r in records]
-    assert losses[one].keys() == losses[two].keys() and losses[one][1] == losses[two][1]  # the same weights
+    losses = {run: {r["step"]: r["loss"] for r in metrics(run) if "loss" in r} for run in (two, one, full)}
+    for run in (two, full):
+        records = [r for r in metrics(run) if "loss" in r]
+        assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in records)
+        assert records[-1]["loss"] < records[0]["loss"] - 0.05, [r["loss"] for r in records]
+    assert abs(losses[two][1] - math.log(515)) < 0.05  # normal(0, 0.02) weights: near-uniform logits
+    assert losses[one].keys() == losses[two].keys() and losses[one][1] == losses[two][1] == losses[full][1]
     assert max(abs(losses[one][s] - losses[two][s]) for s in losses[two]) < 1e-3, losses
 
 
