@@ -3,7 +3,7 @@
     python -m bench.gpu_qlora single --results bench/results/h100     # 1 GPU: 8B ours vs TRL + PEFT QLoRA
     python -m bench.gpu_qlora match --results bench/results/h100      # 2 GPUs vs 1 GPU, same job: loss curves
     python -m bench.gpu_qlora llama70b --results bench/results/h100   # llama-70b shape on 2 GPUs, peak vs plan
-    python -m bench.gpu_qlora llama70b --lora-bf16 --gpus 4 --docs 250 --budget 2048 --steps 22 \
+    python -m bench.gpu_qlora llama70b --lora-bf16 --gpus 4 --docs 300 --budget 2048 --steps 22 \
         --results bench/results/h100                                  # the same shape, bf16 LoRA on 4 GPUs
     python -m bench.gpu_qlora llama70b --lora-bf16 --gpus 4 --cpu-smoke  # tiny shape on CPU (gloo)
     python -m bench.gpu_qlora match --cpu-smoke                       # tiny shape on CPU (gloo): the script runs
@@ -22,7 +22,8 @@ bench/results_io.py (provenance; raw `real_tokens`/`seconds` after the warm-up; 
 quantization; the random model can no longer be built whole on every rank (140 GB per rank on the CPU),
 so the run uses `model.init = "sharded"` (train/engine/sharded_init.py: built on meta, each rank draws its
 FSDP2 shards on its GPU). Eager (compile off): the compiled 70B layers of the QLoRA run did not finish
-in a time-limited call. Writes `lora-bf16-llama70b-<N>gpu.json` (no peer: `peer` "none").
+in a time-limited call. 300 documents at 2048 tokens pack into 105 micro-batches: 26 steps of 4 GPUs in
+one epoch. Writes `lora-bf16-llama70b-<N>gpu.json` (no peer: `peer` "none").
 """
 
 from __future__ import annotations
