@@ -3,6 +3,9 @@
     python -m bench.gpu_qlora single --results bench/results/h100     # 1 GPU: 8B ours vs TRL + PEFT QLoRA
     python -m bench.gpu_qlora match --results bench/results/h100      # 2 GPUs vs 1 GPU, same job: loss curves
     python -m bench.gpu_qlora llama70b --results bench/results/h100   # llama-70b shape on 2 GPUs, peak vs plan
+    python -m bench.gpu_qlora llama70b --lora-bf16 --gpus 4 --docs 300 --budget 2048 --steps 22 \
+        --results bench/results/h100                                  # the same shape, bf16 LoRA on 4 GPUs
+    python -m bench.gpu_qlora llama70b --lora-bf16 --gpus 4 --cpu-smoke  # tiny shape on CPU (gloo)
     python -m bench.gpu_qlora match --cpu-smoke                       # tiny shape on CPU (gloo): the script runs
 
 `single` runs bench/gpu_single.py's `ours-qlora` variant and the `trl-qlora` peer (bitsandbytes NF4,
@@ -14,6 +17,13 @@ module on the meta device and quantized as it is drawn: a 140 GB checkpoint does
 `match` and `llama70b` write `qlora-1gpu-vs-2gpu.json` / `qlora-llama70b-2gpu.json` through
 bench/results_io.py (provenance; raw `real_tokens`/`seconds` after the warm-up; the 70B run's MFU at
 4·N + 6·N_lora and its peak against the planner's), re-derived by tests/bench/test_results.py.
+
+`llama70b --lora-bf16` (issue #26: bf16 LoRA on 4 GPUs, >= 20 steps, MFU): the base in bf16, no
+quantization; the random model can no longer be built whole on every rank (140 GB per rank on the CPU),
+so the run uses `model.init = "sharded"` (train/engine/sharded_init.py: built on meta, each rank draws its
+FSDP2 shards on its GPU). Eager (compile off): the compiled 70B layers of the QLoRA run did not finish
+in a time-limited call. 300 documents at 2048 tokens pack into 105 micro-batches: 26 steps of 4 GPUs in
+one epoch. Writes `lora-bf16-llama70b-<N>gpu.json` (no peer: `peer` "none").
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ LLAMA_70B = dict(  # the llama-70b preset (Llama-2-70B shape)
     intermediate_size=28672, vocab_size=32000, tie_word_embeddings=False, max_position_embeddings=4096,
 )
 QLORA = {"lora": {"enabled": True, "quant": "nf4", "dropout": 0.0}}  # no dropout: 1 and 2 GPUs draw no masks
+# bf16 LoRA on the llama-70b shape: no NF4; a random model drawn per shard (no rank holds it whole)
+LORA_BF16 = {"lora": {"enabled": True, "quant": "none", "dropout": 0.0}, "model": {"init": "sharded"}}
 # --cpu-smoke: every target weight a multiple of 64 x 256 elements per rank (train/engine/qlora.py)
 PROFILE = """[profiles.bench]
 gpus_per_node = {gpus}
@@ -94,7 +106,10 @@ def launch(name: str, out: Path, data: Path, arch: dict, budget: int, processes:
     return {"path": name, "gpu_count": processes, **gpu_single.steady_state(run_dir / "metrics.jsonl"),
             "losses": {r["step"]: r["loss"] for r in steps}, "grad_norms": {r["step"]: r["grad_norm"] for r in steps},
             "tokens_per_s_per_gpu": steps[-1].get("tokens_per_s_per_gpu"), "mfu_last": steps[-1].get("mfu"),
-            "load_log": [line for line in text.splitlines() if "peak RSS" in line or "NF4" in line][:6]}
+            "load_log": [line for line in text.splitlines() if any(k in line for k in LOAD_LINES)][:6]}
+
+
+LOAD_LINES = ("peak RSS", "NF4", "per shard")  # how each rank loaded or drew its weights (train/engine/)
 
 
 def data_for(out: Path, docs: int, budget: int, vocab: int) -> tuple[Path, list[int]]:
@@ -163,12 +178,12 @@ def loss_match(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
     return {"max_loss_diff": loss, "max_grad_norm_rel_diff": grad, "target": 1e-2, "met": loss <= 1e-2}
 
 
-def planned(arch: dict, gpus: int, budget: int, gpu_type: str) -> dict[str, float]:
+def planned(arch: dict, gpus: int, budget: int, gpu_type: str, quant: str = "nf4") -> dict[str, float]:
     """What the planner predicts for the llama-70b run (GiB per GPU)."""
     from contract.shape import FUSED_LOSS_CHUNK_TOKENS
     from launcher.plan.planner import PlanInput, make_plan
 
-    plan = make_plan(PlanInput(arch=arch, nodes=1, gpus_per_node=gpus, gpu_type=gpu_type, lora=True, quant="nf4",
+    plan = make_plan(PlanInput(arch=arch, nodes=1, gpus_per_node=gpus, gpu_type=gpu_type, lora=True, quant=quant,
                                micro_batch_tokens=budget, gradient_checkpointing=True,
                                loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS, max_steps=20))
     gib = 2**30
@@ -177,15 +192,21 @@ def planned(arch: dict, gpus: int, budget: int, gpu_type: str) -> dict[str, floa
 
 
 def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The llama-70b shape: QLoRA on 2 GPUs, or (--lora-bf16) bf16 LoRA on --gpus; peak against the plan."""
     arch, data, train = qlora_job(args, LLAMA_70B, logging_steps=2, learning_rate=1e-4)
-    row = launch("qlora-llama70b-2gpu", args.out, data, arch, args.budget, 2, {**QLORA, "train": train})
+    gpus, quant = args.gpus, "none" if args.lora_bf16 else "nf4"
+    if args.lora_bf16:
+        name, overrides = f"lora-bf16-llama70b-{gpus}gpu", {**LORA_BF16, "train": {**train, "compile": False}}
+    else:
+        name, overrides = f"qlora-llama70b-{gpus}gpu", {**QLORA, "train": train}
+    row = launch(name, args.out, data, arch, args.budget, gpus, overrides)
     row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "arch": arch, "budget": args.budget,
-            "docs": args.docs, "plan": planned(arch, 2, args.budget, "h100")}
+            "docs": args.docs, "plan": planned(arch, gpus, args.budget, "h100", quant)}
     if "error" not in row:
         adapters = ModelShape.from_arch(arch).lora_params(LoraSection().r, LoraSection().target_modules)
-        peak = gpu_single.device_peak()[1]
-        row |= {"peak_flops": peak, "lora_params": adapters,
-                **throughput_numbers(arch, document_lengths(args.docs, args.budget), row["real_tokens_per_s"], 2,
+        gpu, peak = gpu_single.device_peak()
+        row |= {"gpu": gpu, "peak_flops": peak, "lora_params": adapters, "peer": "none", "ratio_vs_peer": None,
+                **throughput_numbers(arch, document_lengths(args.docs, args.budget), row["real_tokens_per_s"], gpus,
                                      peak, adapters)}
         measured, predicted = row["peak_mem_gib"] or 0.0, row["plan"]["allocated_gib"]
         row["plan_error"] = (predicted - measured) / measured if measured else None
@@ -193,7 +214,7 @@ def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
         mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
         print(f"| run | steps | real tokens/s/GPU | MFU | last loss | peak GiB (allocated) | plan GiB | plan error |\n"
               f"|---|---|---|---|---|---|---|---|\n| {row['path']} | {len(row['losses'])} | "
-              f"{row['real_tokens_per_s'] / 2:,.0f} | {mfu} | {list(row['losses'].values())[-1]:.4f} | {measured:.2f} | "
+              f"{row['real_tokens_per_s'] / gpus:,.0f} | {mfu} | {list(row['losses'].values())[-1]:.4f} | {measured:.2f} | "
               f"{predicted:.2f} | {error} |")
     else:
         print(f"| {row['path']} | error: {row['error']} |")
@@ -202,7 +223,8 @@ def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """One results file `<path>.json` (qlora-…) through bench/results_io.py (provenance), also on failure."""
+    """One results file `<path>.json` (qlora-…, lora-bf16-…) through bench/results_io.py (provenance), also on
+    failure."""
     if args.results:
         write_result(args.results / f"{result['path']}.json", result)
 
@@ -215,6 +237,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-qlora"))
     parser.add_argument("--results", type=Path, default=None, help="folder for one JSON per run")
+    parser.add_argument("--gpus", type=int, default=2, help="llama70b: GPUs (processes) of the one node")
+    parser.add_argument("--lora-bf16", action="store_true", help="llama70b: bf16 LoRA (no NF4), model.init = sharded")
     parser.add_argument("--cpu-smoke", action="store_true")
     args = parser.parse_args()
     if args.cpu_smoke:

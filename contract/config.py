@@ -22,6 +22,7 @@ Precision = Literal["bf16", "fp16", "fp32", "auto"]
 TrainPrecision = Literal["auto", "fp8"]
 Fp8Recipe = Literal["tensorwise", "rowwise"]
 LoraQuant = Literal["none", "nf4"]
+ModelInit = Literal["full", "sharded"]
 
 # The shipped tiny assets live in train/assets/; found by path (`contract` and `train` are sibling
 # packages in a checkout and in the wheel), so the launcher can read the sample data without importing train.
@@ -40,9 +41,15 @@ class ModelSection:
     precision: Precision = "auto"  # auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU
     tokenizer: str = ""  # "" = same as path; for tiny: the shipped tokenizer
     rope_scaling: bool = True  # stretch RoPE (linear) when model_max_length > context
+    # The random init of `arch` (no path): "full" = every rank builds the whole model (the same seed) and
+    # sharding cuts it; "sharded" = built on the meta device, each rank draws only its FSDP2 shards, from a
+    # seed per (train.seed, parameter name): the same weights at any world size (train/engine/sharded_init.py).
+    init: ModelInit = "full"
 
     def validate(self) -> None:
         require(bool(self.path) or bool(self.arch), "model.path", "give a model path/HF id or model.arch")
+        require(self.init == "full" or not self.path, "model.init",
+                f"{self.init!r} draws random weights; it cannot be combined with model.path = {self.path!r}")
 
 
 @dataclass
@@ -200,6 +207,9 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Rules across sections."""
+        require(self.model.init == "full" or self.lora.quant == "none", "model.init",
+                f"{self.model.init!r} is not for QLoRA (lora.quant = {self.lora.quant!r}): its random init is "
+                "already drawn module by module on every rank (train/engine/qlora.py)")
         if self.train.precision == "fp8":
             require(not self.lora.enabled, "train.precision", "fp8 trains the full weights; not with LoRA or QLoRA "
                     "(torchao's float8 linears would replace the adapted layers)")

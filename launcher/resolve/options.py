@@ -226,6 +226,15 @@ def check_quantized_base(launch: Launch) -> None:
                           "NF4 weights to the host and back as new trainable parameters; the 4-bit base is the saving")
 
 
+def check_sharded_init(launch: Launch) -> None:
+    """model.init = "sharded" (train/engine/sharded_init.py): FSDP2 shards the meta model before each rank draws
+    its part; DeepSpeed and FSDP1 would need the whole model on some rank first."""
+    strategy = launch.strategy_spec
+    if launch.train.model.init == "sharded" and (strategy.engine == "deepspeed" or strategy.fsdp_version == 1):
+        raise ConfigError(f"model.init: 'sharded' needs --strategy fsdp (FSDP2 shards the model on the meta device "
+                          f"before each rank draws its part), not {launch.strategy}", "model.init")
+
+
 def check_fp8(launch: Launch, spec: gpus.GpuSpec | None) -> None:
     """train.precision = "fp8": FP8 GPUs only, FSDP2 (or one GPU) only (train/kernels/float8.py)."""
     if launch.train.train.precision != "fp8":
@@ -252,6 +261,7 @@ def check_combinations(launch: Launch) -> None:
     check_attention(model.attn_implementation, profile.gpus_per_node, spec)
     check_quantized_base(launch)
     check_fp8(launch, spec)
+    check_sharded_init(launch)
     if launch.train.train.fused_mlp is True:
         blocker = gpus.fused_mlp_blocker(profile.gpus_per_node > 0, spec.compute_capability if spec else None,
                                          launch.train.lora.enabled, launch.strategy_spec.zero_stage)

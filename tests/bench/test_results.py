@@ -38,6 +38,7 @@ OTHER_KEYS = {
     "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/cli_latency.py: CPU only
     "multi": None,  # checked block by block below
     "qlora": None,  # bench/gpu_qlora.py: checked below
+    "lora": None,  # bench/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
     "resume": None,  # bench/gpu_resume.py: checked below
     "parity": {"shape", "steps", "budget", "lr", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
                "provenance"},  # bench/gpu_parity.py
@@ -219,7 +220,7 @@ def test_strategy_verdicts_rederive(path):
         assert row["passed"] == passed, f"{case}: passed"
 
 
-QLORA = [p for p in FILES if _kind(p) == "qlora"]
+QLORA = [p for p in FILES if _kind(p) in ("qlora", "lora")]
 
 
 def _check_raw_counts(block: dict, name: str) -> None:

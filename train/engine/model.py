@@ -40,6 +40,7 @@ from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import peak_rss_mib
 from train.kernels.perf import compile_decoder_layers, decoder_layers, gather_lm_head_with_root, use_fused_loss
 from train.engine.qlora import build_quantized_model
+from train.engine.sharded_init import build_on_meta
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,8 @@ def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
 def random_init(config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]) -> PreTrainedModel:
     """A model with random weights (no model.path: tests, benchmarks), the same seed on every rank.
     One process initialises on its own device (an 8B init takes minutes on the CPU, seconds on a
-    GPU); several processes build on the CPU, as the sharding that follows expects."""
+    GPU); several processes build on the CPU, as the sharding that follows expects. Too large for
+    that (a 70B shape): model.init = "sharded" (train/engine/sharded_init.py)."""
     if accelerator.num_processes == 1:
         with torch.device(accelerator.device):
             return AutoModelForCausalLM.from_config(config, **kwargs)
@@ -109,6 +111,8 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if cfg.lora.quant == "nf4":
         source = quantization_source(cfg, config, accelerator, kwargs)
         model = build_quantized_model(cfg, config, accelerator, kwargs, source)
+    elif cfg.model.init == "sharded":  # drawn per shard after sharding (train/engine/optim.py)
+        model = build_on_meta(config, kwargs)
     elif not cfg.model.path:
         model = random_init(config, accelerator, kwargs)
     elif accelerator.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from contract.config import TrainConfig
-from train.engine import qlora
+from train.engine import qlora, sharded_init
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -27,9 +27,13 @@ def prepare_for_training(accelerator: Accelerator, model: torch.nn.Module, cfg: 
                          total_steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
     """Optimizer and schedule around `model`, prepared as training and the checkpoint export both need
     them (load_state restores exactly these objects). Returns (model, optimizer, scheduler)."""
-    optimizer = build_optimizer(model, cfg)
-    quantized = qlora.before_prepare(accelerator, model) if cfg.lora.quant != "none" else 0
-    model, optimizer = accelerator.prepare(model, optimizer)
+    quantized = 0
+    if cfg.model.init == "sharded":  # a meta model, its random weights drawn where they live
+        model, optimizer = sharded_init.prepare(accelerator, model, cfg, lambda m: build_optimizer(m, cfg))
+    else:
+        optimizer = build_optimizer(model, cfg)
+        quantized = qlora.before_prepare(accelerator, model) if cfg.lora.quant != "none" else 0
+        model, optimizer = accelerator.prepare(model, optimizer)
     if quantized:
         qlora.check_quantized(model, quantized)
         qlora.keep_built_weights_on_load(model)
