@@ -6,7 +6,8 @@
 Same documents (bench/synthetic.py), same tokens per GPU (--budget per micro-batch per rank), same number
 of optimizer steps, the same WARMUP_STEPS skipped on both sides, random weights on both (model.path "").
 - Ours: rendered by `sft-launch` and started as a 2-machine job (bench/gpu_multi.py): FSDP2, LoRA r 16 on
-  every linear layer, no dropout, compiled layers, no activation checkpointing.
+  every linear layer, no dropout, compiled layers, no activation checkpointing, the random weights drawn
+  per shard on the GPUs (model.init = sharded; a CPU draw of 8B on every rank took > 155 s on 4 H100s).
 - Peer: `accelerate launch` (FSDP2, bf16, LlamaDecoderLayer wrap, as templates/accelerate.yaml.j2 renders
   it) of bench/peer_trl.py --lora: SFTTrainer with BFD padding-free packing, flex attention, Liger, fused
   AdamW, PEFT LoRA r 16 / alpha 32 / dropout 0 on all linear layers, bf16 base.
@@ -33,7 +34,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     run = args.out / "ours-lora"
     gpu_multi.render(run, SHAPE, data, args.gpus, [
         "--lora", "--max_steps", str(args.steps), "--save_steps", "1000000", "--gradient_checkpointing", "false",
-        "--set", 'model.path=""', "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
+        "--set", 'model.path=""', "--set", "model.init=sharded", "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
         "--set", "lora.dropout=0.0", "--set", f"data.tokens_per_micro_batch={args.budget}",
         "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
     code, text = gpu_multi.launch(run, args.gpus, 29630)

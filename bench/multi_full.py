@@ -5,10 +5,9 @@ the host, ours against the peer a user would pick, same documents and tokens per
 
 - Ours: rendered by `sft-launch` and started as a 2-node job (bench/gpu_multi.py: 2 machines x G/2
   processes): FSDP2, compiled layers, no activation checkpointing, --tokens8b-full tokens per GPU, random
-  weights (model.path "": every rank draws the fp32 model on its CPU; torch's normal_ runs on one thread,
-  0.11-0.14 G parameters/s measured on the 2-core dev machine, so ~40-75 s for 8B, the ranks in parallel:
-  no slower than writing a 16 GB checkpoint and loading it, and no disk; `model_ready_s` records what it
-  took), --steps8b-full optimizer steps and exactly one full checkpoint save (model +
+  weights drawn per shard on the GPUs after FSDP2 shards a meta model (model.init = sharded: a CPU draw
+  of the whole 8B model on every rank did not finish in 155 s on 4 H100s' host; `model_ready_s` records
+  what it took), --steps8b-full optimizer steps and exactly one full checkpoint save (model +
   optimizer, sharded) after the warm-up, at step SAVE_FRACTION of the run. The run's clock stops for the
   save (train/engine/loop.py: the save sits between a settle and a lap), so `real_tokens_per_s` and `mfu`
   are over the steps alone; `with_save` books the logged save seconds too. TORCH_LOGS=recompiles for its
@@ -89,7 +88,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     at = save_step(args.steps8b_full)
     gpu_multi.render(run, SHAPE, data, args.gpus, [
         "--max_steps", str(args.steps8b_full), "--save_steps", str(at), "--gradient_checkpointing", "false",
-        "--set", 'model.path=""', "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
+        "--set", 'model.path=""', "--set", "model.init=sharded", "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
         "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
     code, text = gpu_multi.launch(run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
