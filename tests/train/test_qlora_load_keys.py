@@ -11,13 +11,19 @@ import torch
 from train.engine import qlora
 
 
-def test_nf4_weight_is_kept_and_the_rest_loads():
+def _nf4_model() -> torch.nn.Sequential:
+    """An NF4 linear (no bias) and a plain one, as build_quantized_model makes them."""
     pytest.importorskip("torchao")
     _, to_nf4 = qlora.nf4_api()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 128, bias=False), torch.nn.Linear(128, 4))
     model[0].weight = torch.nn.Parameter(to_nf4(model[0].weight.data, qlora.BLOCK_SIZE, qlora.SCALER_BLOCK_SIZE),
                                          requires_grad=False)
+    return model
+
+
+def test_nf4_weight_is_kept_and_the_rest_loads():
+    model = _nf4_model()
     built = qlora.dequantize(model[0].weight, torch.float32).clone()
     qlora.keep_built_weights_on_load(model)
 
@@ -34,14 +40,10 @@ def test_nf4_weight_is_kept_and_the_rest_loads():
 def test_export_state_dict_holds_nf4_weights_dequantized_or_leaves_them_out():
     """The export's state dict (qlora.full_state_dict) keeps every key of the model's own: an NF4 weight
     comes back dequantized to the asked dtype (the merge), or is left out (an adapter-only export)."""
-    pytest.importorskip("torchao")
     from accelerate import Accelerator
 
-    nf4_tensor, to_nf4 = qlora.nf4_api()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(128, 128, bias=False), torch.nn.Linear(128, 4))
-    model[0].weight = torch.nn.Parameter(to_nf4(model[0].weight.data, qlora.BLOCK_SIZE, qlora.SCALER_BLOCK_SIZE),
-                                         requires_grad=False)
+    model = _nf4_model()
+    nf4_tensor, _ = qlora.nf4_api()
     accelerator = Accelerator(cpu=True)
 
     state = qlora.full_state_dict(accelerator, model, torch.float32)
