@@ -5,6 +5,8 @@
 writes safetensors shards, config.json, generation_config.json and the tokenizer with its chat
 template. LoRA: the directory holds the adapter (adapter_config.json + adapter_model.safetensors);
 with ``lora.merge_on_export`` it holds the merged full model and the adapter goes to ``adapter/``.
+QLoRA: the NF4 base weights are gathered apart, each rank's shard dequantized and sent as a plain
+tensor (train/engine/qlora.py ``full_state_dict`` says why), and only when the merge needs them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from contract.config import TrainConfig
 from train.dataset.load import pad_id
-from train.engine.qlora import dequantized_state
+from train.engine.qlora import full_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -29,14 +31,19 @@ def export_model(
 ) -> Path | None:
     """Collective (every rank calls it). Returns the export dir on rank 0, None elsewhere."""
     out = cfg.run.resolve(cfg.run.export_dir)
-    state_dict = accelerator.get_state_dict(model)  # full, on CPU, only meaningful on rank 0
+    unwrapped = accelerator.unwrap_model(model)
+    merged = cfg.lora.enabled and cfg.lora.merge_on_export
+    quantized = cfg.lora.enabled and cfg.lora.quant != "none"
+    if quantized:  # the NF4 base dequantized shard by shard (the merge needs it), none for the adapter alone
+        state_dict = full_state_dict(accelerator, model, _compute_dtype(unwrapped) if merged else None)
+    else:
+        state_dict = accelerator.get_state_dict(model)  # full, on CPU, only meaningful on rank 0
     if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
         out.mkdir(parents=True, exist_ok=True)
         _set_special_tokens(_base_model(unwrapped), tokenizer)
-        if cfg.lora.enabled and cfg.lora.merge_on_export:
+        if merged:
             unwrapped.save_pretrained(out / "adapter", state_dict=state_dict)
-            _merged_copy(unwrapped, state_dict, quantized=cfg.lora.quant != "none").save_pretrained(out)
+            _merged_copy(unwrapped, state_dict, quantized=quantized).save_pretrained(out)
         else:
             unwrapped.save_pretrained(out, state_dict=state_dict)
         tokenizer.save_pretrained(out)
@@ -44,6 +51,11 @@ def export_model(
                     else "model", out)
     accelerator.wait_for_everyone()
     return out if accelerator.is_main_process else None
+
+
+def _compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """QLoRA's compute dtype: its unquantized weights' (train/engine/model.py weights_dtype)."""
+    return _base_model(model).get_input_embeddings().weight.dtype
 
 
 def _base_model(model: torch.nn.Module) -> PreTrainedModel:
@@ -67,8 +79,9 @@ def _set_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
 def _merged_copy(peft_model: torch.nn.Module, state_dict: dict[str, torch.Tensor],
                  quantized: bool = False) -> PreTrainedModel:
     """Merged full model built on CPU from the consolidated state dict (works for sharded training too).
-    QLoRA (`quantized`): the NF4 base weights are dequantized and the merged model is bf16 (fp32 on a
-    CPU run, whose compute dtype that is), the model the adapters were trained against."""
+    QLoRA (`quantized`): the state dict holds the NF4 base weights dequantized (``full_state_dict``) and
+    the merged model is bf16 (fp32 on a CPU run, whose compute dtype that is), the model the adapters
+    were trained against."""
     from peft import get_peft_model
 
     base = _base_model(peft_model)
@@ -90,13 +103,12 @@ def _merged_dequantized(base: PreTrainedModel, peft_config: Any,
     from accelerate import init_empty_weights
     from peft import get_peft_model
 
-    dtype = base.get_input_embeddings().weight.dtype  # the compute dtype (train/engine/model.py weights_dtype)
+    dtype = _compute_dtype(base)
     with init_empty_weights():
         fresh = type(base)._from_config(base.config, dtype=dtype)
     fresh.generation_config = base.generation_config
     merged = get_peft_model(fresh, peft_config)
-    merged.load_state_dict({k: v.to(dtype) for k, v in dequantized_state(state_dict, dtype).items()},
-                           assign=True)
+    merged.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, assign=True)
     unloaded = merged.merge_and_unload()
     unloaded.tie_weights()
     return unloaded

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from accelerate import Accelerator, init_empty_weights
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
@@ -132,11 +133,12 @@ def _fill(tensor: torch.Tensor, name: str, source_state: dict[str, torch.Tensor]
         tensor.normal_(0.0, getattr(config, "initializer_range", 0.02))
 
 
-def dequantize(weight: Any, dtype: torch.dtype) -> torch.Tensor:
-    """The NF4 weight in `dtype`; the same arithmetic as torchao's ``get_original_weight``."""
+def dequantize(weight: Any, dtype: torch.dtype, eager: bool = False) -> torch.Tensor:
+    """The NF4 weight in `dtype`; the same arithmetic as torchao's ``get_original_weight``. `eager`: the
+    plain torch ops on a GPU too, not the compiled kernel."""
     args = (weight.quantized_data, weight.quantized_scalers, weight.quantization_factor, weight.scaler_mean,
             weight.nf4, weight.block_size, weight.scaler_block_size, weight.dtype)
-    kernel = _compiled_dequantize() if weight.quantized_data.is_cuda else _dequantize
+    kernel = _compiled_dequantize() if weight.quantized_data.is_cuda and not eager else _dequantize
     return kernel(*args).view(weight.shape).to(dtype)
 
 
@@ -235,8 +237,53 @@ def count_quantized(model: torch.nn.Module) -> int:
     return sum(isinstance(local_weight(p), nf4_tensor) for p in model.parameters())
 
 
-def dequantized_state(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """A full state dict with every NF4 weight dequantized (for the export)."""
+def full_state_dict(accelerator: Accelerator, model: torch.nn.Module,
+                    dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``accelerator.get_state_dict`` of a QLoRA model (collective; full, on rank 0's CPU), each NF4
+    weight dequantized to `dtype`; `dtype` None (an adapter-only export) leaves the frozen base out.
+
+    Why the NF4 weights are kept out of Accelerate's gather: torchao's all-gather override answers an
+    NF4 DTensor with an NF4Tensor over three all-gathers still in flight, and torch's state-dict gather
+    waits only for a plain AsyncCollectiveTensor. The export then went on while gloo/NCCL still wrote
+    into the state dict, and ranks other than 0 never waited at all (c10d's "unwaited collective calls"
+    at exit, 3 per NF4 weight, each keeping its gathered buffers). So each NF4 weight is replaced by an
+    empty stand-in for that gather and gathered afterwards, one at a time, as a plain tensor."""
     nf4_tensor, _ = nf4_api()
-    return {key: dequantize(value, dtype) if isinstance(value, nf4_tensor) else value
-            for key, value in state_dict.items()}
+    held: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}  # module order: alike on every rank
+
+    def hold_back(module, state_dict, prefix, _local_metadata):
+        stand_in = torch.empty(0)
+        held[module] = (stand_in, state_dict[prefix + "weight"])
+        state_dict[prefix + "weight"] = stand_in
+
+    owners = [module for module in model.modules()  # not peft's LoRA layer, whose .weight is its base's
+              if isinstance(local_weight(dict(module.named_parameters(recurse=False)).get("weight")), nf4_tensor)]
+    handles = [module.register_state_dict_post_hook(hold_back) for module in owners]
+    try:
+        state = accelerator.get_state_dict(model)
+    finally:
+        for handle in handles:
+            handle.remove()
+    key_of = {id(value): key for key, value in state.items()}  # the stand-ins' keys; empty off rank 0
+    for stand_in, weight in held.values():
+        full = gathered_dequantized(weight, dtype) if dtype is not None else None
+        key = key_of.get(id(stand_in))
+        if key is None:
+            continue
+        if full is None:
+            del state[key]
+        else:
+            state[key] = full.cpu()
+    return state
+
+
+def gathered_dequantized(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The whole NF4 weight in `dtype` on every rank (collective when sharded): each rank dequantizes its
+    own shard and the shards travel as a plain tensor. A shard holds whole quantization blocks
+    (``quantizable``) and the arithmetic is elementwise per block, the eager one the export always used,
+    so the result is bitwise the dequantized whole weight."""
+    local = dequantize(local_weight(weight), dtype, eager=True)
+    if not isinstance(weight, DTensor):
+        return local
+    return DTensor.from_local(local, weight.device_mesh, weight.placements, shape=weight.shape,
+                              stride=weight.stride()).full_tensor()
