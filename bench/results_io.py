@@ -1,8 +1,8 @@
 """The one writer of bench/results files, and the numbers every results file is checked against.
 
 Every bench script writes its JSON through `write_result`, which adds a `provenance` block: the git
-commit (and whether the tree had uncommitted changes; where the tree was copied without .git, the
-commit comes from $BENCH_COMMIT and `dirty` is null), the exact command, the date, the GPU(s) and
+commit (and whether the tree had uncommitted changes; where the tree was copied, without .git or with
+a .git that lags the copied files, the commit comes from $BENCH_COMMIT and `dirty` is null), the exact command, the date, the GPU(s) and
 driver, and the versions of torch/transformers/accelerate/peft/deepspeed. A results file is never
 edited afterwards: tests/bench/test_results.py re-derives the derived numbers of every committed
 file (MFU, TFLOP/s, ratios to the named peer, token counts) from its raw fields with the functions
@@ -77,8 +77,11 @@ def provenance() -> dict[str, Any]:
     commit = _git("rev-parse", "HEAD") if top and Path(top).resolve() == ROOT else ""
     # A copy of the tree without .git (a lent GPU machine): the caller names the commit it copied.
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else None
+    declared = os.environ.get("BENCH_COMMIT", "")
+    if declared and declared != commit:  # a copy whose .git lags its files (seen on lent GPU machines)
+        commit, dirty = declared, None
     return {
-        "commit": commit or os.environ.get("BENCH_COMMIT", ""), "dirty": dirty,
+        "commit": commit, "dirty": dirty,
         "command": list(sys.argv), "python": sys.version.split()[0],
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpus": gpus, "gpu_count": len(gpus), "driver": driver, "versions": _versions(),

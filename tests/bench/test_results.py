@@ -309,3 +309,17 @@ def test_parity_verdicts_rederive(path):
         assert recorded["reference"] == again["reference"] and recorded["within_target"] == again["within_target"]
         _close(recorded["eval_loss_ratio"], again["eval_loss_ratio"], f"{recorded['side']} eval loss ratio", name)
         _close(recorded["speedup"], again["speedup"], f"{recorded['side']} speedup", name)
+
+
+def test_provenance_takes_the_declared_commit_over_a_lagging_git(monkeypatch):
+    """A lent GPU machine's copy of the tree carried a .git at an older HEAD: the files ran are the
+    commit the caller names in $BENCH_COMMIT, and dirtiness against the stale HEAD means nothing."""
+    from bench.results_io import provenance
+
+    monkeypatch.delenv("BENCH_COMMIT", raising=False)
+    head = provenance()["commit"]
+    monkeypatch.setenv("BENCH_COMMIT", "0" * 40)
+    declared = provenance()
+    assert declared["commit"] == "0" * 40 and declared["dirty"] is None and head != "0" * 40
+    monkeypatch.setenv("BENCH_COMMIT", head)
+    assert provenance()["commit"] == head
