@@ -62,17 +62,26 @@ def qlora_8b() -> str:
 
 
 TWO_GPU = "h100/two-gpu-2026-11-26"
+FOUR_GPU = "h100/four-gpu-2026-11-26"
 
 
-def qlora_70b() -> str:
-    r = _load(f"{TWO_GPU}/qlora-llama70b-2gpu.json")
+def _llama70b(file: str, mfu_label: str) -> str:
+    r = _load(file)
     losses = list(r["losses"].values())
-    return _markdown(["file", "steps", "real tokens/s per GPU", "MFU (4·N + 6·N_lora)", "peak GiB allocated",
+    return _markdown(["file", "steps", "real tokens/s per GPU", mfu_label, "peak GiB allocated",
                       "plan GiB (when run)", "plan error", "loss first → last"],
-                     [[f"`{TWO_GPU}/qlora-llama70b-2gpu.json`", str(max(int(s) for s in r["losses"])),
+                     [[f"`{file}`", str(max(int(s) for s in r["losses"])),
                        f"{r['real_tokens_per_s'] / r['gpu_count']:,.0f}", _pct(r["mfu"]), f"{r['peak_mem_gib']:.1f}",
                        f"{r['plan']['allocated_gib']:.1f}", f"{r['plan_error'] * 100:+.1f}%",
                        f"{losses[0]:.3f} → {losses[-1]:.3f}"]])
+
+
+def qlora_70b() -> str:
+    return _llama70b(f"{TWO_GPU}/qlora-llama70b-2gpu.json", "MFU (4·N + 6·N_lora)")
+
+
+def lora_70b_4gpu() -> str:
+    return _llama70b(f"{FOUR_GPU}/lora-bf16-llama70b-4gpu.json", "MFU (4·N + 6·N_lora, real tokens / wall time)")
 
 
 def qlora_match() -> str:
@@ -86,30 +95,61 @@ def qlora_match() -> str:
                       "≤ 1e-2"], rows)
 
 
-def two_gpu_scaling() -> str:
-    r = _load(f"{TWO_GPU}/multi-2gpu-1b-scaling.json")
+def _scaling(folder: str, gpus: int) -> str:
+    r = _load(f"{folder}/multi-{gpus}gpu-1b-scaling.json")
     rows = []
-    for gpus, b in r["scaling_1b"].items():
-        rows.append([f"1B, {gpus} GPU{'s' if gpus != '1' else ''}", f"{b['real_tokens_per_s'] / b['gpu_count']:,.0f}",
+    for count, b in r["scaling_1b"].items():
+        rows.append([f"1B, {count} GPU{'s' if count != '1' else ''}", f"{b['real_tokens_per_s'] / b['gpu_count']:,.0f}",
                      _pct(b["mfu"]), _pct(b["mean_step_mfu"]), f"{b['peak_mem_gib']:.1f}", str(b["steps"])])
-    rows.append(["weak scaling 1 → 2", f"{r['weak_scaling_efficiency'] * 100:.1f}%", "", "", "", ""])
+    rows.append([f"weak scaling 1 → {gpus}", f"{r['weak_scaling_efficiency'] * 100:.1f}%", "", "", "", ""])
     if "save_1b" in r:
         s = r["save_1b"]
-        rows.append([f"full checkpoint save at step {s['step']} of the 2-GPU run",
+        rows.append([f"full checkpoint save at step {s['step']} of the {gpus}-GPU run",
                      f"{s['gb']:.1f} GB in {s['seconds']:.1f} s = {s['gbps']:.2f} GB/s", "", "", "", ""])
     rows.append(["disk write bandwidth (dd, fsync)", f"{r['disk_write_gbps']:.2f} GB/s", "", "", "", ""])
     return _markdown(["run", "real tokens/s per GPU", "MFU (real tokens / wall time)", "mean of per-step MFU",
                       "peak GiB", "steps timed"], rows)
 
 
-def resume_2gpu() -> str:
-    r = _load(f"{TWO_GPU}/resume-2gpu.json")
+def _resume(folder: str, gpus: int) -> str:
+    r = _load(f"{folder}/resume-{gpus}gpu.json")
     rows = []
     for row in r["results"]:
         verdict = ("bitwise" if row["bitwise"] else f"differs (max {row['max_abs_diff']:.1e})"
                    if row["bitwise"] is False else f"not compared: {row['error'].split(':')[0]}")
         rows.append([row["case"], str(row["sigterm_after_step"]), row.get("stop_checkpoint") or "–", verdict])
-    return _markdown(["case (2 GPUs)", "SIGTERM once step … was logged", "checkpoint it saved", "final weights vs uninterrupted"], rows)
+    return _markdown([f"case ({gpus} GPUs)", "SIGTERM once step … was logged", "checkpoint it saved",
+                      "final weights vs uninterrupted"], rows)
+
+
+def two_gpu_scaling() -> str:
+    return _scaling(TWO_GPU, 2)
+
+
+def four_gpu_scaling() -> str:
+    return _scaling(FOUR_GPU, 4)
+
+
+def resume_2gpu() -> str:
+    return _resume(TWO_GPU, 2)
+
+
+def resume_4gpu() -> str:
+    return _resume(FOUR_GPU, 4)
+
+
+def full_8b_4gpu() -> str:
+    r = _load(f"{FOUR_GPU}/multi-4gpu-8b-full.json")
+    ours, peer = r["8b_full"], r["8b_full_peer"]
+    rows = [[side["path"], str(side["steps"]), f"{side['real_tokens_per_s'] / side['gpu_count']:,.0f}", _pct(side["mfu"]),
+             _pct(side.get("mean_step_mfu")), f"{side['peak_mem_gib']:.1f}", "yes" if side["gradient_checkpointing"] else "no"]
+            for side in (peer, ours)]
+    rows.append(["ours / peer, real tokens/s", f"{r['ratio_vs_peer']:.2f}×", "", "", "", "", ""])
+    save = ours["save"]
+    rows.append([f"ours: full checkpoint save at step {save['step']}",
+                 f"{save['gb']:.1f} GB in {save['seconds']:.1f} s = {save['gbps']:.2f} GB/s", "", "", "", "", ""])
+    return _markdown(["side (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU (real tokens / wall time)",
+                      "mean of per-step MFU", "peak GiB", "activation checkpointing"], rows)
 
 
 def cli_latency() -> str:
@@ -125,7 +165,8 @@ def cli_latency() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "single-1b": single_1b, "qlora-8b": qlora_8b, "cli-latency": cli_latency, "qlora-70b": qlora_70b, "qlora-match": qlora_match,
-    "two-gpu-scaling": two_gpu_scaling, "resume-2gpu": resume_2gpu,
+    "two-gpu-scaling": two_gpu_scaling, "resume-2gpu": resume_2gpu, "four-gpu-scaling": four_gpu_scaling,
+    "resume-4gpu": resume_4gpu, "full-8b-4gpu": full_8b_4gpu, "lora-70b-4gpu": lora_70b_4gpu,
 }
 
 
