@@ -104,3 +104,31 @@ def test_recompile_watch_warns_only_for_graphs_after_the_first_window(caplog):
     ours = [r.getMessage()[:45] for r in caplog.records if r.name == "train.kernels.perf"]
     assert ours == ["torch.compile captured 1 new graph(s) before "]
     torch._dynamo.reset()
+
+
+def test_fixed_length_packs_give_the_compiled_layers_one_shape(varlen_on_cpu):
+    """With compiled layers the loop fills every pack up to the budget (train/dataset/packing.py), so
+    packs of varying real length reach the layers as one shape: one graph after the first step."""
+    from torch._dynamo.utils import counters
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from train.dataset.packing import collate
+    from train.kernels.attention import TORCH_VARLEN, register_backends
+    from train.kernels.perf import compile_decoder_layers, compiled_graphs, use_fused_loss
+
+    register_backends()
+    model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH, attn_implementation=TORCH_VARLEN, use_cache=False))
+    model = model.to(torch.bfloat16)
+    use_fused_loss(model)
+    compile_decoder_layers(model)
+    counters.clear()
+    rng, shapes, first = random.Random(1), set(), None
+    for documents in [3, 1, 5, 2, 4, 1]:
+        examples = [{"input_ids": [rng.randrange(512) for _ in range(n)], "labels": [rng.randrange(512) for _ in range(n)]}
+                    for n in (rng.randint(2, 60) for _ in range(documents))]
+        batch = collate(examples, packed=True, pad_id=0, fixed_length=320)
+        shapes.add(tuple(batch["input_ids"].shape))
+        model(**batch).loss.backward()
+        first = compiled_graphs() if first is None else first
+    assert shapes == {(1, 320)}
+    assert compiled_graphs() == first == 1, "a fixed-length pack recompiled the decoder layers"
