@@ -132,3 +132,27 @@ def test_fixed_length_packs_give_the_compiled_layers_one_shape(varlen_on_cpu):
         first = compiled_graphs() if first is None else first
     assert shapes == {(1, 320)}
     assert compiled_graphs() == first == 1, "a fixed-length pack recompiled the decoder layers"
+
+
+def test_compiled_run_counts_the_same_tokens_as_an_eager_one(tmp_path):
+    """A 2-rank FSDP2 run with compiled layers (fixed-length rows) reports the eager run's tokens and
+    packing efficiency (the filler is never counted), trains to the same losses, and compiles no graph
+    after its first logged window."""
+    from tests.train.run_helpers import metrics, read_log, run_training, write_run
+
+    records, done = {}, {}
+    for compiled in (False, True):
+        run_dir = write_run(tmp_path / f"compile-{compiled}", {
+            "train": {"compile": compiled, "max_steps": 4, "logging_steps": 2, "gradient_checkpointing": False}})
+        assert run_training(run_dir, timeout=600) == 0, read_log(run_dir)[-3000:]
+        records[compiled] = [r for r in metrics(run_dir) if "loss" in r and "packing_efficiency" in r]
+        done[compiled] = next(r for r in metrics(run_dir) if r.get("event") == "done")
+    assert "filled up to 256 tokens" in read_log(tmp_path / "compile-True")
+    assert "filled up to" not in read_log(tmp_path / "compile-False")
+    eager, compiled = records[False], records[True]
+    assert len(compiled) == len(eager) == 2
+    assert done[True]["tokens_seen"] == done[False]["tokens_seen"]
+    assert [r["packing_efficiency"] for r in compiled] == [r["packing_efficiency"] for r in eager]
+    assert all(r["packing_efficiency"] < 1.0 for r in compiled)  # real tokens / slots, not the filled rows
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
+    assert compiled[-1]["compiled_graphs"] == compiled[0]["compiled_graphs"] > 0
