@@ -124,8 +124,8 @@ def test_fixed_length_packs_give_the_compiled_layers_one_shape(varlen_on_cpu):
     counters.clear()
     rng, shapes, first = random.Random(1), set(), None
     for documents in [3, 1, 5, 2, 4, 1]:
-        examples = [{"input_ids": [rng.randrange(512) for _ in range(n)], "labels": [rng.randrange(512) for _ in range(n)]}
-                    for n in (rng.randint(2, 60) for _ in range(documents))]
+        tokens = [[rng.randrange(512) for _ in range(rng.randint(2, 60))] for _ in range(documents)]
+        examples = [{"input_ids": t, "labels": t} for t in tokens]
         batch = collate(examples, packed=True, pad_id=0, fixed_length=320)
         shapes.add(tuple(batch["input_ids"].shape))
         model(**batch).loss.backward()

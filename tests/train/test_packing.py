@@ -109,8 +109,8 @@ def test_collate_padded():
 
 def _docs(*lengths: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
-    return [{"input_ids": [rng.randrange(1, 512) for _ in range(n)], "labels": [rng.randrange(1, 512) for _ in range(n)]}
-            for n in lengths]
+    tokens = [[rng.randrange(1, 512) for _ in range(2 * n)] for n in lengths]
+    return [{"input_ids": t[: len(t) // 2], "labels": t[len(t) // 2:]} for t in tokens]
 
 
 def test_fixed_length_row_ends_with_one_filler_segment():

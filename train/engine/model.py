@@ -38,8 +38,8 @@ from contract.schema import ConfigError
 from train.kernels import float8, swiglu
 from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import peak_rss_mib
-from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers, gather_lm_head_with_root,
-                                use_fused_loss)
+from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers,
+                                gather_lm_head_with_root, use_fused_loss)
 from train.engine.qlora import build_quantized_model
 from train.engine.sharded_init import build_on_meta
 
