@@ -104,3 +104,55 @@ def test_recompile_watch_warns_only_for_graphs_after_the_first_window(caplog):
     ours = [r.getMessage()[:45] for r in caplog.records if r.name == "train.kernels.perf"]
     assert ours == ["torch.compile captured 1 new graph(s) before "]
     torch._dynamo.reset()
+
+
+def test_fixed_length_packs_give_the_compiled_layers_one_shape(varlen_on_cpu):
+    """With compiled layers the loop fills every pack up to the budget (train/dataset/packing.py), so
+    packs of varying real length reach the layers as one shape: one graph after the first step."""
+    from torch._dynamo.utils import counters
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from train.dataset.packing import collate
+    from train.kernels.attention import TORCH_VARLEN, register_backends
+    from train.kernels.perf import compile_decoder_layers, compiled_graphs, use_fused_loss
+
+    register_backends()
+    model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH, attn_implementation=TORCH_VARLEN, use_cache=False))
+    model = model.to(torch.bfloat16)
+    use_fused_loss(model)
+    compile_decoder_layers(model)
+    counters.clear()
+    rng, shapes, first = random.Random(1), set(), None
+    for documents in [3, 1, 5, 2, 4, 1]:
+        tokens = [[rng.randrange(512) for _ in range(rng.randint(2, 60))] for _ in range(documents)]
+        examples = [{"input_ids": t, "labels": t} for t in tokens]
+        batch = collate(examples, packed=True, pad_id=0, fixed_length=320)
+        shapes.add(tuple(batch["input_ids"].shape))
+        model(**batch).loss.backward()
+        first = compiled_graphs() if first is None else first
+    assert shapes == {(1, 320)}
+    assert compiled_graphs() == first == 1, "a fixed-length pack recompiled the decoder layers"
+
+
+def test_compiled_run_counts_the_same_tokens_as_an_eager_one(tmp_path):
+    """A 2-rank FSDP2 run with compiled layers (fixed-length rows) reports the eager run's tokens and
+    packing efficiency (the filler is never counted), trains to the same losses, and compiles no graph
+    after its first logged window."""
+    from tests.train.run_helpers import metrics, read_log, run_training, write_run
+
+    records, done = {}, {}
+    for compiled in (False, True):
+        run_dir = write_run(tmp_path / f"compile-{compiled}", {
+            "train": {"compile": compiled, "max_steps": 4, "logging_steps": 2, "gradient_checkpointing": False}})
+        assert run_training(run_dir, timeout=600) == 0, read_log(run_dir)[-3000:]
+        records[compiled] = [r for r in metrics(run_dir) if "loss" in r and "packing_efficiency" in r]
+        done[compiled] = next(r for r in metrics(run_dir) if r.get("event") == "done")
+    assert "filled up to 256 tokens" in read_log(tmp_path / "compile-True")
+    assert "filled up to" not in read_log(tmp_path / "compile-False")
+    eager, compiled = records[False], records[True]
+    assert len(compiled) == len(eager) == 2
+    assert done[True]["tokens_seen"] == done[False]["tokens_seen"]
+    assert [r["packing_efficiency"] for r in compiled] == [r["packing_efficiency"] for r in eager]
+    assert all(r["packing_efficiency"] < 1.0 for r in compiled)  # real tokens / slots, not the filled rows
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
+    assert compiled[-1]["compiled_graphs"] == compiled[0]["compiled_graphs"] > 0

@@ -43,3 +43,23 @@ def test_fused_forward_without_labels_returns_logits(tiny_model_config):
     out = model(input_ids=ids)
     assert out.logits.shape == (1, 6, tiny_model_config.vocab_size)
     assert set(model.state_dict()) == set(LlamaForCausalLM(tiny_model_config).state_dict())
+
+
+def test_one_compile_rule_for_the_model_and_the_packer(monkeypatch):
+    """train.compile: true always, false never, auto on CUDA except QLoRA over several ranks. The
+    model build and the loop's fixed-length rows both read this one rule."""
+    from contract.config import TrainConfig
+    from train.kernels.perf import compiles_decoder_layers
+
+    cfg = TrainConfig()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the rule on a GPU node
+    assert compiles_decoder_layers(cfg, 4)
+    cfg.train.compile = False
+    assert not compiles_decoder_layers(cfg, 1)
+    cfg.train.compile, cfg.lora.enabled, cfg.lora.quant = "auto", True, "nf4"
+    assert compiles_decoder_layers(cfg, 1) and not compiles_decoder_layers(cfg, 2)
+    cfg.train.compile = True
+    assert compiles_decoder_layers(cfg, 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg.train.compile, cfg.lora.quant = "auto", "none"
+    assert not compiles_decoder_layers(cfg, 1)

@@ -12,6 +12,13 @@ At a boundary, position t is the last token of document j-1 and label t+1 is the
 document j, which would train document j's first token from document j-1's context. Setting the
 first label of every document to -100 removes exactly that term (a document's first token has
 no context of its own to be predicted from anyway).
+
+Fixed-length rows (`pad_to`, used when the decoder layers are torch.compile'd): the row is filled up
+to the budget with one filler segment of its own — its own cu_seq_lens boundary (attention never
+mixes it with a document), labels all -100 (no loss, no gradient), positions 0..n-1, input ids the
+pad id — so every micro-batch of the run has one shape and the compiled layers never recompile
+(a pack of a new length did, at a different step on every rank, and the others waited). The filler
+is wasted compute, never a real token: throughput, MFU and packing efficiency count documents only.
 """
 
 from __future__ import annotations
@@ -67,10 +74,13 @@ def packing_efficiency(plan: Sequence[Sequence[int]], lengths: Sequence[int], bu
     return real / (len(plan) * budget)
 
 
-def collate_packed(examples: Sequence[dict[str, Any]], budget: int | None = None) -> dict[str, Any]:
+def collate_packed(examples: Sequence[dict[str, Any]], budget: int | None = None,
+                   pad_to: int | None = None, filler_id: int = 0) -> dict[str, Any]:
     """One packed row from examples with `input_ids` and `labels`; see the module doc for the fields.
 
-    `budget` (optional) truncates each example to it, matching plan_micro_batches.
+    `budget` (optional) truncates each example to it, matching plan_micro_batches. `pad_to` fills the
+    row up to that many tokens with one filler segment of `filler_id` (module doc); a row whose
+    documents already exceed it is a packing bug (plan_micro_batches never makes one) and raises.
     """
     if not examples:
         raise ValueError("collate_packed needs at least one example")
@@ -86,8 +96,13 @@ def collate_packed(examples: Sequence[dict[str, Any]], budget: int | None = None
         labels += labs
         positions += range(len(ids))
         bounds.append(bounds[-1] + len(ids))
+    if pad_to is not None and (filler := _filler_length(bounds[-1], pad_to)):
+        input_ids += [filler_id] * filler
+        labels += [IGNORE_INDEX] * filler
+        positions += range(filler)
+        bounds.append(pad_to)
     cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)
-    max_length = int(max(b - a for a, b in zip(bounds, bounds[1:])))
+    max_length = int(max(b - a for a, b in zip(bounds, bounds[1:])))  # the filler is a segment too
     return {
         "input_ids": torch.tensor([input_ids], dtype=torch.long),
         "labels": torch.tensor([labels], dtype=torch.long),
@@ -97,6 +112,12 @@ def collate_packed(examples: Sequence[dict[str, Any]], budget: int | None = None
         "max_length_q": max_length,
         "max_length_k": max_length,
     }
+
+
+def _filler_length(real: int, pad_to: int) -> int:
+    if real > pad_to:
+        raise ValueError(f"packed micro-batch of {real} tokens exceeds the {pad_to}-token budget it is padded to")
+    return pad_to - real
 
 
 def collate_padded(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -115,9 +136,13 @@ def collate_padded(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str,
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
-def collate(examples: Sequence[dict[str, Any]], packed: bool, pad_id: int) -> dict[str, Any]:
-    """One micro-batch on the CPU: packed into one row, else padded with `pad_id`."""
-    return collate_packed(examples) if packed else collate_padded(examples, pad_id)
+def collate(examples: Sequence[dict[str, Any]], packed: bool, pad_id: int,
+            fixed_length: int | None = None) -> dict[str, Any]:
+    """One micro-batch on the CPU: packed into one row, else padded with `pad_id`. `fixed_length`
+    (packed only): examples truncated to it and the row filled up to it (module doc: fixed-length rows)."""
+    if not packed:
+        return collate_padded(examples, pad_id)
+    return collate_packed(examples, budget=fixed_length, pad_to=fixed_length, filler_id=pad_id)
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:

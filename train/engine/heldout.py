@@ -36,8 +36,9 @@ logger = logging.getLogger(__name__)
 
 @torch.no_grad()
 def eval_sums(model: torch.nn.Module, dataset: Any, budget: int, seed: int, packed: bool, pad_id: int,
-              device: torch.device, world: int, rank: int) -> torch.Tensor:
-    """(token-loss sum, label tokens) of one eval set over all ranks, as float64 on the CPU."""
+              device: torch.device, world: int, rank: int, fixed_length: int | None = None) -> torch.Tensor:
+    """(token-loss sum, label tokens) of one eval set over all ranks, as float64 on the CPU.
+    `fixed_length`: packed rows filled up to it, as the training's (its filler has no label tokens)."""
     plan = plan_micro_batches(list(dataset["length"]), budget, seed, 0)
     sums = torch.zeros(2, dtype=torch.float64, device=device)
     was_training = model.training
@@ -46,7 +47,7 @@ def eval_sums(model: torch.nn.Module, dataset: Any, budget: int, seed: int, pack
     for j in range(math.ceil(len(plan) / world)):
         g = j * world + rank
         examples = [dataset[i] for i in plan[min(g, len(plan) - 1)]]
-        batch = to_device(collate(examples, packed, pad_id), device)
+        batch = to_device(collate(examples, packed, pad_id, fixed_length), device)
         loss_sum = model(**batch, num_items_in_batch=one).loss
         if g < len(plan):
             sums += torch.stack([loss_sum.double(), (batch["labels"][..., 1:] != -100).sum().double()])

@@ -42,7 +42,7 @@ from train.engine.model import build_model, log_model_ready, log_placement
 from train.engine.optim import prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
-from train.kernels.perf import RecompileWatch
+from train.kernels.perf import RecompileWatch, compiles_decoder_layers
 from train.observe.profiling import StepProfiler
 from train.engine.stop import StopRequest
 from train.engine.watchdog import Watchdog
@@ -61,6 +61,7 @@ class Batches:
     packed: bool
     pad_id: int
     mixture: Mixture | None = None  # several sources / weights: the examples each epoch takes
+    fixed_length: bool = False  # packed rows filled up to the budget (compiled layers: train/dataset/packing.py)
     _plans: dict[int, list[list[int]]] = field(default_factory=dict)
 
     def plan(self, epoch: int) -> list[list[int]]:
@@ -79,7 +80,18 @@ class Batches:
     def collate(self, indices: list[int]) -> dict[str, Any]:
         """The micro-batch on the CPU (counting its tokens there costs no device sync)."""
         examples = [self.dataset[i] for i in indices]
-        return collate(examples, self.packed, self.pad_id)
+        return collate(examples, self.packed, self.pad_id, self.row_length)
+
+    @property
+    def row_length(self) -> int | None:
+        """The length every packed row is filled up to; None: rows as long as their documents."""
+        return self.budget if self.fixed_length and self.packed else None
+
+    def real_lengths(self, indices: list[int]) -> list[int]:
+        """The document tokens of a micro-batch as collated (fixed-length rows truncate to the budget);
+        the filler is never one of them."""
+        cap = self.row_length
+        return [min(self.lengths[i], cap) if cap else self.lengths[i] for i in indices]
 
 
 @dataclass
@@ -132,7 +144,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     bundle = build_datasets(cfg, tokenizer, is_main=accelerator.is_main_process,
                             barrier=accelerator.wait_for_everyone)
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
-                      cfg.data.packing, pad_id(tokenizer), bundle.mixture)
+                      cfg.data.packing, pad_id(tokenizer), bundle.mixture,
+                      fixed_length=compiles_decoder_layers(cfg, accelerator.num_processes))
     attn = setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing)
     started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)
@@ -201,7 +214,7 @@ def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches
     if not accelerator.is_main_process:
         return
     plan = batches.plan(0)
-    real = sum(batches.lengths[i] for micro_batch in plan for i in micro_batch)
+    real = sum(n for micro_batch in plan for n in batches.real_lengths(micro_batch))
     slots = len(plan) * batches.budget
     for source in stats.get("sources", []):
         logger.info("source %s: %d examples (%d rows, %d skipped), %d per epoch, %d eval", source["name"],
@@ -216,6 +229,9 @@ def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches
         sum(len(micro_batch) for micro_batch in plan),
         real, data_stats, len(plan), real / slots if slots else 0.0, per_step, steps_per_epoch, total_steps,
         state.step)
+    if batches.row_length:
+        logger.info("packed rows filled up to %d tokens with a filler segment (compiled decoder layers see one "
+                    "shape); the filler is not counted as tokens", batches.row_length)
 
 
 class Loop:
@@ -296,7 +312,7 @@ class Loop:
         numbers go to `window.pending` as a device tensor (no host sync)."""
         index_lists = self._my_micro_batches(state)
         micro_cpu = [self.batches.collate(ix) for ix in index_lists]
-        doc_lengths = [self.batches.lengths[i] for ix in index_lists for i in ix]
+        doc_lengths = [n for ix in index_lists for n in self.batches.real_lengths(ix)]
         label_tokens = sum(int((b["labels"][..., 1:] != -100).sum()) for b in micro_cpu)
         slots = sum(b["input_ids"].numel() if not self.cfg.data.packing else self.batches.budget for b in micro_cpu)
         counts = torch.tensor([label_tokens, sum(doc_lengths), attended_length(doc_lengths) * sum(doc_lengths),
@@ -333,7 +349,7 @@ class Loop:
         `eval_loss/<source>`, each source's own (train/engine/heldout.py)."""
         b = self.batches
         return loss_record({name: eval_sums(self.model, dataset, b.budget, self.cfg.train.seed, b.packed, b.pad_id,
-                                            self.acc.device, self.world, self.rank)
+                                            self.acc.device, self.world, self.rank, b.row_length)
                             for name, dataset in self.evals.items()})
 
 

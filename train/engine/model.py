@@ -38,7 +38,8 @@ from contract.schema import ConfigError
 from train.kernels import float8, swiglu
 from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import peak_rss_mib
-from train.kernels.perf import compile_decoder_layers, decoder_layers, gather_lm_head_with_root, use_fused_loss
+from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers,
+                                gather_lm_head_with_root, use_fused_loss)
 from train.engine.qlora import build_quantized_model
 from train.engine.sharded_init import build_on_meta
 
@@ -135,13 +136,11 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         apply_float8(model, cfg, accelerator)
     elif cfg.train.fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
-    if cfg.lora.quant != "none" and cfg.train.compile == "auto" and accelerator.num_processes > 1:
-        # Measured on 2 H100s (BENCHMARKS.md, QLoRA): the compiled llama-70b layers had not finished 22
-        # steps in 200 s, the eager ones took ~60 s; on one GPU compiling gave 1.53x. compile = true still compiles.
+    if compiles_decoder_layers(cfg, accelerator.num_processes):
+        compile_decoder_layers(model)  # +32% tokens/s on H200 in files removed in #33; slow to compile on CPU
+    elif cfg.lora.quant != "none" and cfg.train.compile == "auto" and accelerator.num_processes > 1:
         logger.info("torch.compile of the decoder layers off: QLoRA sharded over %d ranks (auto)",
                     accelerator.num_processes)
-    elif cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available()):
-        compile_decoder_layers(model)  # +32% tokens/s on H200 in files removed in #33; slow to compile on CPU
     if cfg.lora.enabled:
         model = apply_lora(model, cfg)
     if cfg.train.fused_loss and zero_stage(accelerator) == 3:

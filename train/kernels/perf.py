@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from contract.config import TrainConfig
 from train.kernels.loss import IGNORE_INDEX, linear_cross_entropy_sum
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,17 @@ def gather_lm_head_with_root(model: torch.nn.Module) -> None:
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return list(base.model.layers)
+
+
+def compiles_decoder_layers(cfg: TrainConfig, num_processes: int) -> bool:
+    """Whether the run torch.compiles its decoder layers (train.compile; "auto" = on CUDA). The model
+    build applies it and the packer reads it: compiled layers get fixed-length packed rows
+    (train/dataset/packing.py), since a new row length can recompile them mid-run."""
+    if cfg.lora.quant != "none" and cfg.train.compile == "auto" and num_processes > 1:
+        # Measured on 2 H100s (BENCHMARKS.md, QLoRA): the compiled llama-70b layers had not finished 22
+        # steps in 200 s, the eager ones took ~60 s; on one GPU compiling gave 1.53x. compile = true still compiles.
+        return False
+    return cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available())
 
 
 def compile_decoder_layers(model: torch.nn.Module) -> int:
