@@ -122,6 +122,13 @@ def write_run_dir(argv: list[str]) -> Any:
     return launch
 
 
+def random_weights(arch: dict, sharded: bool = False) -> list[str]:
+    """`--set` flags for a run with random weights of shape `arch` (no checkpoint, the shipped tokenizer);
+    `sharded`: drawn per shard on the GPUs (model.init = sharded: an 8B draw on every rank's CPU is slow)."""
+    return ["--set", 'model.path=""', "--set", 'model.tokenizer=""', "--set", "model.arch=" + toml_inline(arch),
+            *(["--set", "model.init=sharded"] if sharded else [])]
+
+
 def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -> None:
     cluster = run_dir.parent / "cluster.toml"
     per_node = max(1, gpus // 2)
@@ -217,7 +224,7 @@ def main() -> None:
     if "8b-peer" not in skip:  # its own file, multi-<gpus>gpu-8b-full.json (bench/multi_full.py)
         multi_full.bench_8b_peer(args, data, result["disk_write_gbps"], rows)
 
-    if args.results and not {"naive", "8b", "scaling", "8b-mfu", "8b-fp8"} <= skip:
+    if args.results and not set(PHASES) - {"8b-peer"} <= skip:  # 8b-peer writes a file of its own
         write_result(args.results / f"multi-{args.gpus}gpu{'-' + args.tag if args.tag else ''}.json", result)
     print("\n| measurement | value |\n|---|---|")
     for name, value in rows:
@@ -362,8 +369,7 @@ def bench_scaling(args: argparse.Namespace, data: Path, result: dict, rows: list
         save_at = SCALING_SAVE_AT if gpus > 1 else 1000000
         render(run, "llama3.2-1b", data, gpus, [
             "--max_steps", str(SCALING_STEPS), "--save_steps", str(save_at), "--gradient_checkpointing", "false",
-            "--set", 'model.path=""', "--set", 'model.tokenizer=""',
-            "--set", "model.arch=" + toml_inline(shape("llama3.2-1b")),
+            *random_weights(shape("llama3.2-1b")),
             "--set", f"data.tokens_per_micro_batch={args.tokens1b}", "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
         code, text = launch(run, gpus, 29610 + gpus)
         stats = run_stats(run, code, text, rows, f"1B on {gpus} GPU", shape("llama3.2-1b"), gpus, args.lengths)

@@ -34,7 +34,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     run = args.out / "ours-lora"
     gpu_multi.render(run, SHAPE, data, args.gpus, [
         "--lora", "--max_steps", str(args.steps), "--save_steps", "1000000", "--gradient_checkpointing", "false",
-        "--set", 'model.path=""', "--set", "model.init=sharded", "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
+        *gpu_multi.random_weights(arch, sharded=True),
         "--set", "lora.dropout=0.0", "--set", f"data.tokens_per_micro_batch={args.budget}",
         "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
     code, text = gpu_multi.launch(run, args.gpus, 29630)

@@ -88,7 +88,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     at = save_step(args.steps8b_full)
     gpu_multi.render(run, SHAPE, data, args.gpus, [
         "--max_steps", str(args.steps8b_full), "--save_steps", str(at), "--gradient_checkpointing", "false",
-        "--set", 'model.path=""', "--set", "model.init=sharded", "--set", 'model.tokenizer=""', "--set", "model.arch=" + gpu_multi.toml_inline(arch),
+        *gpu_multi.random_weights(arch, sharded=True),
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
         "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
     code, text = gpu_multi.launch(run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
