@@ -43,6 +43,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from contract.config import TrainConfig
 from contract.schema import ConfigError
+from train.engine.sharded_init import constant_init
 
 logger = logging.getLogger(__name__)
 
@@ -125,10 +126,8 @@ def _fill(tensor: torch.Tensor, name: str, source_state: dict[str, torch.Tensor]
             tensor.copy_(source_state[name])
         if accelerator.num_processes > 1:
             dist.broadcast(tensor, src=0)
-    elif name.endswith("norm.weight"):
-        tensor.fill_(1.0)
-    elif name.endswith(".bias"):
-        tensor.zero_()
+    elif (value := constant_init(name)) is not None:
+        tensor.fill_(value)
     else:  # HF Llama init: normal(0, initializer_range) for linears and the embedding
         tensor.normal_(0.0, getattr(config, "initializer_range", 0.02))
 

@@ -121,15 +121,22 @@ def fill(param: torch.Tensor, name: str, seed: int, init_range: float, compute: 
     """Write this rank's part of parameter `name` (a DTensor's local shard, or the whole tensor), the full
     tensor drawn on `compute`."""
     local = getattr(param, "_local_tensor", param)
-    parts = name.split(".")
-    if name.endswith("norm.weight"):
-        local.fill_(1.0)
-    elif name.endswith(".bias") or "lora_B" in parts:
-        local.zero_()
+    if (value := constant_init(name)) is not None:
+        local.fill_(value)
     else:
         full = draw(tuple(param.shape), local.dtype, compute, name_seed(seed, name),
-                    1 / math.sqrt(param.shape[-1]) if "lora_A" in parts else None, init_range)
+                    1 / math.sqrt(param.shape[-1]) if "lora_A" in name.split(".") else None, init_range)
         local.copy_(full[_rows(param, local)])
+
+
+def constant_init(name: str) -> float | None:
+    """HF Llama's init where it is a constant: norm weights 1, biases 0 (and LoRA B 0, as PEFT's); None:
+    the parameter is drawn (train/engine/qlora.py's random init reads this rule too)."""
+    if name.endswith("norm.weight"):
+        return 1.0
+    if name.endswith(".bias") or "lora_B" in name.split("."):
+        return 0.0
+    return None
 
 
 def draw(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int, bound: float | None,
