@@ -11,7 +11,8 @@ Measures, in one call:
   4. 8B FSDP2 training throughput / MFU, a sharded checkpoint save, then a resumed run (resume time);
   5. 1B weak scaling: tokens/s per GPU on 1 GPU vs on all GPUs;
   6. (phase 8b-fp8) 8B full fine-tuning, --precision fp8 against our bf16 path in the same call, same
-     documents and settings (FSDP2, compile, checkpointing, --tokens8b-fp8 tokens/GPU): the speed-up;
+     documents and settings (random weights drawn per shard, FSDP2, compile, no checkpointing,
+     --tokens8b-fp8 tokens/GPU): the speed-up;
   7. (phase 8b-peer, bench/multi_full.py) 8B full fine-tuning, ours (random weights, compile, no
      checkpointing, one timed save) against TRL's SFTTrainer under accelerate FSDP2, each side under its
      own time limit: multi-<gpus>gpu-8b-full.json.
@@ -182,6 +183,9 @@ def main() -> None:
     parser.add_argument("--tokens1b", type=int, default=16384)
     parser.add_argument("--tokens8b-mfu", type=int, default=8192)
     parser.add_argument("--tokens8b-fp8", type=int, default=8192)
+    parser.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"))
+    parser.add_argument("--fp8-checkpointing", action="store_true", help="8b-fp8: activation checkpointing on")
+    parser.add_argument("--fp8-timeout", type=float, default=None, help="8b-fp8: each run's wall-clock limit (s)")
     parser.add_argument("--skip", default="", help=f"comma list of phases to skip: {','.join(PHASES)}")
     parser.add_argument("--only", default="", help="comma list of the phases to run; without it every phase "
                         "but 8b-peer (its own call, its own file) runs, less --skip")
@@ -205,7 +209,7 @@ def main() -> None:
     write_token_jsonl(data, lengths, shape("llama3-8b")["vocab_size"])
 
     ckpt = args.out / "llama3-8b-random"
-    if not {"8b", "naive", "8b-mfu", "8b-fp8"} <= skip:
+    if not {"8b", "naive", "8b-mfu"} <= skip:
         result["checkpoint_write_s"] = write_checkpoint(ckpt, shape("llama3-8b"))
         rows.append(("write 8B bf16 checkpoint", f"{result['checkpoint_write_s']:.1f} s"))
     if "naive" not in skip:
@@ -220,7 +224,7 @@ def main() -> None:
     if "8b-mfu" not in skip:
         bench_8b_mfu(args, ckpt, data, result, rows)
     if "8b-fp8" not in skip:
-        bench_8b_fp8(args, ckpt, data, result, rows)
+        bench_8b_fp8(args, data, result, rows)
     if "8b-peer" not in skip:  # its own file, multi-<gpus>gpu-8b-full.json (bench/multi_full.py)
         multi_full.bench_8b_peer(args, data, result["disk_write_gbps"], rows)
 
@@ -327,26 +331,36 @@ def bench_8b_mfu(args: argparse.Namespace, ckpt: Path, data: Path, result: dict,
     rows.append(("8B FSDP2 no-ckpt + compile: peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
 
 
-def bench_8b_fp8(args: argparse.Namespace, ckpt: Path, data: Path, result: dict, rows: list) -> None:
-    """8B full fine-tuning, our bf16 path and --precision fp8 (torchao float8 linears, tensorwise) in the
-    same call, otherwise identical: FSDP2, compile, checkpointing, the same documents and micro-batch."""
+def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:
+    """8B full fine-tuning, our bf16 path and --precision fp8 (torchao float8 linears, --fp8-recipe) in the
+    same call, otherwise identical and as phase 8b-peer runs ours: random weights drawn per shard (no
+    checkpoint to write or read), FSDP2, compiled layers, no activation checkpointing unless
+    --fp8-checkpointing, --tokens8b-fp8 tokens per GPU, --steps8b steps, no save; each run under
+    --fp8-timeout seconds, TORCH_LOGS=recompiles and its per-window timings kept (a stall is visible)."""
+    from bench import multi_full  # it builds on this module
+
     runs = {}
+    arch = shape("llama3-8b")
     for precision, port in (("auto", 29630), ("fp8", 29631)):
         run = args.out / f"run-8b-{precision}"
-        render(run, str(ckpt), data, args.gpus, [
-            "--max_steps", str(args.steps8b), "--save_steps", "1000000", "--gradient_checkpointing", "true",
-            "--precision", precision, "--set", f"data.tokens_per_micro_batch={args.tokens8b_fp8}",
+        render(run, "llama3-8b", data, args.gpus, [
+            "--max_steps", str(args.steps8b), "--save_steps", "1000000",
+            "--gradient_checkpointing", str(args.fp8_checkpointing).lower(), *random_weights(arch, sharded=True),
+            "--precision", precision, "--fp8_recipe", args.fp8_recipe,
+            "--set", f"data.tokens_per_micro_batch={args.tokens8b_fp8}",
             "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
-        code, text = launch(run, args.gpus, port)
-        label = "8B bf16" if precision == "auto" else "8B FP8"
-        stats = run_stats(run, code, text, rows, label, shape("llama3-8b"), args.gpus, args.lengths)
+        code, text = launch(run, args.gpus, port, args.fp8_timeout, {"TORCH_LOGS": "recompiles"})
+        label = "8B bf16" if precision == "auto" else f"8B FP8 ({args.fp8_recipe})"
+        stats = run_stats(run, code, text, rows, label, arch, args.gpus, args.lengths)
         if stats is None:
+            result[f"fp8_8b_{precision}_error"] = f"exit {code}"
             return
-        runs[precision] = dict(stats, tokens_per_micro_batch=args.tokens8b_fp8)
+        runs[precision] = dict(stats, tokens_per_micro_batch=args.tokens8b_fp8, gradient_checkpointing=args.fp8_checkpointing,
+                               windows=multi_full.windows(run / "metrics.jsonl"), recompiles=multi_full.recompiles(text))
         rows.append((f"{label}: tokens/s/GPU, MFU vs bf16 peak, peak GiB",
                      f"{stats['real_tokens_per_s'] / args.gpus:,.0f}, {(stats['mfu'] or 0) * 100:.1f}%, "
                      f"{stats['peak_mem_gib']:.1f}"))
-    result["fp8_8b"] = {"bf16": runs["auto"], "fp8": runs["fp8"],
+    result["fp8_8b"] = {"bf16": runs["auto"], "fp8": runs["fp8"], "recipe": args.fp8_recipe,
                         "speedup": runs["fp8"]["real_tokens_per_s"] / runs["auto"]["real_tokens_per_s"]}
     rows.append(("8B FP8 / bf16 real tokens/s", f"{result['fp8_8b']['speedup']:.2f}x (target >= 1.25x)"))
 

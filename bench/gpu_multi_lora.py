@@ -22,6 +22,7 @@ from typing import Any
 
 from bench import gpu_multi
 from bench.gpu_single import RUN_TIMEOUT_S, device_peak
+from bench.gpu_strategies import TIMED_OUT
 from bench.peer_fsdp import run_peer
 from bench.results_io import throughput_numbers, write_result
 from bench.synthetic import sample_lengths, write_token_jsonl
@@ -37,10 +38,10 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
         *gpu_multi.random_weights(arch, sharded=True),
         "--set", "lora.dropout=0.0", "--set", f"data.tokens_per_micro_batch={args.budget}",
         "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
-    code, text = gpu_multi.launch(run, args.gpus, 29630)
+    code, text = gpu_multi.launch(run, args.gpus, 29630, RUN_TIMEOUT_S)
     if code != 0:
         print(text[-4000:])
-        return f"exit {code}"
+        return f"timeout {RUN_TIMEOUT_S} s" if code == TIMED_OUT else f"exit {code}"
     return {"path": "ours-lora", **gpu_multi.steady_state(run / "metrics.jsonl")}
 
 
