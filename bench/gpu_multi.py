@@ -186,6 +186,9 @@ def main() -> None:
     parser.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"))
     parser.add_argument("--fp8-checkpointing", action="store_true", help="8b-fp8: activation checkpointing on")
     parser.add_argument("--fp8-timeout", type=float, default=None, help="8b-fp8: each run's wall-clock limit (s)")
+    parser.add_argument("--fp8-baseline", type=Path, default=None, help="8b-fp8: the bf16 side from this "
+                        "multi-<gpus>gpu-8b-full.json (phase 8b-peer earlier in the same call, same settings) "
+                        "instead of a run of its own")
     parser.add_argument("--skip", default="", help=f"comma list of phases to skip: {','.join(PHASES)}")
     parser.add_argument("--only", default="", help="comma list of the phases to run; without it every phase "
                         "but 8b-peer (its own call, its own file) runs, less --skip")
@@ -335,13 +338,20 @@ def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list)
     """8B full fine-tuning, our bf16 path and --precision fp8 (torchao float8 linears, --fp8-recipe) in the
     same call, otherwise identical and as phase 8b-peer runs ours: random weights drawn per shard (no
     checkpoint to write or read), FSDP2, compiled layers, no activation checkpointing unless
-    --fp8-checkpointing, --tokens8b-fp8 tokens per GPU, --steps8b steps, no save; each run under
+    --fp8-checkpointing, --tokens8b-fp8 tokens per GPU, --steps8b steps, no save (--fp8-baseline: the bf16
+    side is phase 8b-peer's run of ours from this call, whose clock stops for its one save); each run under
     --fp8-timeout seconds, TORCH_LOGS=recompiles and its per-window timings kept (a stall is visible)."""
     from bench import multi_full  # it builds on this module
 
     runs = {}
     arch = shape("llama3-8b")
-    for precision, port in (("auto", 29630), ("fp8", 29631)):
+    if args.fp8_baseline:  # phase 8b-peer's run of ours, earlier in the same call: the same settings, bf16
+        baseline = json.loads(args.fp8_baseline.read_text()).get("8b_full")
+        if baseline is None:
+            rows.append(("8B bf16", f"no run of ours in {args.fp8_baseline}"))
+            return
+        runs["auto"] = {k: v for k, v in baseline.items() if k not in ("windows", "recompiles")}
+    for precision, port in (("auto", 29630), ("fp8", 29631))[1 if args.fp8_baseline else 0:]:
         run = args.out / f"run-8b-{precision}"
         render(run, "llama3-8b", data, args.gpus, [
             "--max_steps", str(args.steps8b), "--save_steps", "1000000",
