@@ -8,13 +8,15 @@
 A learnable corpus (bench/arithmetic.py: multi-turn chats of integer arithmetic, rendered with the
 chat template into token documents; the loss is on every token, the same objective on every side),
 ONE saved initial checkpoint of the 1B shape (fp32 safetensors) that every side loads, the same
-documents, the same schedule (AdamW 0.9/0.95, peak LR, 3% warmup, cosine to 0, --steps optimizer
+documents, the same schedule (AdamW 0.9/0.95, peak LR, --warmup-ratio warm-up, cosine to 0, --steps optimizer
 steps, clipping at 1.0) and --budget tokens per step (one packed micro-batch). Sides:
 
   ours            the default fast path (attention auto, fused MLP auto, fused loss, compile)
   ours-fp8        the same with --precision fp8 (torchao float8 linears, tensorwise)
   ours-fp8-rowwise  the same with rowwise scaling
-  trl             TRL's SFTTrainer padding-free (bench/parity_trl.py), flex attention
+  trl             TRL's SFTTrainer padding-free (bench/parity_trl.py), flex attention, fed our packed rows
+                  in our order: the same tokens in every optimizer step, only the implementations differ
+  trl-bfd         the same with TRL's own BFD packing and shuffled order (what a user's run sees)
   trl-sdpa        the same with SDPA attention (transformers masks each packed document from the
                   position ids): the reference for `ours` when `trl` did not finish (--trl-fallback)
   ours-plain      sdpa attention (padding-free through position ids), no fused MLP, full logits, eager
@@ -48,7 +50,7 @@ PLAIN = {"model": {"attn_implementation": "sdpa"},
          "train": {"fused_mlp": False, "fused_loss": False, "compile": False}}
 SWITCHES = {"attention": ("model", "attn_implementation", "auto"), "mlp": ("train", "fused_mlp", "auto"),
             "loss": ("train", "fused_loss", True), "compile": ("train", "compile", True)}
-SIDES = ["ours", "ours-fp8", "ours-fp8-rowwise", "trl", "trl-sdpa", "ours-plain", *(f"ours-plain+{name}" for name in SWITCHES)]
+SIDES = ["ours", "ours-fp8", "ours-fp8-rowwise", "trl", "trl-bfd", "trl-sdpa", "ours-plain", *(f"ours-plain+{name}" for name in SWITCHES)]
 
 
 def side_overrides(side: str) -> dict[str, dict[str, Any]]:
@@ -91,7 +93,7 @@ def write_train_toml(run_dir: Path, init: Path, docs: Path, args: argparse.Names
     cfg.data.path, cfg.data.format, cfg.data.tokens_per_micro_batch = str(docs), "tokens", args.budget
     cfg.data.cache_dir = str(run_dir / "cache")
     t = cfg.train
-    t.max_steps, t.learning_rate, t.warmup_ratio, t.lr_scheduler_type = args.steps, args.lr, 0.03, "cosine"
+    t.max_steps, t.learning_rate, t.warmup_ratio, t.lr_scheduler_type = args.steps, args.lr, args.warmup_ratio, "cosine"
     t.adam_beta1, t.adam_beta2, t.weight_decay, t.max_grad_norm = 0.9, 0.95, 0.0, 1.0
     t.model_max_length, t.logging_steps, t.save_steps, t.gradient_checkpointing = args.budget, 1, 10**9, False
     cfg.run.dir = str(run_dir)
@@ -106,6 +108,7 @@ def failed(side: str, code: int, log_text: str) -> dict[str, Any]:
 
 def run_ours(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = out / side
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run of an earlier call: its metrics.jsonl would be appended to
     toml = write_train_toml(run_dir, init, docs, args, side_overrides(side))
     log = run_dir / "train.log"
     code = run_logged([sys.executable, "-m", "train", "--config", str(toml)], log, RUN_TIMEOUT_S)
@@ -118,13 +121,17 @@ def run_ours(side: str, out: Path, init: Path, docs: Path, args: argparse.Namesp
 
 
 def run_trl(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """TRL's side (`trl`: --trl-attn, flex attention by default; `trl-sdpa`: SDPA). Its Python stacks go
-    to the log every --stack-every seconds: what it was doing when a timeout hit."""
+    """TRL's side (`trl`: --trl-attn, flex attention by default, our packs; `trl-bfd`: its own packing;
+    `trl-sdpa`: SDPA). Its Python stacks go to the log every --stack-every seconds: what it was doing when
+    a timeout hit."""
     attn = "sdpa" if side == "trl-sdpa" else args.trl_attn
     command = [sys.executable, "-m", "bench.parity_trl", "--init", str(init), "--data", str(docs),
                "--out", str(out / side), "--steps", str(args.steps), "--max-length", str(args.budget),
-               "--lr", str(args.lr), "--stack-every", str(args.stack_every), *(["--attn", attn] if attn else [])]
-    (out / side).mkdir(parents=True, exist_ok=True)
+               "--lr", str(args.lr), "--warmup-ratio", str(args.warmup_ratio), "--seed", str(TrainConfig().train.seed),
+               "--packs", "bfd" if side == "trl-bfd" else "ours",
+               "--stack-every", str(args.stack_every), *(["--attn", attn] if attn else [])]
+    shutil.rmtree(out / side, ignore_errors=True)
+    (out / side).mkdir(parents=True)
     log = out / side / "train.log"
     code = run_logged(command, log, RUN_TIMEOUT_S)
     text = log.read_text(errors="replace")
@@ -132,7 +139,7 @@ def run_trl(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespa
         return failed(side, code, text)
     result = json.loads([line for line in text.splitlines() if line.startswith('{"')][-1])
     result.pop("path", None)
-    return {"side": side, "attention": attn or "default", **result}
+    return {"side": side, "attention": attn or "default", "packs": "bfd" if side == "trl-bfd" else "ours", **result}
 
 
 def eval_loss(model_dir: str, eval_docs: list[list[int]], batch: int = 16) -> float:
@@ -169,7 +176,7 @@ def reference_of(side: str, sides: dict[str, dict[str, Any]]) -> str | None:
     """The side each one is judged against: ours vs TRL (flex, else SDPA), FP8 vs our bf16, a switch vs
     the plain path."""
     if side == "ours":
-        return next((t for t in ("trl", "trl-sdpa") if "eval_loss" in sides.get(t, {})), "trl")
+        return next((t for t in ("trl", "trl-sdpa", "trl-bfd") if "eval_loss" in sides.get(t, {})), "trl")
     if side.startswith("ours-fp8"):
         return "ours"
     return "ours-plain" if side.startswith("ours-plain+") else None
@@ -237,7 +244,8 @@ def parity_record(results: list[dict[str, Any]], args: argparse.Namespace, shape
     import torch
 
     sides = {r["side"]: {k: v for k, v in r.items() if k != "side"} for r in results}
-    return {"shape": shape, "steps": args.steps, "budget": args.budget, "lr": args.lr, "train_docs": args.train_docs,
+    return {"shape": shape, "steps": args.steps, "budget": args.budget, "lr": args.lr, "warmup_ratio": args.warmup_ratio,
+            "train_docs": args.train_docs,
             "eval_docs": args.eval_docs, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "sides": sides, "comparisons": comparisons(sides)}
 
@@ -268,6 +276,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--budget", type=int, default=16384, help="tokens per optimizer step (one packed micro-batch)")
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--warmup-ratio", type=float, default=0.03, help="share of the steps warming the LR up")
     parser.add_argument("--train-docs", type=int, default=0, help="0 = enough for --steps x --budget tokens")
     parser.add_argument("--eval-docs", type=int, default=400)
     parser.add_argument("--trl-attn", default="", help="TRL's attention (bench/parity_trl.py; default flex_attention "

@@ -1,10 +1,17 @@
-"""The TRL side of bench/gpu_parity.py: SFTTrainer, padding-free (BFD packing, positions restart per
-document), from the same saved initial checkpoint, on the same token documents, with our optimizer
+"""The TRL side of bench/gpu_parity.py: SFTTrainer, padding-free (positions restart per document), from
+the same saved initial checkpoint, on the same token documents, with our optimizer
 and schedule (AdamW 0.9/0.95, peak LR, warmup, cosine to 0: train/engine/optim.py's LambdaLR given to
 the Trainer, whose own warmup starts a step later), max steps, clipping and tokens per step (one
 packed row of --max-length tokens) as our side. bf16 autocast over fp32 weights, fused AdamW,
 no gradient checkpointing, flex_attention and Liger's kernels on a GPU (TRL's speed recipe, as
 bench/peer_trl.py), SDPA and no Liger on a CPU.
+
+Which documents share a step: `--packs ours` (default) gives TRL our packed rows in our order
+(train/dataset/packing.py's plan for --seed, each row's `seq_lengths` for TRL's padding-free collator,
+the sequential sampler), so both sides take the same optimizer steps on the same tokens and only the
+implementations differ; `--packs bfd` lets TRL pack (BFD) and shuffle on its own, as a user's run would.
+Why: on an H100 the eval loss of two runs of our own path that saw the same data in two orders
+differed as much as the implementations do (BENCHMARKS.md, issue #27).
 
     python -m bench.parity_trl --init DIR --data DOCS.jsonl --out DIR --steps N --max-length T --lr LR
 
@@ -28,6 +35,7 @@ from trl import SFTConfig, SFTTrainer
 
 from bench.peer_clock import TimedSteps
 from bench.synthetic import read_token_jsonl
+from train.dataset.packing import plan_micro_batches
 from train.engine.optim import lr_multiplier
 
 
@@ -47,6 +55,15 @@ def schedule(model: torch.nn.Module, args: argparse.Namespace) -> tuple[torch.op
     return optimizer, scheduler
 
 
+def our_packs(docs: list[list[int]], budget: int, seed: int, steps: int) -> Dataset:
+    """Our first `steps` packed rows (one per optimizer step on one GPU), in our order: each row the
+    concatenated documents (each truncated to the budget, as our loader does) and their lengths."""
+    docs = [doc[:budget] for doc in docs]
+    plan = plan_micro_batches([len(doc) for doc in docs], budget, seed, 0)[:steps]
+    return Dataset.from_dict({"input_ids": [[t for i in row for t in docs[i]] for row in plan],
+                              "seq_lengths": [[len(docs[i]) for i in row] for row in plan]})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("--init", "--data", "--out"):
@@ -55,6 +72,9 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, required=True)
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--warmup-ratio", type=float, default=0.03)
+    parser.add_argument("--packs", choices=("ours", "bfd"), default="ours", help="our packed rows in our order, "
+                        "or TRL's own BFD packing and shuffle")
+    parser.add_argument("--seed", type=int, default=42, help="--packs ours: train.seed of our side")
     parser.add_argument("--attn", default="", help="attention implementation (default: flex_attention on a GPU, "
                                                    "sdpa on a CPU)")
     parser.add_argument("--stack-every", type=int, default=0, help="every thread's Python stack to stderr every N s "
@@ -63,13 +83,15 @@ def main() -> None:
     if args.stack_every > 0:
         faulthandler.dump_traceback_later(args.stack_every, repeat=True)
     gpu = torch.cuda.is_available()
-    rows = Dataset.from_dict({"input_ids": read_token_jsonl(args.data)})
+    docs = read_token_jsonl(args.data)
+    ours = args.packs == "ours"
+    rows = our_packs(docs, args.max_length, args.seed, args.steps) if ours else Dataset.from_dict({"input_ids": docs})
     tokenizer = AutoTokenizer.from_pretrained(args.init, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32,
                                                  attn_implementation=args.attn or ("flex_attention" if gpu else "sdpa"))
     config = SFTConfig(
-        output_dir=str(args.out), max_length=args.max_length, packing=True, packing_strategy="bfd",
-        padding_free=True, per_device_train_batch_size=1, max_steps=args.steps, bf16=gpu, use_cpu=not gpu,
+        output_dir=str(args.out), max_length=None if ours else args.max_length, packing=not ours, packing_strategy="bfd",
+        padding_free=True, train_sampling_strategy="sequential" if ours else "random", per_device_train_batch_size=1, max_steps=args.steps, bf16=gpu, use_cpu=not gpu,
         use_liger_kernel=gpu, learning_rate=args.lr,
         weight_decay=0.0, max_grad_norm=1.0, gradient_checkpointing=False, logging_steps=1,
         save_strategy="no", report_to=[], seed=42, data_seed=42, dataset_num_proc=1,
