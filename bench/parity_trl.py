@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
+from torch.utils.data import SequentialSampler
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
@@ -39,7 +40,17 @@ from train.dataset.packing import plan_micro_batches
 from train.engine.optim import lr_multiplier
 
 
-class TimedSFTTrainer(TimedSteps, SFTTrainer):
+class ParitySFTTrainer(SFTTrainer):
+    """SFTTrainer that, with `in_order`, takes the rows in the dataset's order (our packs: the sampler, not
+    TrainingArguments, since transformers' `train_sampling_strategy` is recent)."""
+
+    in_order = False
+
+    def _get_train_sampler(self, *args, **kwargs):
+        return SequentialSampler(self.train_dataset) if self.in_order else super()._get_train_sampler(*args, **kwargs)
+
+
+class TimedSFTTrainer(TimedSteps, ParitySFTTrainer):
     def count_real_tokens(self, inputs):
         return int(inputs["input_ids"].numel())  # padding-free: one row of real tokens
 
@@ -91,14 +102,15 @@ def main() -> None:
                                                  attn_implementation=args.attn or ("flex_attention" if gpu else "sdpa"))
     config = SFTConfig(
         output_dir=str(args.out), max_length=None if ours else args.max_length, packing=not ours, packing_strategy="bfd",
-        padding_free=True, train_sampling_strategy="sequential" if ours else "random", per_device_train_batch_size=1, max_steps=args.steps, bf16=gpu, use_cpu=not gpu,
+        padding_free=True, per_device_train_batch_size=1, max_steps=args.steps, bf16=gpu, use_cpu=not gpu,
         use_liger_kernel=gpu, learning_rate=args.lr,
         weight_decay=0.0, max_grad_norm=1.0, gradient_checkpointing=False, logging_steps=1,
         save_strategy="no", report_to=[], seed=42, data_seed=42, dataset_num_proc=1,
     )
-    trainer_class = TimedSFTTrainer if gpu else SFTTrainer  # the clock synchronizes CUDA
+    trainer_class = TimedSFTTrainer if gpu else ParitySFTTrainer  # the clock synchronizes CUDA
     trainer = trainer_class(model=model, args=config, train_dataset=rows, processing_class=tokenizer,
                             optimizers=schedule(model, args))
+    trainer.in_order = ours
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
