@@ -40,7 +40,7 @@ OTHER_KEYS = {
     "qlora": None,  # bench/gpu_qlora.py: checked below
     "lora": None,  # bench/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
     "resume": None,  # bench/gpu_resume.py: checked below
-    "parity": {"shape", "steps", "budget", "lr", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
+    "parity": {"shape", "steps", "budget", "lr", "warmup_ratio", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
                "provenance"},  # bench/gpu_parity.py
 }
 
