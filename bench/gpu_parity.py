@@ -56,7 +56,6 @@ from bench.results_io import write_result
 from bench.synthetic import SHAPES
 from contract.config import SHIPPED_TOKENIZER, TrainConfig
 
-__all__ = ["comparisons", "main"]  # comparisons: bench/parity_record.py's, re-derived by tests/bench/test_results.py
 PLAIN = {"model": {"attn_implementation": "sdpa"},
          "train": {"fused_mlp": False, "fused_loss": False, "compile": False}}
 SWITCHES = {"attention": ("model", "attn_implementation", "auto"), "mlp": ("train", "fused_mlp", "auto"),
