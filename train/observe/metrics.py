@@ -74,6 +74,12 @@ def peak_gpu_reserved_gib() -> float | None:
     return torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_available() else None
 
 
+def alloc_retries() -> int | None:
+    """How often the caching allocator has freed its cache and retried a failed cudaMalloc (each a device
+    sync): a run at the edge of the GPU's memory shows it climbing."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if torch.cuda.is_available() else None
+
+
 def step_record(
     *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, tokens: int, doc_len_sq: float,
     seconds: float, world_size: int, arch: dict[str, Any], peak_flops: float | None,
@@ -88,7 +94,7 @@ def step_record(
         "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
         "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu, "tflops_per_gpu": tflops,
         "mfu": tflops * 1e12 / peak_flops if peak_flops else None, "peak_mem_gib": peak_gpu_mem_gib(),
-        "peak_reserved_gib": peak_gpu_reserved_gib(),
+        "peak_reserved_gib": peak_gpu_reserved_gib(), "alloc_retries": alloc_retries(),
         "packing_efficiency": packing_efficiency, "elapsed_s": elapsed_s,
         "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "compiled_graphs": compiled_graphs,
     }
