@@ -22,8 +22,13 @@ def test_allocator_setting_defaults_but_never_overrides(tmp_path, monkeypatch):
     from train.main import CUDA_ALLOC_CONF
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     main(["--config", str(tmp_path / "nope.toml")])
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == CUDA_ALLOC_CONF
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
     main(["--config", str(tmp_path / "nope.toml")])
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")  # torch's newer name wins too
+    main(["--config", str(tmp_path / "nope.toml")])
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
