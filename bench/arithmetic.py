@@ -4,6 +4,7 @@ Each conversation has 2-16 turns of "What is 37 + 485?" / "37 + 485 = 522" (+, -
 up to 999), rendered with the shipped tokenizer's chat template into token ids: the prompt numbers are
 noise, the answers and the format can be learned, so the loss has somewhere to go. Deterministic in
 the seed; written as bench/synthetic.py's token documents ({"input_ids": [...]}, loss on every token).
+`our_packs`: the rows our loader packs them into, in its order (what bench/parity_trl.py feeds TRL).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import random
 from pathlib import Path
 
 from contract.config import SHIPPED_TOKENIZER
+from train.dataset.packing import plan_micro_batches
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "x": lambda a, b: a * b}
 
@@ -46,3 +48,13 @@ def write_corpus(folder: Path, train_docs: int, eval_docs: int, seed: int = 0) -
         for ids in token_documents(train_docs, seed):
             f.write(json.dumps({"input_ids": ids}) + "\n")
     return path, token_documents(eval_docs, seed + 1)
+
+
+def our_packs(docs: list[list[int]], budget: int, seed: int, steps: int) -> dict[str, list[list[int]]]:
+    """Our first `steps` packed rows (one per optimizer step on one GPU), in our order: train/dataset/packing.py's
+    plan for `seed`, epoch 0, each row the concatenated documents (each truncated to the budget, as our loader
+    does) under `input_ids` and their lengths under `seq_lengths` (TRL's padding-free collator)."""
+    docs = [doc[:budget] for doc in docs]
+    plan = plan_micro_batches([len(doc) for doc in docs], budget, seed, 0)[:steps]
+    return {"input_ids": [[t for i in row for t in docs[i]] for row in plan],
+            "seq_lengths": [[len(docs[i]) for i in row] for row in plan]}

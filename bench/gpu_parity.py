@@ -2,6 +2,8 @@
 
     python -m bench.gpu_parity --results bench/results/h100/parity-DATE     # 1B, ours vs TRL, FP8 vs bf16
     python -m bench.gpu_parity --sides ours-plain,ours-plain+compile,...    # one switch at a time
+    python -m bench.gpu_parity --repeat 3 --sides ours,trl                  # each side 3 times: mean and spread
+    python -m bench.gpu_parity --merge A.json B.json --results DIR          # files of one config (one per GPU) as one
     python -m bench.gpu_parity --cpu-smoke                                  # tiny shape on CPU
     python -m bench.gpu_parity --plot bench/results/h100/parity-DATE/parity-llama3.2-1b.json
 
@@ -27,25 +29,33 @@ token-weighted mean cross-entropy, bf16 autocast), so the eval losses differ onl
 loss per step side by side (table every --every steps, plot PNG), throughput (real tokens/s after
 the shared warm-up) beside it, one JSON through bench/results_io.py. Targets: eval loss within 1% of
 TRL's (ours) and of ours (ours-fp8).
+
+Repeats: GPU kernels are not deterministic and 120 steps of training are chaotic, so one run per side can
+miss a 1% target by noise alone (three runs of `ours` at --warmup-ratio 0.1 on an H100: 0.955, 0.960,
+0.998). --repeat N runs every side N times from the same init and data (on one GPU in turn); on several
+GPUs start one process per GPU (CUDA_VISIBLE_DEVICES, its own --out and --name) and --merge their files.
+Either way a side's eval loss is the mean of its repeats, each repeat's is kept, and every comparison
+records its reference's spread (bench/parity_record.py: the record's shape).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bench.arithmetic import write_corpus
 from bench.gpu_strategies import TIMED_OUT, run_logged
 from bench.gpu_single import ROOT, RUN_TIMEOUT_S, TINY, save_train_toml, steady_state
+from bench.parity_record import comparisons, loss_table, merge, plot, run_name, side_entry, summary_lines
 from bench.results_io import write_result
 from bench.synthetic import SHAPES
 from contract.config import SHIPPED_TOKENIZER, TrainConfig
 
-TARGET = 0.01  # eval loss within 1%
 PLAIN = {"model": {"attn_implementation": "sdpa"},
          "train": {"fused_mlp": False, "fused_loss": False, "compile": False}}
 SWITCHES = {"attention": ("model", "attn_implementation", "auto"), "mlp": ("train", "fused_mlp", "auto"),
@@ -100,46 +110,48 @@ def write_train_toml(run_dir: Path, init: Path, docs: Path, args: argparse.Names
     return save_train_toml(cfg, run_dir, overrides)
 
 
-def failed(side: str, code: int, log_text: str) -> dict[str, Any]:
-    """A side that did not finish: its log's tail printed, the reason recorded."""
+def failed(side: str, run: str, code: int, log_text: str) -> dict[str, Any]:
+    """A run that did not finish: its log's tail printed, the reason recorded."""
     print(log_text[-3000:])
-    return {"side": side, "error": f"timeout {RUN_TIMEOUT_S} s" if code == TIMED_OUT else f"exit {code}"}
+    return {"side": side, "run": run, "error": f"timeout {RUN_TIMEOUT_S} s" if code == TIMED_OUT else f"exit {code}"}
 
 
-def run_ours(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
-    run_dir = out / side
+def run_ours(side: str, run: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One run of one of our sides in OUT/RUN (RUN: the side's name, SIDE.2, ... for its repeats)."""
+    run_dir = out / run
     shutil.rmtree(run_dir, ignore_errors=True)  # a run of an earlier call: its metrics.jsonl would be appended to
     toml = write_train_toml(run_dir, init, docs, args, side_overrides(side))
     log = run_dir / "train.log"
     code = run_logged([sys.executable, "-m", "train", "--config", str(toml)], log, RUN_TIMEOUT_S)
     if code != 0:
-        return failed(side, code, log.read_text(errors="replace"))
+        return failed(side, run, code, log.read_text(errors="replace"))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "tokens_per_s" in r]
     timing = steady_state(run_dir / "metrics.jsonl") if not args.cpu_smoke else {}
-    return {"side": side, "losses": losses, "export": str(run_dir / "export"), **timing}
+    return {"side": side, "run": run, "losses": losses, "export": str(run_dir / "export"), **timing}
 
 
-def run_trl(side: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_trl(side: str, run: str, out: Path, init: Path, docs: Path, args: argparse.Namespace) -> dict[str, Any]:
     """TRL's side (`trl`: --trl-attn, flex attention by default, our packs; `trl-bfd`: its own packing;
     `trl-sdpa`: SDPA). Its Python stacks go to the log every --stack-every seconds: what it was doing when
     a timeout hit."""
     attn = "sdpa" if side == "trl-sdpa" else args.trl_attn
     command = [sys.executable, "-m", "bench.parity_trl", "--init", str(init), "--data", str(docs),
-               "--out", str(out / side), "--steps", str(args.steps), "--max-length", str(args.budget),
+               "--out", str(out / run), "--steps", str(args.steps), "--max-length", str(args.budget),
                "--lr", str(args.lr), "--warmup-ratio", str(args.warmup_ratio), "--seed", str(TrainConfig().train.seed),
                "--packs", "bfd" if side == "trl-bfd" else "ours",
                "--stack-every", str(args.stack_every), *(["--attn", attn] if attn else [])]
-    shutil.rmtree(out / side, ignore_errors=True)
-    (out / side).mkdir(parents=True)
-    log = out / side / "train.log"
+    shutil.rmtree(out / run, ignore_errors=True)
+    (out / run).mkdir(parents=True)
+    log = out / run / "train.log"
     code = run_logged(command, log, RUN_TIMEOUT_S)
     text = log.read_text(errors="replace")
     if code != 0:
-        return failed(side, code, text)
+        return failed(side, run, code, text)
     result = json.loads([line for line in text.splitlines() if line.startswith('{"')][-1])
     result.pop("path", None)
-    return {"side": side, "attention": attn or "default", "packs": "bfd" if side == "trl-bfd" else "ours", **result}
+    return {"side": side, "run": run, "attention": attn or "default", "packs": "bfd" if side == "trl-bfd" else "ours",
+            **result}
 
 
 def eval_loss(model_dir: str, eval_docs: list[list[int]], batch: int = 16) -> float:
@@ -172,78 +184,11 @@ def eval_loss(model_dir: str, eval_docs: list[list[int]], batch: int = 16) -> fl
     return total / count
 
 
-def reference_of(side: str, sides: dict[str, dict[str, Any]]) -> str | None:
-    """The side each one is judged against: ours vs TRL (flex, else SDPA), FP8 vs our bf16, a switch vs
-    the plain path."""
-    if side == "ours":
-        return next((t for t in ("trl", "trl-sdpa", "trl-bfd") if "eval_loss" in sides.get(t, {})), "trl")
-    if side.startswith("ours-fp8"):
-        return "ours"
-    return "ours-plain" if side.startswith("ours-plain+") else None
-
-
-def comparisons(sides: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Eval loss ratio (and speed ratio where both sides were timed) of every side to its reference."""
-    rows = []
-    for side, result in sides.items():
-        ref = reference_of(side, sides)
-        if ref not in sides or "eval_loss" not in result or "eval_loss" not in sides[ref]:
-            continue
-        ratio = result["eval_loss"] / sides[ref]["eval_loss"]
-        speed = result.get("real_tokens_per_s"), sides[ref].get("real_tokens_per_s")
-        rows.append({"side": side, "reference": ref, "eval_loss_ratio": ratio,
-                     "within_target": abs(ratio - 1) <= TARGET,
-                     "speedup": speed[0] / speed[1] if all(speed) else None})
-    return rows
-
-
-def loss_table(sides: dict[str, dict[str, Any]], every: int) -> list[str]:
-    names = [s for s in sides if sides[s].get("losses")]
-    steps = max((len(sides[s]["losses"]) for s in names), default=0)
-    lines = ["| step | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for step in sorted({*range(every, steps + 1, every), 1, steps} - {0}):
-        cells = [f"{sides[s]['losses'][step - 1]:.4f}" if step <= len(sides[s]["losses"]) else "" for s in names]
-        lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def plot(record: dict[str, Any], png: Path) -> Path | None:
-    """Train loss per step of every side (one chart), the eval losses in the legend."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib not installed: no plot (python -m bench.gpu_parity --plot FILE.json makes it)")
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5))
-    for side, result in record["sides"].items():
-        if result.get("losses"):
-            label = f"{side} (eval {result['eval_loss']:.4f})" if "eval_loss" in result else side
-            ax.plot(range(1, len(result["losses"]) + 1), result["losses"], label=label, linewidth=1)
-    ax.set(xlabel="optimizer step", ylabel="train loss", yscale="log",
-           title=f"{record['shape']}: {record['steps']} steps x {record['budget']} tokens, same init and data")
-    ax.legend()
-    fig.savefig(png, dpi=120, bbox_inches="tight")
-    return png
-
-
-def summary_row(side: str, result: dict[str, Any], judged: dict[str, Any] | None) -> str:
-    if "error" in result:
-        return f"| {side} | error: {result['error']} | | | | | |"
-    rate = f"{result['real_tokens_per_s']:,.0f}" if result.get("real_tokens_per_s") else "-"
-    if judged is None:
-        return f"| {side} | {result['eval_loss']:.4f} | - | - | - | {rate} | - |"
-    speed = f"{judged['speedup']:.2f}x" if judged["speedup"] else "-"
-    return (f"| {side} | {result['eval_loss']:.4f} | {judged['reference']} | {judged['eval_loss_ratio']:.4f} | "
-            f"{'yes' if judged['within_target'] else 'NO'} | {rate} | {speed} |")
-
-
-def parity_record(results: list[dict[str, Any]], args: argparse.Namespace, shape: str) -> dict[str, Any]:
+def parity_record(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, shape: str) -> dict[str, Any]:
+    """The results record of every side's runs so far (bench/parity_record.py: one run flat, repeats pooled)."""
     import torch
 
-    sides = {r["side"]: {k: v for k, v in r.items() if k != "side"} for r in results}
+    sides = {side: side_entry(side_runs) for side, side_runs in runs.items()}
     return {"shape": shape, "steps": args.steps, "budget": args.budget, "lr": args.lr, "warmup_ratio": args.warmup_ratio,
             "train_docs": args.train_docs,
             "eval_docs": args.eval_docs, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -259,20 +204,18 @@ def save(record: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def report(record: dict[str, Any], args: argparse.Namespace) -> None:
-    sides = record["sides"]
-    print("\n" + "\n".join(loss_table(sides, args.every)))
-    print(f"\n{record['gpu']}, {record['shape']}, {args.steps} steps x {args.budget} tokens, lr {args.lr}, same init "
-          f"checkpoint and documents; eval loss = the same scorer on {args.eval_docs} held-out chats")
-    print("| side | eval loss | vs | ratio | within 1% | real tokens/s | speed vs |\n|---|---|---|---|---|---|---|")
-    judged = {c["side"]: c for c in record["comparisons"]}
-    for side, result in sides.items():
-        print(summary_row(side, result, judged.get(side)))
+    print("\n" + "\n".join(loss_table(record["sides"], args.every)))
+    print(f"\n{record['gpu']}, {record['shape']}, {record['steps']} steps x {record['budget']} tokens, lr {record['lr']}, "
+          f"same init checkpoint and documents; eval loss = the same scorer on {record['eval_docs']} held-out chats")
+    print("\n".join(summary_lines(record)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
     parser.add_argument("--sides", default="ours,trl,ours-fp8", help=f"comma list of {', '.join(SIDES)}")
+    parser.add_argument("--repeat", type=int, default=1, help="run every side N times, in turn (run directories "
+                        "SIDE, SIDE.2, ...): its eval loss is their mean, their spread is recorded")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--budget", type=int, default=16384, help="tokens per optimizer step (one packed micro-batch)")
     parser.add_argument("--lr", type=float, default=3e-4)
@@ -281,42 +224,94 @@ def main() -> None:
     parser.add_argument("--eval-docs", type=int, default=400)
     parser.add_argument("--trl-attn", default="", help="TRL's attention (bench/parity_trl.py; default flex_attention "
                                                        "on a GPU): on an H100 its first step had not ended after 70 s")
-    parser.add_argument("--trl-fallback", action="store_true", help="run trl-sdpa when the trl side fails")
+    parser.add_argument("--trl-fallback", action="store_true", help="run trl-sdpa when the trl side fails (and "
+                                                                     "instead of trl in the repeats after)")
     parser.add_argument("--stack-every", type=int, default=60, help="TRL's Python stacks to its log every N s (0: off)")
     parser.add_argument("--name", default="", help="results file parity-<shape>[-NAME].json")
     parser.add_argument("--every", type=int, default=10, help="train-loss table: every N steps")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-parity"))
     parser.add_argument("--results", type=Path, default=None, help="folder for the JSON (and the plot)")
     parser.add_argument("--plot", type=Path, default=None, help="only draw the plot of a results JSON")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE",
+                        help="only merge results files of one config (e.g. one per GPU) into one record: "
+                             "parity-<shape>-<NAME or merged>.json in --results (default: the first file's folder)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shape on CPU, our plain path (and TRL "
                                                                   "where installed): proves the script runs")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
     if args.plot:
         print(plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png")))
-        return
+    elif args.merge:
+        merge_files(args)
+    else:
+        report(run_sides(args), args)
+
+
+def run_sides(args: argparse.Namespace) -> dict[str, Any]:
+    """Every side --repeat times (repeat 1 of every side, then repeat 2, ...: a call cut short keeps whole
+    rounds), the results file rewritten after every run; returns the record."""
     arch, shape = (TINY, "tiny") if args.cpu_smoke else (SHAPES[args.shape], args.shape)
     if args.cpu_smoke:
         args.steps, args.budget, args.eval_docs, args.every = 6, 512, 24, 2
         args.sides = "ours,trl" if _trl_installed() else "ours"
+    plan = list(filter(None, args.sides.split(",")))
+    if unknown := [side for side in plan if side not in SIDES]:
+        usage_error(f"--sides: unknown side {unknown[0]!r}; valid: {', '.join(SIDES)}")
     args.train_docs = args.train_docs or int(1.3 * args.steps * args.budget / 90)  # ~90 tokens a chat
     docs, eval_docs = write_corpus(args.out / "data", args.train_docs, args.eval_docs)
     init = save_initial_checkpoint(args.out / "init", arch)
-    results = []
-    queue = list(filter(None, args.sides.split(",")))
-    record = parity_record([], args, shape)
-    while queue:
-        side = queue.pop(0)
-        result = run_trl(side, args.out, init, docs, args) if side.startswith("trl") else \
-            run_ours(side, args.out, init, docs, args)
-        if side == "trl" and "error" in result and args.trl_fallback and "trl-sdpa" not in queue:
-            queue.insert(0, "trl-sdpa")
-        if "error" not in result:
-            result["eval_loss"] = eval_loss(result.pop("export"), eval_docs)
-        print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
-        results.append(result)
-        record = parity_record(results, args, shape)
-        save(record, args)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    record = parity_record(runs, args, shape)
+    for repeat in range(1, args.repeat + 1):
+        queue = list(plan)
+        while queue:
+            side = queue.pop(0)
+            run_side = run_trl if side.startswith("trl") else run_ours
+            result = run_side(side, run_name(side, repeat), args.out, init, docs, args)
+            if side == "trl" and "error" in result and args.trl_fallback:
+                if "trl-sdpa" not in plan:
+                    queue.insert(0, "trl-sdpa")
+                    plan.append("trl-sdpa")
+                plan.remove("trl")  # the repeats after: the fallback only
+            if "error" not in result:
+                result["eval_loss"] = eval_loss(result.pop("export"), eval_docs)
+            print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
+            runs.setdefault(side, []).append(result)
+            record = parity_record(runs, args, shape)
+            save(record, args)
+    return record
+
+
+def merge_files(args: argparse.Namespace) -> None:
+    """--merge: one record of several results files of one config (bench/parity_record.merge), written and
+    reported like a run's; a file that is missing, unreadable or of another config: one line, exit 2."""
+    paths = [path.resolve() for path in args.merge]
+    if len(set(paths)) < len(paths):
+        usage_error("--merge: a file is named twice (its runs would count twice)")
+    common = Path(os.path.commonpath([path.parent for path in paths]))
+    records = []
+    for path in paths:  # each named by its path below the files' common folder: gpu0/parity-x.json, ...
+        try:
+            records.append((str(path.relative_to(common)), json.loads(path.read_text())))
+        except (OSError, ValueError) as error:
+            usage_error(f"--merge: {path}: {error}")
+    try:
+        record = merge(records)
+    except ValueError as error:
+        usage_error(f"--merge: {error}")
+    args.results, args.name = args.results or paths[0].parent, args.name or "merged"
+    target = (args.results / f"parity-{record['shape']}-{args.name}.json").resolve()
+    if target in paths:
+        usage_error(f"--merge: the merged record would overwrite its input {target}; give another --name")
+    save(record, args)
     report(record, args)
+    print(f"merged {len(paths)} files into {target}")
+
+
+def usage_error(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _trl_installed() -> bool:

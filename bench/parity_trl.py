@@ -7,9 +7,9 @@ no gradient checkpointing, flex_attention and Liger's kernels on a GPU (TRL's sp
 bench/peer_trl.py), SDPA and no Liger on a CPU.
 
 Which documents share a step: `--packs ours` (default) gives TRL our packed rows in our order
-(train/dataset/packing.py's plan for --seed, each row's `seq_lengths` for TRL's padding-free collator,
-the sequential sampler), so both sides take the same optimizer steps on the same tokens and only the
-implementations differ; `--packs bfd` lets TRL pack (BFD) and shuffle on its own, as a user's run would.
+(bench/arithmetic.our_packs: train/dataset/packing.py's plan for --seed, each row's `seq_lengths` for
+TRL's padding-free collator, the sequential sampler), so both sides take the same optimizer steps on
+the same tokens and only the implementations differ; `--packs bfd` lets TRL pack (BFD) and shuffle on its own, as a user's run would.
 Why: on an H100 the eval loss of two runs of our own path that saw the same data in two orders
 differed as much as the implementations do (BENCHMARKS.md, issue #27).
 
@@ -34,9 +34,9 @@ from torch.utils.data import SequentialSampler
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
+from bench.arithmetic import our_packs
 from bench.peer_clock import TimedSteps
 from bench.synthetic import read_token_jsonl
-from train.dataset.packing import plan_micro_batches
 from train.engine.optim import lr_multiplier
 
 
@@ -66,15 +66,6 @@ def schedule(model: torch.nn.Module, args: argparse.Namespace) -> tuple[torch.op
     return optimizer, scheduler
 
 
-def our_packs(docs: list[list[int]], budget: int, seed: int, steps: int) -> Dataset:
-    """Our first `steps` packed rows (one per optimizer step on one GPU), in our order: each row the
-    concatenated documents (each truncated to the budget, as our loader does) and their lengths."""
-    docs = [doc[:budget] for doc in docs]
-    plan = plan_micro_batches([len(doc) for doc in docs], budget, seed, 0)[:steps]
-    return Dataset.from_dict({"input_ids": [[t for i in row for t in docs[i]] for row in plan],
-                              "seq_lengths": [[len(docs[i]) for i in row] for row in plan]})
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("--init", "--data", "--out"):
@@ -96,7 +87,7 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     docs = read_token_jsonl(args.data)
     ours = args.packs == "ours"
-    rows = our_packs(docs, args.max_length, args.seed, args.steps) if ours else Dataset.from_dict({"input_ids": docs})
+    rows = Dataset.from_dict(our_packs(docs, args.max_length, args.seed, args.steps) if ours else {"input_ids": docs})
     tokenizer = AutoTokenizer.from_pretrained(args.init, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32,
                                                  attn_implementation=args.attn or ("flex_attention" if gpu else "sdpa"))

@@ -63,6 +63,8 @@ def qlora_8b() -> str:
 
 TWO_GPU = "h100/two-gpu-2026-11-26"
 FOUR_GPU = "h100/four-gpu-2026-11-26"
+FOUR_GPU_FIXED = "h100/four-gpu-2026-11-27"  # after the fixed-length packed rows
+PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b")
 
 
 def _llama70b(file: str, mfu_label: str) -> str:
@@ -138,8 +140,8 @@ def resume_4gpu() -> str:
     return _resume(FOUR_GPU, 4)
 
 
-def full_8b_4gpu() -> str:
-    r = _load(f"{FOUR_GPU}/multi-4gpu-8b-full.json")
+def _full_8b(folder: str) -> str:
+    r = _load(f"{folder}/multi-4gpu-8b-full.json")
     ours, peer = r["8b_full"], r["8b_full_peer"]
     rows = [[side["path"], str(side["steps"]), f"{side['real_tokens_per_s'] / side['gpu_count']:,.0f}", _pct(side["mfu"]),
              _pct(side.get("mean_step_mfu")), f"{side['peak_mem_gib']:.1f}", "yes" if side["gradient_checkpointing"] else "no"]
@@ -150,6 +152,84 @@ def full_8b_4gpu() -> str:
                  f"{save['gb']:.1f} GB in {save['seconds']:.1f} s = {save['gbps']:.2f} GB/s", "", "", "", "", ""])
     return _markdown(["side (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU (real tokens / wall time)",
                       "mean of per-step MFU", "peak GiB", "activation checkpointing"], rows)
+
+
+def full_8b_4gpu() -> str:
+    return _full_8b(FOUR_GPU)
+
+
+def full_8b_4gpu_fixed() -> str:
+    return _full_8b(FOUR_GPU_FIXED)
+
+
+def fp8_8b_4gpu() -> str:
+    """FP8 against the bf16 run of ours from the same call (its 8b-peer phase), and TRL's bf16 peer."""
+    r = _load(f"{FOUR_GPU_FIXED}/multi-4gpu-fp8.json")["fp8_8b"]
+    peer = _load(f"{FOUR_GPU_FIXED}/multi-4gpu-8b-full.json")["8b_full_peer"]
+    rows = [[label, str(side["steps"]), f"{side['real_tokens_per_s'] / side['gpu_count']:,.0f}", _pct(side["mfu"]),
+             f"{side['peak_mem_gib']:.1f}", f"{side['real_tokens_per_s'] / r['bf16']['real_tokens_per_s']:.2f}×",
+             f"{side['real_tokens_per_s'] / peer['real_tokens_per_s']:.2f}×"]
+            for label, side in (("ours, bf16", r["bf16"]), (f"ours, FP8 ({r['recipe']})", r["fp8"]))]
+    return _markdown(["run (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU vs the bf16 peak", "peak GiB",
+                      "vs our bf16", "vs TRL (bf16) of the call"], rows)
+
+
+def resume_4gpu_zero3() -> str:
+    return _resume(FOUR_GPU_FIXED, 4)
+
+
+def lora_8b_2gpu() -> str:
+    r = _load("h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json")
+    rows = [[side["path"], str(side["steps"]), f"{side['real_tokens_per_s'] / side['gpu_count']:,.0f}",
+             _pct(side["mfu"]), f"{side['peak_mem_gib']:.1f}"] for side in (r["8b_lora_peer"], r["8b_lora"])]
+    rows.append(["ours / peer, real tokens/s", f"{r['ratio_vs_peer']:.2f}×", "", "", ""])
+    return _markdown(["side (2 × H100)", "steps timed", "real tokens/s per GPU", "MFU (4·N + 6·N_lora)", "peak GiB"],
+                     rows)
+
+
+def _parity_files() -> list[tuple[str, dict]]:
+    return [(f"{folder}/{path.name}", json.loads(path.read_text()))
+            for folder in PARITY for path in sorted((RESULTS / folder).glob("parity-*.json"))]
+
+
+def parity_runs() -> str:
+    """Every side of every parity file of the session: eval loss and the comparison gpu_parity made."""
+    rows = []
+    for name, r in _parity_files():
+        judged = {c["side"]: c for c in r["comparisons"]}
+        for side, result in r["sides"].items():
+            c = judged.get(side)
+            packs = {"ours": "our packs", "bfd": "its own BFD packs"}.get(result.get("packs", "bfd" if side == "trl" else ""), "")
+            rows.append([f"`{name.split('/', 1)[1]}`", f"{r.get('warmup_ratio', 0.03):g}", f"{side} {packs}".strip(),
+                         f"{result['eval_loss']:.4f}" if "eval_loss" in result else result.get("error", "–"),
+                         c["reference"] if c else "–", f"{c['eval_loss_ratio']:.4f}" if c else "–",
+                         ("yes" if c["within_target"] else "NO") if c else "–",
+                         f"{result['real_tokens_per_s']:,.0f}" if result.get("real_tokens_per_s") else "–"])
+    return _markdown(["file (bench/results/h100/…)", "warm-up", "side", "eval loss", "vs", "ratio", "within 1%",
+                      "real tokens/s"], rows)
+
+
+def parity_spread() -> str:
+    """Per warm-up: every run of `ours` (the same settings, each on its own GPU) and its spread, beside the
+    other sides' runs and each one's ratio to the mean of ours."""
+    by_config: dict[float, dict[str, list[float]]] = {}
+    for _, r in _parity_files():
+        runs = by_config.setdefault(r.get("warmup_ratio", 0.03), {})
+        for side, result in r["sides"].items():
+            label = "trl (its own BFD packs)" if side == "trl" and result.get("packs", "bfd") == "bfd" else side
+            if "eval_loss" in result:
+                runs.setdefault(label, []).append(result["eval_loss"])
+    rows = []
+    for warmup, runs in by_config.items():
+        ours = runs["ours"]
+        mean = sum(ours) / len(ours)
+        for side, values in runs.items():
+            spread = (max(values) - min(values)) / min(values)
+            side_mean = sum(values) / len(values)
+            rows.append([f"{warmup:g}", side, ", ".join(f"{v:.4f}" for v in values),
+                         f"{spread * 100:.1f}%" if len(values) > 1 else "–", f"{side_mean / mean:.4f}"])
+    return _markdown(["warm-up", "side", "eval loss of each run", "spread (max − min) / min", "mean / mean of ours"],
+                     rows)
 
 
 def cli_latency() -> str:
@@ -167,6 +247,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "single-1b": single_1b, "qlora-8b": qlora_8b, "cli-latency": cli_latency, "qlora-70b": qlora_70b, "qlora-match": qlora_match,
     "two-gpu-scaling": two_gpu_scaling, "resume-2gpu": resume_2gpu, "four-gpu-scaling": four_gpu_scaling,
     "resume-4gpu": resume_4gpu, "full-8b-4gpu": full_8b_4gpu, "lora-70b-4gpu": lora_70b_4gpu,
+    "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
+    "lora-8b-2gpu": lora_8b_2gpu, "parity-runs": parity_runs, "parity-spread": parity_spread,
 }
 
 

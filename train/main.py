@@ -24,6 +24,15 @@ from train.observe.ranklog import console_handler, redirect_output
 
 logger = logging.getLogger("train")
 
+# The CUDA caching allocator's setting unless the environment has one (PYTORCH_ALLOC_CONF, torch's newer
+# name, or PYTORCH_CUDA_ALLOC_CONF). Expandable segments grow one mapped segment instead of cudaMalloc-ing
+# fixed blocks, so a run near the GPU's capacity does not free and re-allocate cached blocks (each
+# cudaFree synchronizes the device). Why: the 8B run on 4 x H100
+# (bench/results/h100/four-gpu-2026-11-27/multi-4gpu-8b-full.json) held 77.5 GiB reserved for 65.7 GiB
+# allocated, and its steps alternated 0.85 s / 1.0 s; its FP8 run (68.7 GiB reserved) did not.
+# metrics.jsonl's `alloc_retries` counts the allocator's free-and-retry passes.
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
 
 def _configure_logging(run_dir: Path, attempt: str | None) -> None:
     rank = os.environ.get("RANK", "0")
@@ -50,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="path to RUN_DIR/train.toml")
     parser.add_argument("--attempt", help="write this process's output to RUN_DIR/logs/ranks/ATTEMPT/rank-N.log")
     args = parser.parse_args(argv)
+    if not (os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")):
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF  # read at the first CUDA allocation
     run_dir = Path(args.config).resolve().parent  # train.toml sits in the run directory
     _configure_logging(run_dir, args.attempt)
     started = time.time()

@@ -41,7 +41,7 @@ OTHER_KEYS = {
     "lora": None,  # bench/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
     "resume": None,  # bench/gpu_resume.py: checked below
     "parity": {"shape", "steps", "budget", "lr", "warmup_ratio", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
-               "provenance"},  # bench/gpu_parity.py
+               "provenance", "merged_from"},  # bench/gpu_parity.py (merged_from: --merge)
 }
 
 
@@ -76,6 +76,10 @@ def test_provenance(path):
     assert provenance["gpu_count"] == len(provenance["gpus"]), f"{name}: gpu_count is not the GPUs' count"
     if _kind(path) == "cli":  # a CPU benchmark: the machine it ran on instead of a GPU
         assert provenance["gpu_count"] == 0 and data["machine"]["gpu"] == "none" and data["machine"]["cpu"], name
+    elif "merged_from" in data:  # bench/gpu_parity.py --merge, which may run anywhere: its runs' GPUs
+        for source in data["merged_from"]:
+            runs = source["provenance"]
+            assert set(PROVENANCE_KEYS) <= runs.keys() and runs["gpu_count"] > 0, f"{name}: {source['file']}: no GPU"
     else:
         assert provenance["gpu_count"] > 0, f"{name}: no GPU recorded"
 
@@ -293,22 +297,38 @@ def test_cli_latency_verdicts_rederive(path):
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "parity"], ids=_id)
 def test_parity_verdicts_rederive(path):
-    """bench/gpu_parity.py: every side's throughput from its raw tokens and seconds, every eval-loss ratio,
-    1% verdict and speed ratio from the sides' own numbers."""
-    from bench.gpu_parity import comparisons
+    check_parity_record(_load(path), _id(path))
 
-    data, name = _load(path), _id(path)
+
+def check_parity_record(data: dict, name: str) -> None:
+    """bench/gpu_parity.py: every run's throughput from its raw tokens and seconds; a side of several runs
+    (--repeat, --merge): its mean eval loss, each repeat's and its mean rate from its runs; every eval-loss
+    ratio, 1% verdict, speed ratio and (with repeats) count and spread from the sides' own numbers."""
+    from bench.parity_record import comparisons, runs_of, side_entry
+
     for side, result in data["sides"].items():
-        assert len(result.get("losses", [])) == data["steps"] or "error" in result, f"{name}: {side} losses"
-        if result.get("seconds"):
-            _close(result["real_tokens_per_s"], result["real_tokens"] / result["seconds"], f"{side} tokens/s", name)
+        for run in runs_of(result):
+            assert len(run.get("losses", [])) == data["steps"] or "error" in run, f"{name}: {side} losses"
+            if run.get("seconds"):
+                _close(run["real_tokens_per_s"], run["real_tokens"] / run["seconds"], f"{side} tokens/s", name)
+        if "runs" in result:
+            runs = result["runs"]
+            assert len(runs) > 1 and len({(r.get("file"), r["run"]) for r in runs}) == len(runs), f"{name}: {side} runs"
+            derived = side_entry(runs)
+            assert derived.keys() == result.keys(), f"{name}: {side} keys"
+            assert result.get("eval_losses") == derived.get("eval_losses"), f"{name}: {side} eval_losses"
+            for key in ("eval_loss", "real_tokens_per_s"):
+                _close(result.get(key), derived.get(key), f"{side} {key} (mean over its runs)", name)
     derived = {c["side"]: c for c in comparisons(data["sides"])}
     assert {c["side"] for c in data["comparisons"]} == set(derived), f"{name}: compared sides"
     for recorded in data["comparisons"]:
         again = derived[recorded["side"]]
-        assert recorded["reference"] == again["reference"] and recorded["within_target"] == again["within_target"]
-        _close(recorded["eval_loss_ratio"], again["eval_loss_ratio"], f"{recorded['side']} eval loss ratio", name)
-        _close(recorded["speedup"], again["speedup"], f"{recorded['side']} speedup", name)
+        assert recorded.keys() == again.keys(), f"{name}: {recorded['side']} comparison keys"
+        for key, value in recorded.items():
+            if isinstance(value, float):
+                _close(value, again[key], f"{recorded['side']} {key}", name)
+            else:
+                assert value == again[key], f"{name}: {recorded['side']} {key} = {value}, re-derived {again[key]}"
 
 
 def test_provenance_takes_the_declared_commit_over_a_lagging_git(monkeypatch):

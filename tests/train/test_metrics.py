@@ -120,3 +120,11 @@ def test_every_record_carries_total_steps_for_status(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records == [{"step": 5, "epoch": 0, "eval_loss": 1.5, "total_steps": 40}]
     assert rundir.total_steps({"train": {"num_train_epochs": 2.0}}, records) == 40
+
+
+def test_fp8_mfu_line_names_both_peaks():
+    from contract.gpus import lookup
+    from train.observe.metrics import mfu_peaks_line
+
+    assert mfu_peaks_line(lookup("h100")) == ("MFU is counted against the bf16 peak (989 TFLOP/s per h100); "
+                                             "FP8 peak 1,979 TFLOP/s")

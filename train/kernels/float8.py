@@ -5,7 +5,8 @@ gradients) with dynamic scales and runs its three matmuls on the FP8 tensor core
 (`torch._scaled_mm`); the fp32 master weights, the optimizer, attention, norms, the embedding and
 lm_head (with the fused loss) stay as they are, so checkpoints, the export and parameter names are
 the stock model's. Recipes (`train.fp8_recipe`): "tensorwise", one scale per tensor (fastest), or
-"rowwise", a scale per row (closer to bf16).
+"rowwise", a scale per row, finer in principle; on H100s it was slower than bf16 at 1B and learned no
+closer to bf16 in the parity benchmark (BENCHMARKS.md, 2026-11-27).
 
 Applied by train/engine/model.py before FSDP2 wraps the model (Accelerate's prepare), as torchtitan
 does; layers whose dimensions are not multiples of 16 (the FP8 GEMMs' alignment) stay bf16, and the

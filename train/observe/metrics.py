@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from contract.config import TrainConfig
-from contract.gpus import gpu_type_from_device_name, lookup
+from contract.gpus import GpuSpec, gpu_type_from_device_name, lookup
 from contract.shape import ModelShape
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,9 @@ def attended_length(doc_lengths: list[int]) -> float:
     return sum(n * n for n in doc_lengths) / total if total else 0.0
 
 
-def peak_flops_per_gpu(configured_gpu_type: str) -> float | None:
-    """Dense bf16 peak FLOP/s of this process's GPU; None on CPU or for an unknown GPU (warns)."""
+def peak_flops_per_gpu(configured_gpu_type: str, fp8: bool = False) -> float | None:
+    """Dense bf16 peak FLOP/s of this process's GPU, the one MFU is counted against (also under FP8, whose
+    peak `fp8` logs beside it); None on CPU or for an unknown GPU (warns)."""
     if not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name()
@@ -57,7 +58,15 @@ def peak_flops_per_gpu(configured_gpu_type: str) -> float | None:
     if spec is None:
         logger.warning("unknown GPU %r (run.gpu_type=%r): MFU will not be reported", name, configured_gpu_type)
         return None
+    if fp8:
+        logger.info("%s", mfu_peaks_line(spec))
     return spec.peak_tflops_bf16 * 1e12
+
+
+def mfu_peaks_line(spec: GpuSpec) -> str:
+    """What an FP8 run's MFU means: the bf16 peak it is counted against, and the FP8 peak of the GPU."""
+    fp8 = f"{spec.peak_tflops_fp8:,.0f}" if spec.peak_tflops_fp8 else "none"
+    return f"MFU is counted against the bf16 peak ({spec.peak_tflops_bf16:,.0f} TFLOP/s per {spec.name}); FP8 peak {fp8} TFLOP/s"
 
 
 def peak_rss_mib() -> float:
@@ -74,6 +83,12 @@ def peak_gpu_reserved_gib() -> float | None:
     return torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_available() else None
 
 
+def alloc_retries() -> int | None:
+    """How often the caching allocator has freed its cache and retried a failed cudaMalloc (each a device
+    sync): a run at the edge of the GPU's memory shows it climbing."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if torch.cuda.is_available() else None
+
+
 def step_record(
     *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, tokens: int, doc_len_sq: float,
     seconds: float, world_size: int, arch: dict[str, Any], peak_flops: float | None,
@@ -88,7 +103,7 @@ def step_record(
         "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
         "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu, "tflops_per_gpu": tflops,
         "mfu": tflops * 1e12 / peak_flops if peak_flops else None, "peak_mem_gib": peak_gpu_mem_gib(),
-        "peak_reserved_gib": peak_gpu_reserved_gib(),
+        "peak_reserved_gib": peak_gpu_reserved_gib(), "alloc_retries": alloc_retries(),
         "packing_efficiency": packing_efficiency, "elapsed_s": elapsed_s,
         "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "compiled_graphs": compiled_graphs,
     }
