@@ -15,8 +15,8 @@ from contract import gpus
 from contract.config import SHIPPED_DATA, TrainConfig
 from contract.datacheck import DataCheck
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
-from launcher.plan.datasize import DataEstimate, estimate_tokens
 from contract.strategies import STRATEGIES
+from launcher.plan.datasize import DataEstimate, estimate_tokens
 from launcher.plan.planner import PlanInput
 from launcher.resolve.presets import Preset
 from launcher.resolve.profile import ClusterProfile
