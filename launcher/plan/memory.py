@@ -48,11 +48,12 @@ ALLOCATOR_SLACK = 0.08  # minimum reserved - allocated (caching-allocator roundi
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP bucket_cap_mb default
 
 
-def layer_activation_bytes_per_token(shape: ModelShape, elem: int) -> int:
+def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: bool = False,
+                                     fused_mlp: bool = False, fp8: bool = False) -> int:
     """Bytes autograd keeps per token for one LlamaDecoderLayer without checkpointing (elem = 2 for bf16).
 
-    Saved tensors, in forward order (d hidden, q = heads x head_dim (= d for Llama), kv = kv_heads x
-    head_dim, I intermediate):
+    Eager (`compiled` False) saved tensors, in forward order (d hidden, q = heads x head_dim (= d for
+    Llama), kv = kv_heads x head_dim, I intermediate):
       2 x RMSNorm: fp32 copy of the input (saved by pow and by x*rsqrt, 4d) + the normalized
         activation in the input dtype (saved by weight*x, elem*d)             -> 2 (4 + elem) d
       q/k/v_proj input (one shared tensor)                                    -> elem d
@@ -63,13 +64,45 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int) -> int:
       SwiGLU: gate out (for SiLU), SiLU out and up out (for the product),
         product (down_proj input)                                             -> 4 elem I
     Residual adds save nothing. For Llama-3-8B in bf16 this is ~204 KiB/token/layer (22d + 4kv + 8I).
+
+    Compiled (train.compile: torch.compile per decoder layer) the AOT partitioner saves a different,
+    smaller set: it recomputes the norms' fp32 copies and the SwiGLU product in the backward. Measured
+    on CPU (bench/saved_activations.py, torch 2.13: a tiny Llama layer's saved tensors through
+    saved_tensors_hooks): the layer input, the q/k/v, o_proj and MLP inputs (elem (3d + q)), the
+    attention's q, k, v, output and log-sum-exp, one fp32 rstd per norm (8 B), and gate and up outputs
+    plus SiLU(gate) (3 elem I): 148 KiB/token/layer at 8B in bf16 instead of 204. With float8
+    linears (train/kernels/float8.py, torchao) the matmul inputs are recomputed too (the norms and the
+    float8 casts are one fusible chain): only the layer input, the residual after attention, attention
+    and gate/up outputs stay (elem (2d) + attention + 2 elem I). K and V are counted at the query width:
+    torch <= 2.11's varlen_attn has no enable_gqa, so train/kernels/attention.py expands them to every
+    query head before the kernel saves them (FA4 and FA2 take GQA natively: 2 elem (q - kv) less, 3 GiB
+    of ~65 at the 8B point below).
+    Fused SwiGLU MLP (train/kernels/swiglu.py, eager or compiled): only its input and the gate/up
+    pre-activation [T, 2I] are kept (elem d + 2 elem I); the interleaved weight copy it saves is per
+    layer, not per token (`fused_mlp_weight_bytes`).
+    Checked against the 4 x H100 runs (tests/launcher/test_planner_calibration.py, GPU_RUNS): 8B full
+    fine-tuning compiled with the fused MLP peaked at 65.7 GiB allocated where the eager count predicted
+    ~82; FP8 at 54.7; LoRA on 2 GPUs at 49.9.
     """
-    d = shape.hidden
-    norms = 2 * (4 + elem) * d
-    q = shape.q_dim
-    attention = elem * d + elem * (q + 2 * shape.kv_dim) + elem * q + 4 * shape.heads + elem * q
-    mlp = elem * d + 4 * elem * shape.intermediate
-    return norms + attention + mlp
+    d, q, heads = shape.hidden, shape.q_dim, shape.heads
+    if not compiled:
+        norms = 2 * (4 + elem) * d
+        attention = elem * d + elem * (q + 2 * shape.kv_dim) + elem * q + 4 * heads + elem * q
+        mlp = elem * d + (2 if fused_mlp else 4) * elem * shape.intermediate
+        return norms + attention + mlp
+    attention = elem * 3 * q + elem * q + 4 * heads  # q, K and V (query width), output, log-sum-exp
+    rstd = 2 * 4
+    if fp8:  # layer input and the residual after attention; the (float8) matmul inputs are recomputed
+        return 2 * elem * d + attention + rstd + 2 * elem * shape.intermediate
+    inputs = elem * (3 * d + q)  # layer input, q/k/v input, MLP input, o_proj input
+    mlp = (2 if fused_mlp else 3) * elem * shape.intermediate
+    return inputs + attention + rstd + mlp
+
+
+def fused_mlp_weight_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """The fused MLP stacks gate and up into one interleaved [2I, d] weight per call and saves it for
+    the backward (train/kernels/swiglu.py): a per-layer copy (224 MiB at 8B), kept like an activation."""
+    return 2 * elem * shape.intermediate * shape.hidden if opts.fused_mlp else 0
 
 
 def lora_dropout_bytes_per_token(shape: ModelShape, r: int, targets: list[str], elem: int) -> int:
@@ -104,6 +137,9 @@ class MemoryOptions:
     device: str = "gpu"  # "cpu": CPU processes (gloo) have no CUDA context or NCCL buffers
     quant: str = "none"  # QLoRA: "nf4" = the targeted frozen linears in 4-bit NF4 (train/engine/qlora.py)
     fp8: bool = False  # float8 linears (train/kernels/float8.py): their casts are extra transient memory
+    compile: bool = False  # train.compile: torch.compile per decoder layer (a smaller saved set)
+    fused_mlp: bool = False  # train.fused_mlp: the SwiGLU MLP in quack's GEMMs (train/kernels/swiglu.py)
+    loss_backend: str = "fused"  # with loss_chunk_tokens > 0: fused (gradients in the forward), chunked, liger
 
     @property
     def spec(self) -> StrategySpec:
@@ -247,20 +283,21 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     layer's activations (saved or recomputed alike) + its workspace.
     """
     tokens, d = opts.micro_batch_tokens, shape.hidden
-    per_layer = layer_activation_bytes_per_token(shape, elem)
+    per_layer = layer_activation_bytes_per_token(shape, elem, opts.compile, opts.fused_mlp, opts.fp8)
+    weight_copy = fused_mlp_weight_bytes(shape, opts, elem)
     lora_extra = 0
     if opts.lora and opts.lora_dropout > 0:
         lora_extra = lora_dropout_bytes_per_token(shape, opts.lora_r, opts.lora_target_modules, elem)
     head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
     if opts.gradient_checkpointing:
-        saved = shape.layers * elem * d + head
-        recompute = per_layer + lora_extra // shape.layers
+        saved, copies = shape.layers * elem * d + head, 0
+        recompute = tokens * (per_layer + lora_extra // shape.layers) + weight_copy
     else:
-        saved = shape.layers * per_layer + lora_extra + head
+        saved, copies = shape.layers * per_layer + lora_extra + head, shape.layers * weight_copy
         recompute = 0
     workspace = tokens * elem * 3 * (shape.intermediate + d) + float8_cast_bytes(shape, opts)
-    return {"saved": tokens * saved, "recompute": tokens * recompute, "workspace": workspace,
-            "last_layer": tokens * (per_layer + lora_extra // shape.layers) + workspace}
+    return {"saved": tokens * saved + copies, "recompute": recompute, "workspace": workspace,
+            "last_layer": tokens * (per_layer + lora_extra // shape.layers) + weight_copy + workspace}
 
 
 def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
@@ -278,13 +315,23 @@ def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
 def logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
     """transformers' ForCausalLMLoss: logits (elem) -> `.float()` copy (4) -> log_softmax output (4,
     saved) = 10 B/token/vocab at the loss; its backward adds grad_output and grad_input (fp32 each) while
-    the saved output lives. The fused loss (train/kernels/loss.py, loss_chunk_tokens > 0) only ever
-    materializes one chunk's logits (the whole micro-batch when it is no longer than a chunk), under
-    checkpointing, and returns no logits at all.
+    the saved output lives.
+    The fused loss (train/kernels/loss.py, loss_chunk_tokens > 0, backend "fused") computes both
+    gradients in its forward, a chunk at a time: one chunk's logits (elem) and their gradient (elem;
+    quack's kernel writes it over the logits, the compiled pass into a new tensor) plus, when lm_head
+    trains, its whole gradient (elem x vocab x d), saved for the backward, which only scales it (the
+    scaled copy is the unsharded lm_head gradient of peak.py's comm terms). Nothing vocabulary-sized is
+    fp32 and no logits are held.
+    The "chunked" and "liger" backends run the unfused accounting on one chunk (checkpointed: no logits
+    outlive it).
     `held`: the logits the loop keeps in `outputs` through backward (unfused loss only). FSDP2 returns
     them in bf16; where Accelerate's `prepare_model` wraps forward in autocast (FSDP1, DDP) it also
     converts the outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
-    fused = opts.loss_chunk_tokens > 0
+    if opts.loss_chunk_tokens > 0 and opts.loss_backend == "fused":
+        rows = min(opts.loss_chunk_tokens, opts.micro_batch_tokens)
+        head_grad = 0 if opts.lora else elem * shape.vocab * shape.hidden
+        return {"forward": rows * shape.vocab * 2 * elem + head_grad, "head_backward": head_grad, "held": 0}
+    fused = opts.loss_chunk_tokens > 0  # "chunked"/"liger": a chunk's logits, fp32 copy and log-softmax
     rows = min(opts.loss_chunk_tokens, opts.micro_batch_tokens) if fused else opts.micro_batch_tokens
     held_elem = 4 if opts.spec.fp32_params else elem
     held = held_elem * shape.vocab * rows if (opts.hold_outputs and not fused) else 0

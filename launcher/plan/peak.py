@@ -164,9 +164,12 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
     )
     breakdown.allocator_slack = _cached_not_reused(phases, state, peak, opts)
     ckpt = "per-layer checkpointing" if opts.gradient_checkpointing else "no checkpointing"
+    kernels = "".join(text for on, text in ((opts.compile, ", compiled"), (opts.fused_mlp, ", fused MLP")) if on)
+    loss = "full logits" if opts.loss_chunk_tokens == 0 else (
+        "fused CE" if opts.loss_backend == "fused" else "chunked CE")
     breakdown.notes |= {
-        "activations": f"{opts.micro_batch_tokens} tok, {ckpt}",
-        "logits_loss": "chunked CE" if opts.loss_chunk_tokens > 0 else "full logits",
+        "activations": f"{opts.micro_batch_tokens} tok, {ckpt}{kernels}",
+        "logits_loss": loss,
         "comm_buffers": f"{opts.strategy} gather/reduce buffers",
         "optimizer_temporaries": f"{opts.adamw_impl} AdamW" + (" sqrt(v)" if opts.adamw_impl == "foreach" else ""),
         "allocator_slack": "cached, not reused (reserved - allocated)",

@@ -82,6 +82,9 @@ class PlanInput:
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: bool = False  # train.precision = "fp8": the decoder's linear layers in float8 (train/kernels/float8.py)
     loss_chunk_tokens: int = 0  # 0 = full logits; >0 = a chunked cross-entropy of this many tokens
+    loss_backend: Literal["fused", "chunked", "liger"] = "fused"  # train.fused_loss's kernel (loss_chunk_tokens > 0)
+    compile: bool = False  # train.compile resolved: decoder layers torch.compile'd (a smaller saved set)
+    fused_mlp: bool = False  # train.fused_mlp resolved: the SwiGLU MLP in quack's GEMMs
     hold_outputs: bool = True  # training loop keeps `outputs` (the bf16 logits) through backward
     cpu_ram_efficient_loading: bool = True  # FSDP: only rank 0 materializes the full weights
     dataset_tokens: int | None = None  # counted or estimated from a sample; None = unknown

@@ -11,9 +11,11 @@ import re
 from pathlib import Path
 from typing import Any, Protocol
 
+from contract import gpus
 from contract.config import SHIPPED_DATA, TrainConfig
 from contract.datacheck import DataCheck
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
+from contract.strategies import STRATEGIES
 from launcher.plan.datasize import DataEstimate, estimate_tokens
 from launcher.plan.planner import PlanInput
 from launcher.resolve.presets import Preset
@@ -82,6 +84,23 @@ def _device_fields(launch: LaunchView) -> dict[str, Any]:
             "gpu_memory_gib": share, "usable_gpu_fraction": CPU_RAM_FRACTION, "cpu_mem_per_node_gib": node_gib}
 
 
+def _kernel_fields(launch: LaunchView) -> dict[str, Any]:
+    """What train/engine/model.py will run, as far as memory goes: compiled decoder layers (train.compile;
+    "auto" = on GPUs, except QLoRA over several ranks: train/kernels/perf.py), the fused SwiGLU MLP
+    (train.fused_mlp; "auto" = where contract.gpus allows it and quack-kernels is installed, assumed
+    here; never with FP8) and the fused loss's kernel (true = "fused" on GPUs, "chunked" on CPUs)."""
+    t, on_gpu = launch.train.train, launch.profile.gpus_per_node > 0
+    ranks = launch.nodes * launch.profile.procs_per_node
+    eager_qlora = launch.train.lora.quant != "none" and t.compile == "auto" and ranks > 1
+    compiled = t.compile is True or (t.compile == "auto" and on_gpu and not eager_qlora)
+    spec = gpus.lookup(launch.profile.gpu_type) if on_gpu else None
+    blocker = gpus.fused_mlp_blocker(on_gpu, spec.compute_capability if spec else None, launch.train.lora.enabled,
+                                     STRATEGIES[launch.strategy].zero_stage)
+    fused_mlp = t.precision != "fp8" and (t.fused_mlp is True or (t.fused_mlp == "auto" and blocker is None))
+    backend = t.fused_loss if isinstance(t.fused_loss, str) else ("fused" if on_gpu else "chunked")
+    return {"compile": compiled, "fused_mlp": fused_mlp, "loss_backend": backend}
+
+
 def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None) -> PlanInput:
     """The planner's view of a resolved launch (profile, model, train.toml, time limit, dataset size)."""
     cfg, t = launch.train, launch.train.train
@@ -96,7 +115,7 @@ def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None)
         lora_dropout=cfg.lora.dropout, quant=cfg.lora.quant, gradient_checkpointing=t.gradient_checkpointing,
         micro_batch_tokens=cfg.micro_batch_tokens, gradient_accumulation_steps=t.gradient_accumulation_steps,
         precision=_precision(launch), fp8=t.precision == "fp8",  # type: ignore[arg-type]
-        loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS if t.fused_loss else 0,
+        loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS if t.fused_loss else 0, **_kernel_fields(launch),
         dataset_tokens=data.tokens if data else None, packing_efficiency=packing_efficiency,
         mean_doc_tokens=mean_doc or 1024.0, num_train_epochs=t.num_train_epochs, max_steps=t.max_steps,
         # The local executor has no SLURM time limit: one segment, no requeues.

@@ -22,9 +22,11 @@ HEADLINE_8B = [*EXAMPLE, "--nodes", "1", "--model", "llama3-8b", "--dry-run"]
 
 
 def _a100(model: str, nodes: int, tokens: int, checkpointing: bool = True) -> PlanInput:
-    """The planner's view of the a100 example profile (fused loss on, as train.toml's default)."""
+    """The planner's view of the a100 example profile (fused loss on and compiled decoder layers, as
+    train.toml's defaults resolve on GPUs; no fused MLP on an A100)."""
     return PlanInput(arch=dict(PRESETS[model].arch), nodes=nodes, gpus_per_node=8, gpu_type="a100",
-                     micro_batch_tokens=tokens, gradient_checkpointing=checkpointing, loss_chunk_tokens=4096)
+                     micro_batch_tokens=tokens, gradient_checkpointing=checkpointing, loss_chunk_tokens=4096,
+                     compile=True)
 
 
 def _cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -73,16 +75,16 @@ def test_a_default_that_fits_is_kept() -> None:
 
 
 def test_checkpointing_is_turned_on_before_documents_are_cut() -> None:
-    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), Rules(False, 8192))
-    assert [(t.tokens, t.checkpointing) for t in trials] == [(32768, False), (16384, False), (8192, False),
-                                                             (32768, True)]
+    # model_max_length 16384: compiled, 8B without checkpointing fits 8 A100s at 8192 tokens, not at 16384
+    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), Rules(False, 16384))
+    assert [(t.tokens, t.checkpointing) for t in trials] == [(32768, False), (16384, False), (32768, True)]
     assert trials[-1].fits and not any(t.fits for t in trials[:-1])
 
 
 def test_checkpointing_the_user_turned_off_stays_off() -> None:
-    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), Rules(True, 8192))
+    trials = search(_a100("llama3-8b", 1, 32768, checkpointing=False), Rules(True, 16384))
     assert not any(t.checkpointing for t in trials)
-    assert trials[-1].fits and trials[-1].tokens == 4096  # below model_max_length: documents are cut
+    assert trials[-1].fits and trials[-1].tokens == 8192  # below model_max_length: documents are cut
 
 
 def test_nothing_fits_down_to_the_floor() -> None:
@@ -98,7 +100,7 @@ def test_headline_70b_on_two_a100_nodes_fits_and_states_its_micro_batch(roomy_tm
     assert result.returncode == 0, result.stderr
     assert "Verdict fits" in result.stdout and "dry run: nothing submitted" in result.stdout
     assert "Micro   2048 tokens (auto: largest that fits in 76.0 GiB" in result.stdout
-    assert "4096 needs 77.9" in result.stdout and "micro-batch 2048 tok x GA 1" in result.stdout
+    assert "4096 needs 77.5" in result.stdout and "micro-batch 2048 tok x GA 1" in result.stdout
     train, run = _written(result)
     assert train["data"]["tokens_per_micro_batch"] == 2048 and train["train"]["gradient_checkpointing"] is True
     assert train["train"]["gradient_accumulation_steps"] == 1  # the blog's run: 1 x 2048 tokens, GA 1, 16 GPUs
@@ -130,7 +132,7 @@ def test_a_user_fixed_micro_batch_is_never_changed_and_its_refusal_names_what_fi
         result = _cli([*HEADLINE_70B, *fixed], roomy_tmp)
         assert result.returncode == 2, result.stderr
         (line,) = result.stderr.strip().splitlines()
-        assert "does not fit: GPU memory (77.9 GiB per GPU of 76.0 usable)" in line, line
+        assert "does not fit: GPU memory (77.5 GiB per GPU of 76.0 usable)" in line, line
         assert "(--nodes 3)" in line and "--set data.tokens_per_micro_batch=2048" in line, line
         assert "Micro " not in result.stdout and "micro-batch 4096 tok" in result.stdout
         assert not (roomy_tmp / "run").exists()
@@ -143,9 +145,10 @@ def test_a_user_fixed_micro_batch_is_never_changed_and_its_refusal_names_what_fi
 def test_checkpointing_turned_off_by_the_user_is_left_off(roomy_tmp: Path) -> None:
     result = _cli([*HEADLINE_8B, "--gradient_checkpointing", "false"], roomy_tmp)
     assert result.returncode == 0, result.stderr
-    assert "Micro   4096 tokens (auto: largest" in result.stdout and "cut to it (model_max_length 8192)" in result.stdout
+    # compiled layers (train.compile auto): 8192 tokens fit 8 A100s without checkpointing, 16384 do not
+    assert "Micro   8192 tokens (auto: largest" in result.stdout and "16384 needs" in result.stdout
     train, _ = _written(result)
-    assert train["train"]["gradient_checkpointing"] is False and train["data"]["tokens_per_micro_batch"] == 4096
+    assert train["train"]["gradient_checkpointing"] is False and train["data"]["tokens_per_micro_batch"] == 8192
 
 
 def test_refusal_when_no_micro_batch_fits_names_the_settings_that_would(tmp_path: Path) -> None:
