@@ -13,7 +13,9 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     """Host RAM on the busiest node (node 0): rank processes, model loading, offloaded state.
 
     Loading: with Accelerate's `cpu_ram_efficient_loading` (FSDP) only rank 0 materializes the full
-    weights (trainable upcast to fp32, frozen in bf16); otherwise every local rank does. ZeRO-3 under
+    weights (trainable upcast to fp32, frozen in bf16); otherwise every local rank does, and so does a
+    random init without a checkpoint (model.init "full"); model.init "sharded" draws each rank's shards on
+    its GPU and loads nothing on the host (train/engine/sharded_init.py). ZeRO-3 under
     `zero.Init` streams one copy; ZeRO-2/DDP load a full copy per rank. Offload keeps each local rank's
     share of the state on the host (pinned): FSDP params+grads+moments; ZeRO fp32 master + moments +
     fp32 grad partitions (+ bf16 params for ZeRO-3).
@@ -25,7 +27,8 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     spec = opts.spec
     if spec.engine == "fsdp":
         full = 4 * trainable + low * frozen
-        loading = full if opts.cpu_ram_efficient_loading else local * full
+        rank0_only = opts.cpu_ram_efficient_loading and opts.model_source == "checkpoint"
+        loading = 0 if opts.model_source == "sharded" else full if rank0_only else local * full
         offload = local * ceil_div(16 * trainable + low * frozen, p) if opts.cpu_offload else 0
     elif spec.zero_stage == 3:
         loading = low * (trainable + frozen)

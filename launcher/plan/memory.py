@@ -138,6 +138,9 @@ class MemoryOptions:
     quant: str = "none"  # QLoRA: "nf4" = the targeted frozen linears in 4-bit NF4 (train/engine/qlora.py)
     fp8: bool = False  # float8 linears (train/kernels/float8.py): their casts are extra transient memory
     compile: bool = False  # train.compile: torch.compile per decoder layer (a smaller saved set)
+    # Where the weights come from (model.path / model.init): "checkpoint" (read; FSDP: rank 0 only), "random"
+    # (every rank draws the whole model on its CPU), "sharded" (each rank draws its shards on its GPU).
+    model_source: str = "checkpoint"
     fused_mlp: bool = False  # train.fused_mlp: the SwiGLU MLP in quack's GEMMs (train/kernels/swiglu.py)
     loss_backend: str = "fused"  # with loss_chunk_tokens > 0: fused (gradients in the forward), chunked, liger
 

@@ -87,6 +87,7 @@ class PlanInput:
     fused_mlp: bool = False  # train.fused_mlp resolved: the SwiGLU MLP in quack's GEMMs
     hold_outputs: bool = True  # training loop keeps `outputs` (the bf16 logits) through backward
     cpu_ram_efficient_loading: bool = True  # FSDP: only rank 0 materializes the full weights
+    model_source: Literal["checkpoint", "random", "sharded"] = "checkpoint"  # memory.MemoryOptions says what each costs
     dataset_tokens: int | None = None  # counted or estimated from a sample; None = unknown
     packing_efficiency: float = 0.97  # real tokens / micro_batch_tokens after best-fit packing
     mean_doc_tokens: float = 1024.0  # s-bar of the attention FLOPs term

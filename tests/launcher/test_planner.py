@@ -129,6 +129,15 @@ def test_cpu_ram_per_node_is_checked():
     assert p.fits_gpu and p.fits_cpu is False and p.verdict == "does not fit: CPU RAM per node"
 
 
+def test_host_ram_for_loading_follows_the_weights_source():
+    """FSDP: a checkpoint is read by rank 0 only; a random init draws the whole model on every rank's CPU;
+    model.init = sharded draws shards on the GPUs and loads nothing on the host."""
+    full = 4 * ModelShape.from_arch(LLAMA3_8B).total_params
+    loading = {source: plan(gpus_per_node=4, model_source=source).cpu["model_loading"]
+               for source in ("checkpoint", "random", "sharded")}
+    assert loading == {"checkpoint": full, "random": 4 * full, "sharded": 0}
+
+
 def test_lora_trains_adapters_only():
     shape = ModelShape.from_arch(LLAMA3_8B)
     assert shape.lora_params(8, ["q_proj", "v_proj"]) == 32 * 8 * ((4096 + 4096) + (4096 + 1024))
