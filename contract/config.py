@@ -124,8 +124,8 @@ class TrainSection:
               "(train/kernels/loss.py); false = full logits")
     fused_mlp: bool | Literal["auto"] = documented(
         "auto", "compute SwiGLU inside the MLP's GEMMs (train/kernels/swiglu.py; quack-kernels, Hopper/Blackwell; "
-                "tokens x intermediate_size x 2 bytes less activation memory per layer): auto = where it "
-                "can run, true = required")
+                "less activation memory per layer than the stock MLP, eager or compiled: launcher/plan/memory.py "
+                "counts it): auto = where it can run, true = required")
     precision: TrainPrecision = documented(
         "auto", "matmul precision of the decoder's linear layers: auto = model.precision's (bf16 on GPUs); fp8 = "
                 "torchao float8 training (FP8 GPUs: compute capability >= 8.9; full fine-tuning under FSDP2 or on "
