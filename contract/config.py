@@ -220,6 +220,20 @@ class TrainConfig:
                     "fp8 runs the MLP's projections as float8 linears: not with train.fused_mlp = true "
                     "(quack's bf16 GEMMs)")
 
+    def sharded_qlora_stays_eager(self, ranks: int) -> bool:
+        """train.compile = "auto" leaves QLoRA over several ranks eager. Measured on 2 H100s (BENCHMARKS.md,
+        QLoRA): the compiled llama-70b layers had not finished 22 steps in 200 s, the eager ones took ~60 s;
+        on one GPU compiling gave 1.53x. compile = true still compiles."""
+        return self.lora.quant != "none" and self.train.compile == "auto" and ranks > 1
+
+    def compiles_decoder_layers(self, on_cuda: bool, ranks: int) -> bool:
+        """Whether the run torch.compiles its decoder layers (train.compile; "auto" = on CUDA): the model
+        build applies it, the packer reads it (train/kernels/perf.py) and the planner counts what compiled
+        layers keep (launcher/resolve/plan_input.py)."""
+        if self.sharded_qlora_stays_eager(ranks):
+            return False
+        return self.train.compile is True or (self.train.compile == "auto" and on_cuda)
+
     @property
     def micro_batch_tokens(self) -> int:
         return self.data.tokens_per_micro_batch or (

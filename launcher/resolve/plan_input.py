@@ -85,14 +85,12 @@ def _device_fields(launch: LaunchView) -> dict[str, Any]:
 
 
 def _kernel_fields(launch: LaunchView) -> dict[str, Any]:
-    """What train/engine/model.py will run, as far as memory goes: compiled decoder layers (train.compile;
-    "auto" = on GPUs, except QLoRA over several ranks: train/kernels/perf.py), the fused SwiGLU MLP
+    """What train/engine/model.py will run, as far as memory goes: compiled decoder layers (contract.config's
+    rule: train.compile, "auto" = on GPUs, except QLoRA over several ranks), the fused SwiGLU MLP
     (train.fused_mlp; "auto" = where contract.gpus allows it and quack-kernels is installed, assumed
     here; never with FP8) and the fused loss's kernel (true = "fused" on GPUs, "chunked" on CPUs)."""
     t, on_gpu = launch.train.train, launch.profile.gpus_per_node > 0
-    ranks = launch.nodes * launch.profile.procs_per_node
-    eager_qlora = launch.train.lora.quant != "none" and t.compile == "auto" and ranks > 1
-    compiled = t.compile is True or (t.compile == "auto" and on_gpu and not eager_qlora)
+    compiled = launch.train.compiles_decoder_layers(on_gpu, launch.nodes * launch.profile.procs_per_node)
     spec = gpus.lookup(launch.profile.gpu_type) if on_gpu else None
     blocker = gpus.fused_mlp_blocker(on_gpu, spec.compute_capability if spec else None, launch.train.lora.enabled,
                                      STRATEGIES[launch.strategy].zero_stage)

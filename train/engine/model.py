@@ -39,7 +39,7 @@ from train.kernels import float8, swiglu
 from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import peak_rss_mib
 from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers,
-                                gather_lm_head_with_root, sharded_qlora_stays_eager, use_fused_loss)
+                                gather_lm_head_with_root, use_fused_loss)
 from train.engine.qlora import build_quantized_model
 from train.engine.sharded_init import build_on_meta
 
@@ -138,7 +138,7 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         apply_fused_mlp(model, cfg, accelerator)
     if compiles_decoder_layers(cfg, accelerator.num_processes):
         compile_decoder_layers(model)  # +32% tokens/s on H200 in files removed in #33; slow to compile on CPU
-    elif sharded_qlora_stays_eager(cfg, accelerator.num_processes):
+    elif cfg.sharded_qlora_stays_eager(accelerator.num_processes):
         logger.info("torch.compile of the decoder layers off: QLoRA sharded over %d ranks (auto)",
                     accelerator.num_processes)
     if cfg.lora.enabled:

@@ -76,19 +76,10 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def compiles_decoder_layers(cfg: TrainConfig, num_processes: int) -> bool:
-    """Whether the run torch.compiles its decoder layers (train.compile; "auto" = on CUDA). The model
-    build applies it and the packer reads it: compiled layers get fixed-length packed rows
+    """Whether this process torch.compiles its decoder layers (contract.config's rule, on this device).
+    The model build applies it and the packer reads it: compiled layers get fixed-length packed rows
     (train/dataset/packing.py), since a new row length can recompile them mid-run."""
-    if sharded_qlora_stays_eager(cfg, num_processes):
-        return False
-    return cfg.train.compile is True or (cfg.train.compile == "auto" and torch.cuda.is_available())
-
-
-def sharded_qlora_stays_eager(cfg: TrainConfig, num_processes: int) -> bool:
-    """train.compile = "auto" leaves QLoRA over several ranks eager. Measured on 2 H100s (BENCHMARKS.md,
-    QLoRA): the compiled llama-70b layers had not finished 22 steps in 200 s, the eager ones took ~60 s;
-    on one GPU compiling gave 1.53x. compile = true still compiles."""
-    return cfg.lora.quant != "none" and cfg.train.compile == "auto" and num_processes > 1
+    return cfg.compiles_decoder_layers(torch.cuda.is_available(), num_processes)
 
 
 def compile_decoder_layers(model: torch.nn.Module) -> int:
