@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.parity_record import spread
 from bench.results_io import RESULTS, ROOT
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -224,11 +225,11 @@ def parity_spread() -> str:
         ours = runs["ours"]
         mean = sum(ours) / len(ours)
         for side, values in runs.items():
-            spread = (max(values) - min(values)) / min(values)
+            apart = spread(values)
             side_mean = sum(values) / len(values)
             rows.append([f"{warmup:g}", side, ", ".join(f"{v:.4f}" for v in values),
-                         f"{spread * 100:.1f}%" if len(values) > 1 else "–", f"{side_mean / mean:.4f}"])
-    return _markdown(["warm-up", "side", "eval loss of each run", "spread (max − min) / min", "mean / mean of ours"],
+                         f"{apart * 100:.1f}%" if apart is not None else "–", f"{side_mean / mean:.4f}"])
+    return _markdown(["warm-up", "side", "eval loss of each run", "spread (max − min) / mean", "mean / mean of ours"],
                      rows)
 
 
