@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.parity_record import spread
+from bench.parity_record import runs_of, spread
 from bench.results_io import RESULTS, ROOT
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -193,6 +193,14 @@ def _parity_files() -> list[tuple[str, dict]]:
             for folder in PARITY for path in sorted((RESULTS / folder).glob("parity-*.json"))]
 
 
+def _trl_packs(side: str, result: dict) -> str | None:
+    """Whose packs a TRL side trained on ("ours", "bfd"); files from before `packs` was recorded (d70026a)
+    ran TRL's own BFD packing. None for our sides."""
+    if not side.startswith("trl"):
+        return None
+    return runs_of(result)[0].get("packs", "bfd")
+
+
 def parity_runs() -> str:
     """Every side of every parity file of the session: eval loss and the comparison gpu_parity made."""
     rows = []
@@ -200,7 +208,7 @@ def parity_runs() -> str:
         judged = {c["side"]: c for c in r["comparisons"]}
         for side, result in r["sides"].items():
             c = judged.get(side)
-            packs = {"ours": "our packs", "bfd": "its own BFD packs"}.get(result.get("packs", "bfd" if side == "trl" else ""), "")
+            packs = {"ours": "our packs", "bfd": "its own BFD packs"}.get(_trl_packs(side, result) or "", "")
             rows.append([f"`{name.split('/', 1)[1]}`", f"{r.get('warmup_ratio', 0.03):g}", f"{side} {packs}".strip(),
                          f"{result['eval_loss']:.4f}" if "eval_loss" in result else result.get("error", "–"),
                          c["reference"] if c else "–", f"{c['eval_loss_ratio']:.4f}" if c else "–",
@@ -217,7 +225,7 @@ def parity_spread() -> str:
     for _, r in _parity_files():
         runs = by_config.setdefault(r.get("warmup_ratio", 0.03), {})
         for side, result in r["sides"].items():
-            label = "trl (its own BFD packs)" if side == "trl" and result.get("packs", "bfd") == "bfd" else side
+            label = "trl (its own BFD packs)" if side == "trl" and _trl_packs(side, result) == "bfd" else side
             if "eval_loss" in result:
                 runs.setdefault(label, []).append(result["eval_loss"])
     rows = []
