@@ -74,19 +74,17 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def peak_gpu_mem_gib() -> float | None:
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-
-
-def peak_gpu_reserved_gib() -> float | None:
-    """Peak memory held by the caching allocator (what the planner's `reserved` predicts)."""
-    return torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_available() else None
-
-
-def alloc_retries() -> int | None:
-    """How often the caching allocator has freed its cache and retried a failed cudaMalloc (each a device
-    sync): a run at the edge of the GPU's memory shows it climbing."""
-    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if torch.cuda.is_available() else None
+def allocator_numbers() -> dict[str, float | int | None]:
+    """The caching allocator's state from one `torch.cuda.memory_stats()` read (max_memory_allocated and
+    max_memory_reserved each read it whole): peak allocated and peak reserved GiB (what the planner's
+    `allocated` and `reserved` predict), and how often it has freed its cache and retried a failed
+    cudaMalloc (each a device sync: a run at the edge of the GPU's memory shows it climbing). None on CPU."""
+    if not torch.cuda.is_available():
+        return {"peak_mem_gib": None, "peak_reserved_gib": None, "alloc_retries": None}
+    stats = torch.cuda.memory_stats()
+    return {"peak_mem_gib": stats.get("allocated_bytes.all.peak", 0) / 2**30,
+            "peak_reserved_gib": stats.get("reserved_bytes.all.peak", 0) / 2**30,
+            "alloc_retries": stats.get("num_alloc_retries", 0)}
 
 
 def step_record(
@@ -102,8 +100,7 @@ def step_record(
     return {
         "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
         "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": per_gpu, "tflops_per_gpu": tflops,
-        "mfu": tflops * 1e12 / peak_flops if peak_flops else None, "peak_mem_gib": peak_gpu_mem_gib(),
-        "peak_reserved_gib": peak_gpu_reserved_gib(), "alloc_retries": alloc_retries(),
+        "mfu": tflops * 1e12 / peak_flops if peak_flops else None, **allocator_numbers(),
         "packing_efficiency": packing_efficiency, "elapsed_s": elapsed_s,
         "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "compiled_graphs": compiled_graphs,
     }
