@@ -243,7 +243,7 @@ class Loop:
         self.evals, self.total_steps, self.steps_per_epoch = evals, total_steps, steps_per_epoch
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         self.accumulation = cfg.train.gradient_accumulation_steps
-        self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type, fp8=cfg.train.precision == "fp8")
+        self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type)
         self.arch = accelerator.unwrap_model(model).config.to_dict()
         self.lora_params = lora_params(self.arch, cfg)  # MFU counts a frozen base at 4·N
         self.recompiles = RecompileWatch()

@@ -37,7 +37,7 @@ from contract.config import TrainConfig
 from contract.schema import ConfigError
 from train.kernels import float8, swiglu
 from train.kernels.loss import logit_grad_pass
-from train.observe.metrics import peak_rss_mib
+from train.observe.metrics import gpu_spec, mfu_peaks_line, peak_rss_mib
 from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers,
                                 gather_lm_head_with_root, use_fused_loss)
 from train.engine.qlora import build_quantized_model
@@ -169,6 +169,8 @@ def apply_float8(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelera
     count = float8.convert_decoder_linears(decoder_layers(model), cfg.train.fp8_recipe)
     logger.info("FP8 (%s scaling): %d linear layers of %d decoder layers in float8; fused SwiGLU MLP off",
                 cfg.train.fp8_recipe, count, len(decoder_layers(model)))
+    if (spec := gpu_spec(cfg.run.gpu_type)) is not None:
+        logger.info("%s", mfu_peaks_line(spec))
 
 
 def apply_fused_mlp(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelerator) -> None:

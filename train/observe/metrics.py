@@ -48,19 +48,21 @@ def attended_length(doc_lengths: list[int]) -> float:
     return sum(n * n for n in doc_lengths) / total if total else 0.0
 
 
-def peak_flops_per_gpu(configured_gpu_type: str, fp8: bool = False) -> float | None:
-    """Dense bf16 peak FLOP/s of this process's GPU, the one MFU is counted against (also under FP8, whose
-    peak `fp8` logs beside it); None on CPU or for an unknown GPU (warns)."""
+def gpu_spec(configured_gpu_type: str) -> GpuSpec | None:
+    """This process's GPU (by its device name, else run.gpu_type); None on CPU or for an unknown GPU."""
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    spec = lookup(gpu_type_from_device_name(name) or "") or lookup(configured_gpu_type)
-    if spec is None:
-        logger.warning("unknown GPU %r (run.gpu_type=%r): MFU will not be reported", name, configured_gpu_type)
-        return None
-    if fp8:
-        logger.info("%s", mfu_peaks_line(spec))
-    return spec.peak_tflops_bf16 * 1e12
+    return lookup(gpu_type_from_device_name(torch.cuda.get_device_name()) or "") or lookup(configured_gpu_type)
+
+
+def peak_flops_per_gpu(configured_gpu_type: str) -> float | None:
+    """Dense bf16 peak FLOP/s of this process's GPU, the one MFU is counted against (under FP8 too:
+    train/engine/model.py logs the FP8 peak beside it); None on CPU or for an unknown GPU (warns)."""
+    spec = gpu_spec(configured_gpu_type)
+    if spec is None and torch.cuda.is_available():
+        logger.warning("unknown GPU %r (run.gpu_type=%r): MFU will not be reported", torch.cuda.get_device_name(),
+                       configured_gpu_type)
+    return spec.peak_tflops_bf16 * 1e12 if spec else None
 
 
 def mfu_peaks_line(spec: GpuSpec) -> str:
