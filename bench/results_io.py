@@ -4,9 +4,9 @@ Every bench script writes its JSON through `write_result`, which adds a `provena
 commit (and whether the tree had uncommitted changes; where the tree was copied, without .git or with
 a .git that lags the copied files, the commit comes from $BENCH_COMMIT and `dirty` is null), the exact
 command, the date, the GPU(s) and driver, and the versions of torch/transformers/accelerate/peft/
-deepspeed. A results file is never edited afterwards: tests/bench/test_results.py re-derives the derived numbers of every committed
-file (MFU, TFLOP/s, ratios to the named peer, token counts) from its raw fields with the functions
-below and fails on any difference beyond rounding.
+deepspeed. A results file is never edited afterwards: tests/bench/test_results.py re-derives the
+derived numbers of every committed file (MFU, TFLOP/s, ratios to the named peer, token counts) from
+its raw fields with the functions below and fails on any difference beyond rounding.
 
 Raw fields of a one-GPU throughput run (`single-*.json`): `real_tokens` counted after
 `warmup_steps` skipped optimizer steps, `seconds` of wall time over those steps (training steps
