@@ -41,12 +41,16 @@ deadline = time.time() + 60
 while not (signalled or stop_file.exists()) and time.time() < deadline:
     time.sleep(0.05)
 (run_dir / f"stopped-{rank}-{'signal' if signalled else 'file'}").touch()
+# The real stop is agreed by every rank and the save ends in a barrier: no rank exits before all
+# have stopped and the marker exists. A rank that exits early makes torchrun SIGTERM the others,
+# possibly one that has not yet seen the stop request, or rank 0 before it marks the checkpoint.
+world = int(os.environ.get("WORLD_SIZE", "1"))
 if rank == 0:
+    while len(list(run_dir.glob("stopped-*"))) < world:
+        time.sleep(0.05)
     checkpoint.mkdir(parents=True, exist_ok=True)
     (checkpoint / "COMPLETE").touch()
 else:
-    # The real save ends in a barrier: no rank exits before the marker exists. A rank that exits
-    # early makes torchrun SIGTERM the others, possibly rank 0 before it marks the checkpoint.
     while not (checkpoint / "COMPLETE").exists():
         time.sleep(0.05)
 sys.exit(75)
