@@ -235,6 +235,12 @@ class TrainConfig:
         return self.train.compile is True or (self.train.compile == "auto" and on_cuda)
 
     @property
+    def asks_for_fused_mlp(self) -> bool:
+        """train.fused_mlp true or "auto", and never under FP8, whose float8 linears are the MLP's projections.
+        Where the kernel can run is contract.gpus.fused_mlp_blocker's (planner) or the device's (training)."""
+        return self.train.precision != "fp8" and bool(self.train.fused_mlp)
+
+    @property
     def micro_batch_tokens(self) -> int:
         return self.data.tokens_per_micro_batch or (
             self.train.per_device_train_batch_size * self.train.model_max_length

@@ -88,13 +88,13 @@ def _kernel_fields(launch: LaunchView) -> dict[str, Any]:
     """What train/engine/model.py will run, as far as memory goes: compiled decoder layers (contract.config's
     rule: train.compile, "auto" = on GPUs, except QLoRA over several ranks), the fused SwiGLU MLP
     (train.fused_mlp; "auto" = where contract.gpus allows it and quack-kernels is installed, assumed
-    here; never with FP8) and the fused loss's kernel (true = "fused" on GPUs, "chunked" on CPUs)."""
+    here; contract.config's asks_for_fused_mlp) and the fused loss's kernel (true = "fused" on GPUs, "chunked" on CPUs)."""
     t, on_gpu = launch.train.train, launch.profile.gpus_per_node > 0
     compiled = launch.train.compiles_decoder_layers(on_gpu, launch.nodes * launch.profile.procs_per_node)
     spec = gpus.lookup(launch.profile.gpu_type) if on_gpu else None
     blocker = gpus.fused_mlp_blocker(on_gpu, spec.compute_capability if spec else None, launch.train.lora.enabled,
                                      STRATEGIES[launch.strategy].zero_stage)
-    fused_mlp = t.precision != "fp8" and (t.fused_mlp is True or (t.fused_mlp == "auto" and blocker is None))
+    fused_mlp = launch.train.asks_for_fused_mlp and (t.fused_mlp is True or blocker is None)
     backend = t.fused_loss if isinstance(t.fused_loss, str) else ("fused" if on_gpu else "chunked")
     return {"compile": compiled, "fused_mlp": fused_mlp, "loss_backend": backend}
 

@@ -71,6 +71,7 @@ def test_fp8_reaches_train_toml_and_the_plan(tmp_path: Path) -> None:
     assert (written.precision, written.fp8_recipe) == ("fp8", "rowwise")
     inp = plan_input_from_launch(launch)
     assert inp.fp8 and inp.precision == "bf16"
+    assert not inp.fused_mlp, "fused_mlp = auto stays off under FP8 (its float8 linears are the MLP's)"
     text = format_plan(make_plan(inp))
     assert "fp8 linears + bf16" in text
     assert "MFU against the bf16 peak (989 TFLOP/s per GPU); FP8 peak 1,979 TFLOP/s" in text

@@ -134,7 +134,7 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
                     logit_grad_pass(accelerator.device))
     if cfg.train.precision == "fp8":  # before compile and before FSDP2 wraps the layers
         apply_float8(model, cfg, accelerator)
-    elif cfg.train.fused_mlp:
+    elif cfg.asks_for_fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
     if compiles_decoder_layers(cfg, accelerator.num_processes):
         compile_decoder_layers(model)  # +32% tokens/s on H200 in files removed in #33; slow to compile on CPU
