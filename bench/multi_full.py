@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -39,10 +40,12 @@ from bench.peer_fsdp import run_peer
 from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
 from contract import protocol
 from contract.shape import ModelShape
+from train.main import CUDA_ALLOC_CONF
 
 SHAPE = "llama3-8b"
 SAVE_FRACTION = 2 / 3  # the one save: after the warm-up, with a third of the steps left to show its after-effects
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the sharded save's bulk)
+NO_SAVE_STEP = 1_000_000  # --save_steps past any run here: --no-save8b-full's run saves nothing
 RECOMPILE_LINES = 80  # of TORCH_LOGS=recompiles' output kept in the results (all of it stays in machine*.log)
 
 
@@ -53,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-timeout", type=float, default=240,
                         help="8b-peer: the peer's wall-clock limit (s), its fall-back run included")
     parser.add_argument("--peer-compile", action="store_true", help="8b-peer: the peer with torch_compile")
+    parser.add_argument("--sides8b-full", default="ours,peer",
+                        help="8b-peer: which sides run, comma list of ours,peer (an A/B of our settings runs "
+                             "ours alone under each, the peer once)")
+    parser.add_argument("--no-save8b-full", action="store_true",
+                        help="8b-peer: our run without its one timed save (an A/B of step speed alone)")
 
 
 def save_step(steps: int) -> int:
@@ -79,6 +87,12 @@ def recompiles(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if "[__recompiles" in line][:RECOMPILE_LINES]
 
 
+def allocator_setting(default: str) -> str:
+    """The CUDA caching allocator's setting a side ran with: the environment's, else the side's own default
+    (train's CUDA_ALLOC_CONF for ours; "" = torch's default for the peer)."""
+    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or default
+
+
 def free_disk(run: Path) -> None:
     """Remove the checkpoint our run wrote (~96 GB at 8B: model and optimizer), so the peer finds the
     disk as we did (run.export_dir = "": no end-of-run export)."""
@@ -88,7 +102,7 @@ def free_disk(run: Path) -> None:
 def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
     run = args.out / "run-8b-full"
     shutil.rmtree(run, ignore_errors=True)  # a run of an earlier call would be resumed, its metrics appended to
-    at = save_step(args.steps8b_full)
+    at = NO_SAVE_STEP if args.no_save8b_full else save_step(args.steps8b_full)
     gpu_multi.render(run, SHAPE, data, args.gpus, [
         "--max_steps", str(args.steps8b_full), "--save_steps", str(at), "--gradient_checkpointing", "false",
         *gpu_multi.random_weights(arch, sharded=True),
@@ -104,7 +118,8 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     ready = re.findall(r"model ready ([\d.]+) s", text)
     block = {"path": "ours-8b-full", **stats, "tokens_per_micro_batch": args.tokens8b_full, "compile": not gpu_multi.CPU_SMOKE,
              "gradient_checkpointing": False, "model_ready_s": max(map(float, ready), default=None),
-             "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text)}
+             "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text),
+             "alloc_conf": allocator_setting(CUDA_ALLOC_CONF)}
     if saved:
         block["save"] = {**saved, "step": at}
         seconds = stats["seconds"] + saved["seconds"]
@@ -122,7 +137,7 @@ def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     if isinstance(side, str):
         return side
     peak = device_peak()[1]
-    return {**side, "gpu_count": args.gpus, "peak_flops": peak,
+    return {**side, "gpu_count": args.gpus, "peak_flops": peak, "alloc_conf": allocator_setting(""),
             **throughput_numbers(arch, args.lengths, side["real_tokens_per_s"], args.gpus, peak)}
 
 
@@ -136,7 +151,11 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
     record["expected_save_s"] = record["expected_save_gb"] / disk_gbps
     print(f"8b-peer: our save writes ~{record['expected_save_gb']:.0f} GB; at the measured {disk_gbps:.2f} GB/s "
           f"~{record['expected_save_s']:.0f} s of our {args.ours_timeout:.0f} s limit", flush=True)
+    sides = set(args.sides8b_full.split(","))
+    assert sides and sides <= {"ours", "peer"}, f"--sides8b-full: ours and/or peer, not {args.sides8b_full}"
     for key, side in (("8b_full", ours), ("8b_full_peer", peer)):
+        if side.__name__ not in sides:
+            continue
         found = side(args, data, arch)
         if isinstance(found, str):
             record[f"{key}_error"] = found
@@ -144,9 +163,14 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
             record[key] = found
         summarize(record)
         if args.results:
-            write_result(args.results / f"multi-{args.gpus}gpu-8b-full.json", record)
+            write_result(args.results / result_name(args), record)
     rows.extend(table_rows(record, args.gpus))
     return record
+
+
+def result_name(args: argparse.Namespace) -> str:
+    """multi-<gpus>gpu-8b-full.json, -<tag> before .json with gpu_multi's --tag (an A/B writes one file a side)."""
+    return f"multi-{args.gpus}gpu-8b-full{'-' + args.tag if args.tag else ''}.json"
 
 
 def summarize(record: dict[str, Any]) -> None:

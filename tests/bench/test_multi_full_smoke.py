@@ -40,3 +40,22 @@ def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Pa
     assert (run / "machine0.log").exists() and (run / "machine1.log").exists()
     assert "8b_full_peer" in record or record["8b_full_peer_error"].startswith("exit ")
     assert "provenance" in record
+
+
+def test_an_allocator_ab_runs_one_side_per_file_and_records_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The A/B of #29 (our allocator setting against torch's default) runs ours alone under each setting and
+    the peer once: --sides8b-full picks the sides, --tag names each call's file, and every side records the
+    allocator setting it ran with (train's default where the environment has none)."""
+    from bench import gpu_multi, multi_full
+    from train.main import CUDA_ALLOC_CONF
+
+    args = gpu_multi.parse_args(["--gpus", "4", "--only", "8b-peer", "--sides8b-full", "ours", "--no-save8b-full",
+                                 "--tag", "torch-alloc"])
+    assert (args.sides8b_full, args.no_save8b_full) == ("ours", True)
+    assert multi_full.result_name(args) == "multi-4gpu-8b-full-torch-alloc.json"
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert multi_full.allocator_setting(CUDA_ALLOC_CONF) == "expandable_segments:True"
+    assert multi_full.allocator_setting("") == ""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert multi_full.allocator_setting(CUDA_ALLOC_CONF) == "expandable_segments:False"
