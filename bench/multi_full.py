@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sides8b-full", default="ours,peer",
                         help="8b-peer: which sides run, comma list of ours,peer (an A/B of our settings runs "
                              "ours alone under each, the peer once)")
+    parser.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="8b-peer: a train.toml override for our run (sft-launch --set), e.g. "
+                             "train.profile_steps=30:32 for a profile of two steps in the log")
     parser.add_argument("--no-save8b-full", action="store_true",
                         help="8b-peer: our run without its one timed save (an A/B of step speed alone)")
 
@@ -107,7 +110,8 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
         "--max_steps", str(args.steps8b_full), "--save_steps", str(at), "--gradient_checkpointing", "false",
         *gpu_multi.random_weights(arch, sharded=True),
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
-        "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
+        "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}",
+        *(arg for setting in args.ours_set for arg in ("--set", setting))])
     code, text = gpu_multi.launch(run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
     free_disk(run)
     if code != 0:
