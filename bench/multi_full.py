@@ -39,6 +39,7 @@ from bench.gpu_strategies import TIMED_OUT
 from bench.peer_fsdp import run_peer
 from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
 from contract import protocol
+from contract.config import load_train_config
 from contract.shape import ModelShape
 from train.main import CUDA_ALLOC_CONF
 
@@ -123,7 +124,8 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     block = {"path": "ours-8b-full", **stats, "tokens_per_micro_batch": args.tokens8b_full, "compile": not gpu_multi.CPU_SMOKE,
              "gradient_checkpointing": False, "model_ready_s": max(map(float, ready), default=None),
              "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text),
-             "alloc_conf": allocator_setting(CUDA_ALLOC_CONF)}
+             "alloc_conf": allocator_setting(CUDA_ALLOC_CONF),
+             "precision": load_train_config(run / protocol.TRAIN_CONFIG).train.precision}
     if saved:
         block["save"] = {**saved, "step": at}
         seconds = stats["seconds"] + saved["seconds"]

@@ -21,12 +21,16 @@ from tests.bench.test_results import check_8b_full
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _without_allocator_setting() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+
+
 @pytest.mark.slow
 def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Path) -> None:
     out, results = tmp_path / "out", tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "bench.gpu_multi", "--gpus", "2", "--only", "8b-peer", "--out", str(out),
                            "--results", str(results), "--steps8b-full", "9", "--tokens8b-full", "1024"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "BENCH_CPU_SMOKE": "1"})
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**_without_allocator_setting(), "BENCH_CPU_SMOKE": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| 8B full checkpoint save at step 6 |" in proc.stdout
     assert [p.name for p in results.iterdir()] == ["multi-2gpu-8b-full.json"]  # no file of the other phases
@@ -34,6 +38,7 @@ def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Pa
     ours = record["8b_full"]
     assert ours["steps"] == record["steps"] == 5 and ours["save"]["step"] == 6, ours
     assert [w["step"] for w in ours["windows"]] == list(range(1, 10))
+    assert (ours["precision"], ours["alloc_conf"]) == ("auto", "expandable_segments:True"), ours  # train's own
     check_8b_full(record, TINY, sample_lengths(record["docs"], seed=0, hi=record["max_doc_tokens"]), "smoke")
     run = out / "run-8b-full"
     assert not (run / "checkpoints").exists() and not list(run.glob("model*.safetensors"))
