@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-timeout", type=float, default=240,
                         help="8b-peer: the peer's wall-clock limit (s), its fall-back run included")
     parser.add_argument("--peer-compile", action="store_true", help="8b-peer: the peer with torch_compile")
-    parser.add_argument("--sides8b-full", default="ours,peer",
+    parser.add_argument("--sides8b-full", default="ours,peer", type=_sides,
                         help="8b-peer: which sides run, comma list of ours,peer (an A/B of our settings runs "
                              "ours alone under each, the peer once)")
     parser.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "train.profile_steps=30:32 for a profile of two steps in the log")
     parser.add_argument("--no-save8b-full", action="store_true",
                         help="8b-peer: our run without its one timed save (an A/B of step speed alone)")
+
+
+def _sides(text: str) -> set[str]:
+    sides = set(text.split(","))
+    if not sides <= {"ours", "peer"}:
+        raise argparse.ArgumentTypeError(f"ours and/or peer, not {text!r}")
+    return sides
 
 
 def save_step(steps: int) -> int:
@@ -157,10 +164,8 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
     record["expected_save_s"] = record["expected_save_gb"] / disk_gbps
     print(f"8b-peer: our save writes ~{record['expected_save_gb']:.0f} GB; at the measured {disk_gbps:.2f} GB/s "
           f"~{record['expected_save_s']:.0f} s of our {args.ours_timeout:.0f} s limit", flush=True)
-    sides = set(args.sides8b_full.split(","))
-    assert sides and sides <= {"ours", "peer"}, f"--sides8b-full: ours and/or peer, not {args.sides8b_full}"
     for key, side in (("8b_full", ours), ("8b_full_peer", peer)):
-        if side.__name__ not in sides:
+        if side.__name__ not in args.sides8b_full:
             continue
         found = side(args, data, arch)
         if isinstance(found, str):

@@ -56,8 +56,10 @@ def test_an_allocator_ab_runs_one_side_per_file_and_records_its_setting(monkeypa
 
     args = gpu_multi.parse_args(["--gpus", "4", "--only", "8b-peer", "--sides8b-full", "ours", "--no-save8b-full",
                                  "--tag", "torch-alloc"])
-    assert (args.sides8b_full, args.no_save8b_full) == ("ours", True)
+    assert (args.sides8b_full, args.no_save8b_full) == ({"ours"}, True)
     assert multi_full.result_name(args) == "multi-4gpu-8b-full-torch-alloc.json"
+    with pytest.raises(SystemExit):  # argparse's usage error, exit 2
+        gpu_multi.parse_args(["--only", "8b-peer", "--sides8b-full", "ours,trl"])
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     assert multi_full.allocator_setting(CUDA_ALLOC_CONF) == "expandable_segments:True"
