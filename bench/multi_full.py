@@ -98,6 +98,15 @@ def recompiles(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if "[__recompiles" in line][:RECOMPILE_LINES]
 
 
+def kernels(text: str) -> dict[str, Any]:
+    """What our run chose, from its log: the attention backend for packed batches, and whether the fused
+    SwiGLU MLP ran (quack's kernels come with flash-attn-4; FP8 keeps it off)."""
+    attention = re.search(r"attention: (\S+) for packed batches", text)
+    mlp = re.search(r"fused SwiGLU MLP (\(quack GEMMs\)|off)", text)
+    return {"attention": attention.group(1) if attention else None,
+            "fused_mlp": mlp.group(1) != "off" if mlp else None}
+
+
 def allocator_setting(default: str) -> str:
     """The CUDA caching allocator's setting a side ran with: the environment's, else the side's own default
     (train's CUDA_ALLOC_CONF for ours; "" = torch's default for the peer)."""
@@ -131,7 +140,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     block = {"path": "ours-8b-full", **stats, "tokens_per_micro_batch": args.tokens8b_full, "compile": not gpu_multi.CPU_SMOKE,
              "gradient_checkpointing": False, "model_ready_s": max(map(float, ready), default=None),
              "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text),
-             "alloc_conf": allocator_setting(CUDA_ALLOC_CONF),
+             "alloc_conf": allocator_setting(CUDA_ALLOC_CONF), "kernels": kernels(text),
              "precision": load_train_config(run / protocol.TRAIN_CONFIG).train.precision}
     if saved:
         block["save"] = {**saved, "step": at}

@@ -39,6 +39,7 @@ def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Pa
     assert ours["steps"] == record["steps"] == 5 and ours["save"]["step"] == 6, ours
     assert [w["step"] for w in ours["windows"]] == list(range(1, 10))
     assert (ours["precision"], ours["alloc_conf"]) == ("auto", "expandable_segments:True"), ours  # train's own
+    assert ours["kernels"]["attention"] and ours["kernels"]["fused_mlp"] is False, ours["kernels"]  # CPU: no quack
     check_8b_full(record, TINY, sample_lengths(record["docs"], seed=0, hi=record["max_doc_tokens"]), "smoke")
     run = out / "run-8b-full"
     assert not (run / "checkpoints").exists() and not list(run.glob("model*.safetensors"))
