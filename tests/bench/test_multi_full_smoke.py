@@ -38,6 +38,7 @@ def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Pa
     ours = record["8b_full"]
     assert ours["steps"] == record["steps"] == 5 and ours["save"]["step"] == 6, ours
     assert [w["step"] for w in ours["windows"]] == list(range(1, 10))
+    assert all(w["gc_s"] >= 0 for w in ours["windows"])
     assert (ours["precision"], ours["alloc_conf"]) == ("auto", "expandable_segments:True"), ours  # train's own
     assert ours["kernels"]["attention"] and ours["kernels"]["fused_mlp"] is False, ours["kernels"]  # CPU: no quack
     check_8b_full(record, TINY, sample_lengths(record["docs"], seed=0, hi=record["max_doc_tokens"]), "smoke")
