@@ -15,9 +15,10 @@ it by the shard degree P), adapted to what the stacks we render really allocate:
   (`grad_accum_dtype` defaults to the model dtype), fp32 master (4 B) + moments (8 B) partitions.
 * LoRA: the frozen base stays in its loaded dtype (bf16, 2 B, sharded like the params; fp32 under
   FSDP1, whose FlatParameter has one dtype) with no grads or optimizer state; only the adapters pay
-  16 B/param. Under ZeRO-3 they stay fp32 (their own master copy) and compute in fp32 (`adapter_bytes`). QLoRA (`quant = "nf4"`, FSDP2 only): the targeted linears cost NF4_BYTES_PER_PARAM
-  (sharded, and all-gathered a layer at a time in NF4), the embedding, lm_head and norms stay bf16,
-  and each matmul dequantizes one weight into a bf16 buffer.
+  16 B/param (under ZeRO-3 they stay fp32, their own master copy, and compute in fp32: `adapter_bytes`).
+  QLoRA (`quant = "nf4"`, FSDP2 only): the targeted linears cost NF4_BYTES_PER_PARAM (sharded, and
+  all-gathered a layer at a time in NF4), the embedding, lm_head and norms stay bf16, and each matmul
+  dequantizes one weight into a bf16 buffer.
 
 Activations are counted from the tensors autograd saves in `LlamaDecoderLayer` (transformers 5,
 flash/SDPA attention, so no T x T matrix); see `layer_activation_bytes_per_token`.
