@@ -56,6 +56,13 @@ STRATEGIES: dict[str, StrategySpec] = {
 # the optimizer steps over fp32 partitions of at most this many elements at a time.
 ZERO_MAX_LIVE_PARAMETERS = 1_000_000_000
 ZERO_SUB_GROUP_SIZE = 1_000_000_000
+
+
+def zero_reduce_bucket_size(hidden: int) -> int:
+    """deepspeed.json's reduce_bucket_size in elements: hidden^2 (what Accelerate's "auto" sets). ZeRO copies
+    each gradient into one of two buckets of this size to reduce it; a larger gradient bypasses them and
+    keeps its own tensor (the planner counts both, launcher/plan/peak.py)."""
+    return hidden * hidden
 LAUNCHABLE: tuple[str, ...] = tuple(name for name, spec in STRATEGIES.items() if spec.launchable)
 CPU_STRATEGIES: tuple[str, ...] = tuple(name for name in LAUNCHABLE if not STRATEGIES[name].gpu_only)
 # For config dataclasses: the schema checks values against these Literals and names them in errors.

@@ -17,7 +17,7 @@ from typing import Any
 from contract import __version__, protocol
 from contract.command import node_shell, train_command
 from contract.schema import to_dict
-from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE
+from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, zero_reduce_bucket_size
 from launcher import runrecord
 from launcher.resolve.options import Launch
 from launcher.resolve.sbatch_options import profile_sbatch_options, sbatch_line
@@ -94,6 +94,8 @@ def node_command() -> str:
 def context(launch: Launch) -> dict[str, Any]:
     profile = launch.profile
     profile_view = {**to_dict(profile), "procs_per_node": profile.procs_per_node}
+    # The trained arch (a --set model.arch.hidden_size=... override included), not the preset's.
+    hidden = int(launch.train.model.arch.get("hidden_size") or launch.preset.arch["hidden_size"])
     return {
         "version": __version__,
         "profile_name": launch.profile_name,
@@ -125,11 +127,11 @@ def context(launch: Launch) -> dict[str, Any]:
         "node_command": node_command(),
         "s": launch.strategy_spec,
         "layer_class": launch.train.model.layer_class,
-        # The trained arch (a --set model.arch.hidden_size=... override included), not the preset's.
-        "hidden": int(launch.train.model.arch.get("hidden_size") or launch.preset.arch["hidden_size"]),
+        "hidden": hidden,
         "mixed_precision": launch.mixed_precision,
         "zero_max_live_parameters": ZERO_MAX_LIVE_PARAMETERS,
         "zero_sub_group_size": ZERO_SUB_GROUP_SIZE,
+        "zero_reduce_bucket_size": zero_reduce_bucket_size(hidden),
         "train": launch.train.train,
     }
 

@@ -15,9 +15,10 @@ it by the shard degree P), adapted to what the stacks we render really allocate:
   (`grad_accum_dtype` defaults to the model dtype), fp32 master (4 B) + moments (8 B) partitions.
 * LoRA: the frozen base stays in its loaded dtype (bf16, 2 B, sharded like the params; fp32 under
   FSDP1, whose FlatParameter has one dtype) with no grads or optimizer state; only the adapters pay
-  16 B/param. QLoRA (`quant = "nf4"`, FSDP2 only): the targeted linears cost NF4_BYTES_PER_PARAM
-  (sharded, and all-gathered a layer at a time in NF4), the embedding, lm_head and norms stay bf16,
-  and each matmul dequantizes one weight into a bf16 buffer.
+  16 B/param (under ZeRO-3 they stay fp32, their own master copy, and compute in fp32: `adapter_bytes`).
+  QLoRA (`quant = "nf4"`, FSDP2 only): the targeted linears cost NF4_BYTES_PER_PARAM (sharded, and
+  all-gathered a layer at a time in NF4), the embedding, lm_head and norms stay bf16, and each matmul
+  dequantizes one weight into a bf16 buffer.
 
 Activations are counted from the tensors autograd saves in `LlamaDecoderLayer` (transformers 5,
 flash/SDPA attention, so no T x T matrix); see `layer_activation_bytes_per_token`.
@@ -105,11 +106,30 @@ def fused_mlp_weight_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) ->
     return 2 * elem * shape.intermediate * shape.hidden if opts.fused_mlp else 0
 
 
-def lora_dropout_bytes_per_token(shape: ModelShape, r: int, targets: list[str], elem: int) -> int:
-    """PEFT applies a separate Dropout per adapted module: its output (elem x in) and bool mask (1 x in)
-    are saved, plus lora_A's r-dim output saved by lora_B. With dropout 0 PEFT uses Identity (no copy)."""
+def adapter_bytes(opts: MemoryOptions, elem: int) -> int:
+    """Bytes per element the LoRA adapters compute in. apply_lora (train/engine/model.py) makes them fp32;
+    FSDP2's policy gathers them in bf16 and ZeRO-2's engine casts every parameter to the model dtype
+    (`_cast_module_mixed_precision`, deepspeed/runtime/engine.py). ZeRO-3 builds the model inside
+    zero.Init (zero3_init_flag, templates/accelerate.yaml.j2), DeepSpeed skips that cast for such a
+    model, and the adapters added after it are partitioned as they are (`_convert_to_zero_parameters`):
+    they stay fp32, and PEFT casts each adapted linear's input up to them (`_cast_input_dtype`)."""
+    return 4 if opts.lora and opts.spec.zero_stage == 3 else elem
+
+
+def lora_path_bytes_per_token(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """What PEFT's adapter path saves per token (all layers) beside the base linears. With dropout,
+    each adapted module has its own Dropout: its output (a x in, a = `adapter_bytes`) and bool mask
+    (1 x in), plus lora_A's r-dim output saved by lora_B (a x r). With dropout 0 PEFT uses Identity:
+    no copy in the model dtype, but fp32 adapters save PEFT's fp32 cast of the input (a x in) instead."""
+    a, r = adapter_bytes(opts, elem), opts.lora_r
+    if opts.lora_dropout > 0:
+        per_input, per_rank = a + 1, a
+    elif a > elem:
+        per_input, per_rank = a, a
+    else:
+        return 0
     in_features = {"down_proj": shape.intermediate, "o_proj": shape.q_dim}
-    per_layer = sum((elem + 1) * in_features.get(t, shape.hidden) + elem * r for t in targets)
+    per_layer = sum(per_input * in_features.get(t, shape.hidden) + per_rank * r for t in opts.lora_target_modules)
     return shape.layers * per_layer
 
 
@@ -223,6 +243,17 @@ def trainable_params(shape: ModelShape, opts: MemoryOptions) -> int:
     return shape.lora_params(opts.lora_r, opts.lora_target_modules) if opts.lora else shape.total_params
 
 
+def trainable_tensor_sizes(shape: ModelShape, opts: MemoryOptions) -> list[int]:
+    """Elements of every trainable tensor (ZeRO buckets gradients one tensor at a time): each linear,
+    norm and embedding of the model, or LoRA's A (r x in) and B (out x r) of each adapted linear."""
+    if opts.lora:
+        dims = shape.linear_dims(opts.lora_target_modules)
+        return [opts.lora_r * n for n_in, n_out in dims for n in (n_in, n_out)] * shape.layers
+    layer = [n_in * n_out for n_in, n_out in shape.linear_dims(list(LORA_TARGETS))] + [shape.hidden] * 2
+    embeddings = [shape.vocab * shape.hidden] * (1 if shape.tied else 2)
+    return layer * shape.layers + embeddings + [shape.hidden]
+
+
 def low_bytes(opts: MemoryOptions) -> int:
     """Bytes per element of the low-precision copies (bf16/fp16 weights, activations); 4 under fp32."""
     return 4 if opts.precision == "fp32" else 2
@@ -266,12 +297,16 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
             "master_weights": (0, "none: the fp32 params are the master copy"),
         }
     param_shard = p if zero3 else 1
-    params = 0 if (off and zero3) else ceil_div(low * (trainable + frozen), param_shard)
+    # ZeRO-3's fp32 LoRA adapters (adapter_bytes) are their own master copy: stage3.py's
+    # _create_fp32_partitions reuses a partition that already has the master dtype.
+    trainable_bytes = adapter_bytes(opts, low)
+    params = 0 if (off and zero3) else ceil_div(trainable_bytes * trainable + low * frozen, param_shard)
     return {
-        "parameters": (params, f"{low}B params, /{param_shard}"),
+        "parameters": (params, f"{trainable_bytes}B trainable + {low}B frozen params, /{param_shard}" if frozen
+                       else f"{low}B params, /{param_shard}"),
         "gradients": (0 if off else ceil_div(low * trainable, p), f"{low}B grad partitions, /{p}"),
         "optimizer_states": (0 if off else ceil_div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
-        "master_weights": (0 if (off or low == 4) else ceil_div(4 * trainable, p), f"fp32 master, /{p}"),
+        "master_weights": (0 if (off or trainable_bytes == 4) else ceil_div(4 * trainable, p), f"fp32 master, /{p}"),
     }
 
 
@@ -288,9 +323,7 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     tokens, d = opts.micro_batch_tokens, shape.hidden
     per_layer = layer_activation_bytes_per_token(shape, elem, opts.compile, opts.fused_mlp, opts.fp8)
     weight_copy = fused_mlp_weight_bytes(shape, opts, elem)
-    lora_extra = 0
-    if opts.lora and opts.lora_dropout > 0:
-        lora_extra = lora_dropout_bytes_per_token(shape, opts.lora_r, opts.lora_target_modules, elem)
+    lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
     head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
     if opts.gradient_checkpointing:
         saved, copies = shape.layers * elem * d + head, 0

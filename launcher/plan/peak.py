@@ -10,7 +10,7 @@ may peak while loading instead (`_quantized_loading`).
 from __future__ import annotations
 
 from contract.shape import ModelShape
-from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE
+from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, zero_reduce_bucket_size
 from launcher.plan.memory import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,
@@ -20,6 +20,7 @@ from launcher.plan.memory import (
     MemoryBreakdown,
     MemoryOptions,
     activation_terms,
+    adapter_bytes,
     ceil_div,
     dequantize_buffer,
     frozen_base_bytes,
@@ -29,6 +30,7 @@ from launcher.plan.memory import (
     shard_degree,
     state_bytes,
     trainable_params,
+    trainable_tensor_sizes,
 )
 
 
@@ -46,8 +48,8 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     low = low_bytes(opts)
     d, spec = shape.hidden, opts.spec
     layer = gathered_layer_bytes(shape, opts, low)
-    layer_grad = low * (shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
-                        if opts.lora else shape.layer_params)
+    layer_grad = (adapter_bytes(opts, low) * shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
+                  if opts.lora else low * shape.layer_params)
     lm_head = low * shape.vocab * d
     lm_grad = 0 if opts.lora else lm_head
     if spec.engine == "fsdp":
@@ -57,13 +59,14 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
         layers_bwd = 2 * layer + layer_grad + (root if fsdp1 else 0) + dequantized
         return {"forward": root + (layer if not fsdp1 else 0) + dequantized, "head_backward": root + lm_grad,
                 "layers_backward": layers_bwd}
-    buckets = 2 * low * d * d
+    buckets = 2 * low * zero_reduce_bucket_size(d)
     if spec.zero_stage == 3:
         # Gathered weights stay resident until stage3_max_live_parameters of them are (a whole small
         # model: +0.27 GiB at 136M with offload on an H100; ~1.9 GiB at that cap for a 70B). One
         # unsharded GPU partition is the full weight already: nothing is gathered (measured too).
         gathers = opts.cpu_offload or shard_degree(opts) > 1
-        live = low * min(ZERO_MAX_LIVE_PARAMETERS, shape.total_params) if gathers else 0
+        adapters = adapter_bytes(opts, low) * trainable_params(shape, opts) if opts.lora else 0
+        live = low * min(ZERO_MAX_LIVE_PARAMETERS, shape.total_params) + adapters if gathers else 0
         return {"forward": max(lm_head + layer, live), "head_backward": max(lm_head, live) + lm_grad + buckets,
                 "layers_backward": max(2 * layer, live) + layer_grad + buckets}
     if spec.zero_stage == 2:
@@ -72,6 +75,29 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     ddp_bucket = 4 * shape.total_params if (opts.world_size > 1 and not opts.lora) else 0
     return {"forward": cast_cache, "head_backward": cast_cache + ddp_bucket,
             "layers_backward": cast_cache + ddp_bucket}
+
+
+def offload_held_gradients(shape: ModelShape, opts: MemoryOptions) -> int:
+    """ZeRO-2 with the optimizer on the CPU and gradient accumulation keeps the larger gradients on the GPU
+    through a backward that ends no accumulation step (DeepSpeed 0.19, runtime/zero/stage_1_and_2.py).
+
+    `reduce_independent_p_g_buckets_and_remove_grads` copies a gradient of at most `reduce_bucket_size`
+    elements into one of two bucket buffers and points `param.grad` there, but a larger one bypasses them
+    (`extra_large_param_to_reduce`) and keeps its own tensor. After the reduction,
+    `copy_grads_in_partition` hands this rank's gradients to `async_accumulate_grad_in_cpu_via_gpu`,
+    which adds them to the host copy and leaves `param.grad` set: only the backward's epilogue
+    (`_clear_param_grad_only`) drops them (on the boundary micro-step
+    `async_inplace_copy_grad_to_fp32_buffer_from_gpu` frees each right away; gradients outside the
+    partition are freed after their reduction). So at the end of such a backward every oversized
+    gradient of the partition is allocated: low-precision bytes of 1/P of them. ZeRO-3 moves each
+    reduced partition into its flat buffer (on the CPU) and frees the gradient: nothing is held."""
+    spec = opts.spec
+    if not (spec.engine == "deepspeed" and spec.zero_stage == 2 and opts.cpu_offload
+            and opts.gradient_accumulation_steps > 1):
+        return 0
+    bucket = zero_reduce_bucket_size(shape.hidden)
+    oversized = sum(n for n in trainable_tensor_sizes(shape, opts) if n > bucket)
+    return ceil_div(low_bytes(opts) * oversized, shard_degree(opts))
 
 
 def _step_temporaries(shape: ModelShape, opts: MemoryOptions) -> int:
@@ -111,7 +137,8 @@ def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str
         "backward/lm_head": (act["saved"], logits["head_backward"], comm["head_backward"], 0, early_grads),
         "backward/layers": (act["saved"] + act["recompute"] + act["workspace"], logits["held"],
                             comm["layers_backward"], 0, early_grads),
-        "backward/end": (act["last_layer"], logits["held"], comm["layers_backward"], 0, full_grads),
+        "backward/end": (act["last_layer"], logits["held"], comm["layers_backward"], 0,
+                         full_grads + offload_held_gradients(shape, opts)),
         "optimizer/step": (0, logits["held"], 0, _step_temporaries(shape, opts), full_grads),
     }
     return {phase: dict(zip(terms, values)) for phase, values in rows.items()}
@@ -177,6 +204,8 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
     }
     if peak["gradients"] < state["gradients"]:
         breakdown.notes["gradients"] = f"not yet allocated in {phase} (state: {state['gradients'] / GIB:.2f} GiB)"
+    elif peak["gradients"] > state["gradients"]:
+        breakdown.notes["gradients"] = f"{low_bytes(opts)}B grads over reduce_bucket_size, held to the end of backward"
     loading = _quantized_loading(shape, opts, context)
     return loading if loading is not None and loading.total > breakdown.total else breakdown
 

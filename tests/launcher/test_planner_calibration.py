@@ -54,11 +54,9 @@ def test_prediction_within_tolerance_of_measured_peak(point):
 STRATEGY_POINTS = DATA.get("strategy_points", [])
 # Measured peaks the planner misses by more than the tolerance (BENCHMARKS.md, issue #17): expected
 # failures that must keep failing until the memory model is fixed (strict: a pass is reported as
-# an error, so the mark is removed together with the fix).
-KNOWN_MISSES = {
-    "strategies-zero2-offload-1gpu": "predicts 0.47 GiB allocated, measured 0.64 (-26%)",
-    "strategies-zero3-lora-offload-1gpu": "predicts 0.51 GiB allocated, measured 0.61 (-17%)",
-}
+# an error, so the mark is removed together with the fix). None now: ZeRO-2 offload's held oversized
+# gradients and ZeRO-3's fp32 LoRA adapters (launcher/plan/peak.py, memory.py) closed the last two.
+KNOWN_MISSES: dict[str, str] = {}
 
 
 def _strategy_param(point: dict):
