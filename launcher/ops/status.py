@@ -38,6 +38,8 @@ def state_from_record(run: dict[str, Any], records: list[dict[str, Any]]) -> str
             return "STOPPED (max_timeouts reached)"
         if outcome == "cancelled":
             return "CANCELLED"
+        if outcome == "stopped":
+            return "STOPPED (checkpointed; the same command resumes it)"
         return "COMPLETED" if int(last.get("exit_code", 1)) == 0 else f"FAILED (exit {last.get('exit_code')})"
     if any(r.get("event") == "done" for r in records):
         return "COMPLETED"
