@@ -298,3 +298,35 @@ def test_mistake_stops_before_the_queue(workdir: Path, tmp_path: Path, args: lis
     assert not (tmp_path / "run").exists() and not (workdir / "runs").exists(), "a run directory was written"
     assert sorted(p.name for p in workdir.iterdir()) == before, "files appeared next to the data"
     assert not calls.exists(), f"sbatch was called: {calls.read_text()}"
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (["--model", "chatmodel"], "model.path = ''"),
+    (["--model", "tiny", "--lora"], "lora.enabled = False"),
+    (["--model", "tiny", "--set", "model.arch.hidden_size=128"], "model.arch.hidden_size = 64"),
+], ids=["other-model", "lora-now", "other-arch"])
+def test_relaunch_into_a_run_whose_checkpoints_it_cannot_load(workdir: Path, tmp_path: Path, change: list[str],
+                                                              expected: str) -> None:
+    """--output naming a run that has a complete checkpoint resumes from it; a launch whose weights differ
+    (another model or architecture, LoRA switched on) would fail loading it on the nodes, after the queue.
+    Refused in one line (exit 2) naming the key, the run's train.toml left as it was, sbatch not called."""
+    calls, bin_dir, run_dir = tmp_path / "sbatch-calls", tmp_path / "bin", tmp_path / "run"
+    change = [str(_model_dir(tmp_path, word)) if word == "chatmodel" else word for word in change]
+    write_stub(bin_dir, "sbatch", f'echo "$*" >> {str(calls)!r}\necho 4242\n')
+    env = cli_env(PATH=f"{bin_dir}{os.pathsep}{path_without('sbatch')}")
+    first = run_cli(["--model", "tiny", "--cluster", "cluster.toml", "--output", str(run_dir)], workdir, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    checkpoint = run_dir / "checkpoints" / "step-00000010"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "COMPLETE").touch()  # what the job left behind
+    rendered = (run_dir / "train.toml").read_text()
+    calls.unlink()
+    result = run_cli([*change, "--cluster", "cluster.toml", "--output", str(run_dir)], workdir, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(lines) == 1 and expected in lines[0] and "--output" in lines[0], result.stderr
+    assert (run_dir / "train.toml").read_text() == rendered
+    assert not calls.exists(), f"sbatch was called: {calls.read_text()}"
+    same = run_cli(["--model", "tiny", "--learning_rate", "1e-4", "--cluster", "cluster.toml", "--output",
+                    str(run_dir)], workdir, env=env)  # the same weights, another learning rate: resumes
+    assert same.returncode == 0, same.stdout + same.stderr
