@@ -211,10 +211,19 @@ def check_container(launch: Launch) -> None:
 
 
 def check_writable(run_dir: Path) -> None:
-    """The run directory (or its nearest existing parent) must be a writable directory."""
+    """The run directory (or its nearest existing parent) must be a writable directory; an existing one a run
+    directory (run.json or train.toml) or empty: a launch writes, and removes, its own files there."""
     where = "(--output, else profile.storage_root)"
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir}: exists and is not a directory {where}", "--output")
+    is_run = (run_dir / protocol.RUN_RECORD).is_file() or (run_dir / protocol.TRAIN_CONFIG).is_file()
+    try:
+        foreign = run_dir.is_dir() and not is_run and any(run_dir.iterdir())
+    except OSError as err:
+        raise ConfigError(f"run directory {run_dir}: cannot list it ({err.strerror}) {where}", "--output") from None
+    if foreign:
+        raise ConfigError(f"run directory {run_dir}: not a run directory (no run.json or train.toml) and not empty: "
+                          f"a launch would write and replace files there; choose a new or empty one {where}", "--output")
     existing = run_dir
     while not existing.exists():
         existing = existing.parent

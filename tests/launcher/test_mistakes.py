@@ -92,6 +92,8 @@ def _files(root: Path) -> None:
     (root / "binary.jsonl").write_bytes(bytes(range(256)) * 8)
     (root / "good.jsonl").write_text("\n".join(SAMPLE[:20]) + "\n")
     (root / "afile").write_text("not a directory\n")
+    (root / "project").mkdir()  # someone's own folder: a launch must not write (or remove) files there
+    (root / "project" / "accelerate.yaml").write_text("compute_environment: LOCAL_MACHINE\n")
     (root / "text.jsonl").write_text(json.dumps({"text": "hello"}) + "\n" + json.dumps({"body": "x"}) + "\n")
     _columnar(root, [json.loads(line) for line in SAMPLE[:6]] + [json.loads(_chat(("human", "hi"), ("bot", "x")))])
     (root / "noconfig").mkdir()
@@ -241,6 +243,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("local-executor-two-nodes", ["--model", "tiny", "--executor", "local", "--nodes", "2"], "--nodes: the local"),
     ("output-under-a-file", ["--model", "tiny", "--output", "afile/run"], "afile is not writable"),
     ("output-is-a-file", ["--model", "tiny", "--output", "afile"], "exists and is not a directory"),
+    ("output-is-a-project-folder", ["--model", "tiny", "--output", "project"], "project: not a run directory"),
+    ("output-is-the-working-dir", ["--model", "tiny", "--output", "."], "not a run directory (no run.json"),
     # --- flags and commands, spelled almost right (no argparse abbreviations, a hint instead) ---
     ("flag-abbreviated", ["--model", "tiny", "--max_step", "20"], "unknown flag --max_step; did you mean --max_steps?"),
     ("flag-with-dashes", ["--model", "tiny", "--max-steps", "20"], "unknown flag --max-steps; did you mean --max_steps?"),
