@@ -18,19 +18,20 @@ from contract import protocol
 from contract.protocol import CHECKPOINT_MARKER
 from contract.schema import ConfigError
 from launcher import runrecord
+from launcher.usage import given
 
 _LOG_NAME = re.compile(r"^(?P<job>[0-9_]+)-r(?P<restart>\d+)\.log$")  # protocol.log_name
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="run directory, or a run name under the storage root")
+    parser.add_argument("run", type=given, metavar="RUN", help="run directory, or a run name under the storage root")
     add_root_arguments(parser)
 
 
 def add_root_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster", metavar="FILE", help="cluster profiles (default ./cluster.toml)")
-    parser.add_argument("--profile", metavar="NAME", help="profile whose storage_root holds the runs")
-    parser.add_argument("--root", metavar="DIR", help="storage root to look in (instead of the profile's)")
+    parser.add_argument("--cluster", type=given, metavar="FILE", help="cluster profiles (default ./cluster.toml)")
+    parser.add_argument("--profile", type=given, metavar="NAME", help="profile whose storage_root holds the runs")
+    parser.add_argument("--root", type=given, metavar="DIR", help="storage root to look in (instead of the profile's)")
 
 
 def storage_root(args: argparse.Namespace) -> Path:

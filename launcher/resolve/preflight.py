@@ -223,7 +223,8 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"run directory {run_dir}: cannot list it ({err.strerror}) {where}", "--output") from None
     if foreign:
         raise ConfigError(f"run directory {run_dir}: not a run directory (no run.json or train.toml) and not empty: "
-                          f"a launch would write and replace files there; choose a new or empty one {where}", "--output")
+                          f"a launch would write and replace files there; choose a new or empty one {where}",
+                          "--output")
     existing = run_dir
     while not existing.exists():
         existing = existing.parent

@@ -243,6 +243,11 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("local-executor-two-nodes", ["--model", "tiny", "--executor", "local", "--nodes", "2"], "--nodes: the local"),
     ("output-under-a-file", ["--model", "tiny", "--output", "afile/run"], "afile is not writable"),
     ("output-is-a-file", ["--model", "tiny", "--output", "afile"], "exists and is not a directory"),
+    ("data-empty", ["--model", "tiny", "--data", ""], "argument --data: empty value"),  # --data "$UNSET"
+    ("model-empty", ["--model", ""], "argument --model: empty value"),
+    ("cluster-empty", ["--model", "tiny", "--cluster", ""], "argument --cluster: empty value"),
+    ("status-run-empty", ["status", ""], "argument RUN: empty value"),  # not the working directory's run
+    ("output-empty", ["--model", "tiny", "--output", ""], "argument --output: empty value"),
     ("output-is-a-project-folder", ["--model", "tiny", "--output", "project"], "project: not a run directory"),
     ("output-is-the-working-dir", ["--model", "tiny", "--output", "."], "not a run directory (no run.json"),
     # --- flags and commands, spelled almost right (no argparse abbreviations, a hint instead) ---
