@@ -108,7 +108,7 @@ def run_local(launch: Launch) -> int:
     attempt = protocol.local_attempt_name(started)
     argv = train_command(launch, protocol.free_port(), attempt)
     log.info("running: %s", " ".join(argv))
-    _record(run_dir, "start", attempt=attempt)
+    _record(run_dir, "start", attempt=attempt, pid=os.getpid())  # status: RUNNING while this process lives
     with command.open_launcher_log(run_dir, attempt, socket.gethostname()) as launcher_log:
         child = subprocess.Popen(argv, cwd=run_dir, stderr=launcher_log, start_new_session=True,
                                  preexec_fn=_ignore_usr1)

@@ -154,6 +154,15 @@ def log_files(run_dir: Path, job_ids: list[str] | None = None) -> list[LogFile]:
     return sorted(files, key=key)
 
 
+def local_log(run_dir: Path) -> LogFile | None:
+    """A local run's log (it has no SLURM job, so no per-restart log): rank 0's output of its newest attempt,
+    what its terminal showed."""
+    ranks = run_dir / protocol.LOGS_DIR / protocol.RANK_LOGS_DIR
+    attempts = sorted(ranks.glob(f"{protocol.LOCAL_ATTEMPT_PREFIX}*/"), key=lambda path: path.stat().st_mtime)
+    path = attempts[-1] / protocol.rank_log_name(0) if attempts else None
+    return LogFile(attempts[-1].name, 0, path) if path is not None and path.is_file() else None
+
+
 def total_steps(settings: dict[str, Any], records: list[dict[str, Any]]) -> int | None:
     """train.max_steps when set, else the `total_steps` of the newest metrics record that has one."""
     max_steps = int(settings.get("train", {}).get("max_steps", -1) or -1)

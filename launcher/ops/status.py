@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,9 +47,25 @@ def state_from_record(run: dict[str, Any], records: list[dict[str, Any]]) -> str
         return "COMPLETED"
     if last.get("event") == "requeue":
         return "REQUEUED (job unknown to SLURM now)"
+    if last.get("event") == "start" and last.get("executor") == "local":
+        return _local_state(last)
     if last.get("event") == "start":
         return "UNKNOWN (was running; job unknown to SLURM now)"
     return "NOT STARTED" if not run.get("job_ids") else "UNKNOWN (job unknown to SLURM)"
+
+
+def _local_state(start: dict[str, Any]) -> str:
+    """A local run that recorded its start and no end: RUNNING while its launcher process lives."""
+    host, pid = start.get("host"), start.get("pid")
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return f"UNKNOWN (a local run on {host}; ask there)"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "UNKNOWN (the local run ended without a record: killed?)"
+    except PermissionError:
+        pass  # someone else's process: alive
+    return "RUNNING"
 
 
 def slurm_state(job_id: str, query: JobQuery,

@@ -82,6 +82,9 @@ def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, s
                                 text=True, preexec_fn=_default_sigint)
     try:
         _wait_for([run_dir / "started-0", run_dir / "started-1"], timeout=120)
+        running = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(run_dir)], cwd=tmp_path,
+                                 env=env, capture_output=True, text=True, timeout=60)
+        assert "state        RUNNING  [run.json, executor local]" in running.stdout, running.stdout + running.stderr
         launcher.send_signal(stop_signal)
         output, _ = launcher.communicate(timeout=60)
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -61,6 +63,25 @@ def test_logs_rank_prints_that_ranks_whole_output_of_the_chosen_attempt(tmp_path
     (local / "logs" / "ranks" / "local-20260101-000000" / "rank-00000.log").write_text("rank 0 of a local run\n")
     (local / "train.toml").touch()  # a local run: no per-restart log, the newest attempt
     assert sft("logs", str(local), "--rank", "0").stdout == "rank 0 of a local run\n"
+
+
+def test_logs_of_a_local_run_is_rank_0s_output_of_its_newest_attempt(tmp_path: Path) -> None:
+    """A local run has no per-restart log: `logs RUN` (and -f, once the run has ended) prints what its terminal
+    showed, rank 0's output of the newest attempt, not "no log of any restart yet (job pending?)"."""
+    run_dir = tmp_path / "local"
+    for age, (attempt, text) in enumerate([("local-20260102-000000", "[rank 0] the newest attempt\n"),
+                                           ("local-20260101-000000", "[rank 0] an older one\n")]):
+        ranks = run_dir / "logs" / "ranks" / attempt
+        ranks.mkdir(parents=True)
+        (ranks / "rank-00000.log").write_text(text)
+        (ranks / "rank-00001.log").write_text("[rank 1] not shown\n")
+        os.utime(ranks, (time.time() - 100 * age, time.time() - 100 * age))
+    (run_dir / "run.json").write_text(json.dumps({"job_ids": [], "events": [
+        {"event": "start", "executor": "local"}, {"event": "finish", "executor": "local", "exit_code": 0}]}))
+    for flags in ([], ["-f"]):
+        shown = subprocess.run([sys.executable, "-m", "launcher.cli", "logs", str(run_dir), *flags],
+                               capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert shown.returncode == 0 and shown.stdout == "[rank 0] the newest attempt\n", shown.stdout + shown.stderr
 
 
 def test_follow_switches_to_the_new_restart_file_and_ends_when_finished(tmp_path: Path) -> None:
