@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from contract import protocol
 from contract.schema import ConfigError, build, documented, require
+from contract.shape import misspelt_arch_key
 from contract.sources import DataFormat, DataSource, check_unique_names
 
 AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
@@ -50,6 +51,8 @@ class ModelSection:
         require(bool(self.path) or bool(self.arch), "model.path", "give a model path/HF id or model.arch")
         require(self.init == "full" or not self.path, "model.init",
                 f"{self.init!r} draws random weights; it cannot be combined with model.path = {self.path!r}")
+        if typo := misspelt_arch_key(self.arch):
+            raise ConfigError(f"model.arch.{typo[0]}: unknown key (did you mean: {typo[1]}?)", f"model.arch.{typo[0]}")
 
 
 @dataclass

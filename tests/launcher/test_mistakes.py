@@ -225,6 +225,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("sharded-init-with-deepspeed", ["--model", "tiny", "--strategy", "zero3", "--set", "profile.gpus_per_node=8",
                                      "--set", "profile.processes_per_node=8", "--set", "model.init=sharded"],
      "model.init: 'sharded' needs --strategy fsdp"),
+    ("arch-key-typo", ["--model", "tiny", "--set", "model.arch.hiden_size=128"],  # silently ignored by HF
+     "model.arch.hiden_size: unknown key (did you mean: hidden_size?)"),
     ("model-init-typo", ["--model", "tiny", "--set", "model.init=shard"], "model.init"),
     # --- command line ---
     ("nodes-zero", ["--model", "tiny", "--nodes", "0"], "--nodes 0: must be >= 1"),
