@@ -19,7 +19,7 @@ from launcher.resolve.options import LaunchRequest, parse_value, train_flag_name
 from launcher.usage import Parser, given
 
 EPILOG = """\
-Training flags (--learning_rate ... --compile) are train.toml's [train] keys, named as in
+Training flags (--learning_rate ... --profile_steps) are train.toml's [train] keys, named as in
 transformers' TrainingArguments. --set KEY=VALUE overrides any key by its dotted name:
 profile.<key> (cluster profile) or model./data./train./lora./run.<key> (train.toml); values are
 TOML literals (1e-5, true, ["wandb"]) or plain strings. Every launch prints the plan (memory, time,
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sbatch (default), local: run here without SLURM, or submitit: through submitit")
     parser.add_argument("--dry-run", action="store_true", help="render and check, submit nothing")
     parser.add_argument("--force", action="store_true",
-                        help="launch even when the plan says it does not fit in memory")
+                        help="launch even when the plan says it does not fit in memory or on disk")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a profile or training key (repeatable)")
     group = parser.add_argument_group("training flags ([train] in train.toml)")
