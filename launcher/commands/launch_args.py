@@ -15,7 +15,7 @@ from contract.schema import field_help
 from contract.strategies import LAUNCHABLE
 from launcher.cli import COMMANDS
 from launcher.execute.executors import EXECUTORS
-from launcher.resolve.options import LaunchRequest, parse_value, train_flag_names
+from launcher.resolve.options import LaunchRequest, field_type, parse_for, train_flag_names
 from launcher.usage import Parser, given
 
 EPILOG = """\
@@ -77,7 +77,8 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
     for key, value in vars(args).items():
         if key.startswith("train__") and value is not None:
             name = key.removeprefix("train__")
-            flags[name] = [str(v) for v in value] if isinstance(value, list) else parse_value(value)
+            flags[name] = [str(v) for v in value] if isinstance(value, list) else \
+                parse_for(value, field_type(TrainSection, name))
     return LaunchRequest(
         model=args.model, nodes=args.nodes, cluster=args.cluster, profile=args.profile, data=args.data,
         output=args.output, strategy=args.strategy, lora=args.lora, qlora=args.qlora, time=args.time, job_name=args.job_name,

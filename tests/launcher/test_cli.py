@@ -185,3 +185,23 @@ def test_dry_run_test_only_against_local_slurm(tmp_path: Path) -> None:
     refused = run_cli([*base, "--set", "profile.partition=no-such-partition", "--output", str(tmp_path / "bad")],
                       tmp_path)
     assert refused.returncode == 1 and "invalid partition" in _error_line(refused)
+
+
+def test_set_and_flag_values_that_look_like_numbers_stay_text_where_a_text_is_expected(tmp_path: Path) -> None:
+    """`--set profile.account=12345` (HPC accounts are often numbers), `profile.mem=64000` (MB), `profile.time=90`
+    (minutes) and `--profile_steps 5` are what sbatch and the docs take; the TOML literal they parse as is an
+    integer, which was refused ("expected str, got 12345") unless quoted twice."""
+    result = run_cli(["--cluster", str(EXAMPLE_CLUSTER), "--profile", "cpu", "--model", "tiny", "--dry-run",
+                      "--output", str(tmp_path / "run"), "--set", "profile.account=12345", "--set",
+                      "profile.mem=64000", "--set", "profile.time=90", "--set", "profile.env.SEED_TAG=7",
+                      "--profile_steps", "5"], tmp_path, env=_no_sbatch_env())
+    assert result.returncode == 0, result.stderr
+    rendered = rendered_dir(result)
+    script = (rendered / "launch.slurm").read_text()
+    assert "#SBATCH --account=12345\n" in script and "#SBATCH --mem=64000\n" in script, script
+    assert "#SBATCH --time=0-01:30:00\n" in script and "SEED_TAG=7" in script, script
+    assert 'profile_steps = "5"' in (rendered / "train.toml").read_text()
+    wrong = run_cli(["--cluster", str(EXAMPLE_CLUSTER), "--profile", "cpu", "--model", "tiny", "--dry-run",
+                     "--output", str(tmp_path / "run"), "--set", "profile.gpus_per_node=two"], tmp_path,
+                    env=_no_sbatch_env())  # an integer field still wants an integer
+    assert wrong.returncode == 2 and "gpus_per_node: expected an integer, got 'two'" in wrong.stderr, wrong.stderr
