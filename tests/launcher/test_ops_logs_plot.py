@@ -138,6 +138,17 @@ def test_plot_cli_writes_a_png_with_mfu_when_known(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def test_plot_out_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    """--out in a folder that does not exist, or in a format matplotlib cannot write: one line (exit 2),
+    not matplotlib's traceback."""
+    run_dir = make_run(tmp_path)
+    for out, words in ((tmp_path / "nope" / "curves.png", "no such directory"), (tmp_path / "curves.txt", "'.txt'")):
+        proc = sft("plot", str(run_dir), "--out", str(out))
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "--out" in lines[0] and words in lines[0], proc.stderr
+        assert not out.exists()
+
+
 def test_no_matplotlib_or_torch_when_importing_the_ops_modules() -> None:
     code = ("import sys, launcher.cli, launcher.ops.status, launcher.ops.runs, launcher.ops.logs, "
             "launcher.ops.cancel, launcher.ops.plot, launcher.api, launcher.execute.submitit_exec; "
