@@ -227,6 +227,13 @@ MISTAKES: list[tuple[str, list[str], str]] = [
      "model.init: 'sharded' needs --strategy fsdp"),
     ("arch-key-typo", ["--model", "tiny", "--set", "model.arch.hiden_size=128"],  # silently ignored by HF
      "model.arch.hiden_size: unknown key (did you mean: hidden_size?)"),
+    ("lora-dropout-above-1", ["--model", "tiny", "--lora", "--set", "lora.dropout=1.5"],  # torch's Dropout refuses it
+     "lora.dropout: must be in [0, 1)"),
+    ("lora-no-target-modules", ["--model", "tiny", "--lora", "--set", "lora.target_modules=[]"],
+     "lora.target_modules: name at least one"),
+    ("lora-unknown-target-module", ["--model", "tiny", "--lora", "--set", 'lora.target_modules=["q_proj", "qkv"]'],
+     "lora.target_modules: unknown module 'qkv'"),
+    ("lora-alpha-negative", ["--model", "tiny", "--lora", "--set", "lora.alpha=-16"], "lora.alpha: must be > 0"),
     ("model-init-typo", ["--model", "tiny", "--set", "model.init=shard"], "model.init"),
     # --- command line ---
     ("nodes-zero", ["--model", "tiny", "--nodes", "0"], "--nodes 0: must be >= 1"),
