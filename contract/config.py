@@ -74,6 +74,7 @@ class DataSection:
     def validate(self) -> None:
         require(0.0 <= self.eval_fraction < 1.0, "data.eval_fraction", "must be in [0, 1)")
         require(self.tokens_per_micro_batch >= 0, "data.tokens_per_micro_batch", "must be >= 0")
+        require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
         if self.sources is not None:
             require(bool(self.sources), "data.sources", "give at least one [[data.sources]] table")
             mixed = [key for key in ("path", "eval_path", "eval_fraction") if getattr(self, key)]
@@ -154,8 +155,17 @@ class TrainSection:
         require(self.save_steps >= 1, "train.save_steps", "must be >= 1")
         require(self.save_total_limit >= 1, "train.save_total_limit", "must be >= 1")
         require(self.logging_steps >= 1, "train.logging_steps", "must be >= 1")
-        require(self.profile_steps is None or bool(re.fullmatch(r"\d+(:\d+)?", self.profile_steps)),
-                "train.profile_steps", f"expected 'START:STOP' (e.g. '8:10'), got {self.profile_steps!r}")
+        require(self.eval_steps >= 0, "train.eval_steps", "must be >= 0")
+        for beta in ("adam_beta1", "adam_beta2"):  # what torch.optim.AdamW refuses, here before the queue
+            require(0.0 <= getattr(self, beta) < 1.0, f"train.{beta}", "must be in [0, 1)")
+        require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        require(self.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
+        require(0 <= self.seed < 2**32, "train.seed", "must be in [0, 2**32) (numpy's seed range)")
+        steps = re.fullmatch(r"(\d+)(?::(\d+))?", self.profile_steps or "0")
+        require(steps is not None, "train.profile_steps",
+                f"expected 'START:STOP' (e.g. '8:10'), got {self.profile_steps!r}")
+        require(steps is None or steps[2] is None or int(steps[2]) > int(steps[1]), "train.profile_steps",
+                f"STOP must come after START, got {self.profile_steps!r}")
         bad = set(self.report_to) - {"jsonl", "wandb", "none"}
         require(not bad, "train.report_to", f"unknown reporter(s) {sorted(bad)}; valid: jsonl, wandb, none")
 
