@@ -140,6 +140,8 @@ class ClusterProfile:
         require(self.collective_timeout_s >= 1, "collective_timeout_s", "must be >= 1")
         require(self.max_node_failures >= 0, "max_node_failures", "must be >= 0")
         require(self.master_port == 0 or 1024 < self.master_port < 65536, "master_port", "must be 0 or 1025-65535")
+        require(bool(self.python.strip()), "python", "must name the interpreter the batch shell runs (python3)")
+        require(bool(self.storage_root.strip()), "storage_root", "must name the folder run directories go to")
         for name in self.env:
             require(bool(_ENV_NAME.match(name)), f"env.{name}", "not a valid environment variable name")
             require(not is_secret_name(name), f"env.{name}",

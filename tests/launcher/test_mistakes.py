@@ -289,6 +289,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("cluster-toml-syntax", ["--model", "tiny", "--cluster", "broken.toml"], "broken.toml"),
     ("profile-key-typo", ["--model", "tiny", "--cluster", "typo.toml"], "partiton"),
     ("profile-negative-gpus", ["--model", "tiny", "--set", "profile.gpus_per_node=-1"], "gpus_per_node: must be >= 0"),
+    ("profile-python-empty", ["--model", "tiny", "--set", "profile.python="], "python: must name the interpreter"),
+    ("profile-storage-root-empty", ["--model", "tiny", "--set", "profile.storage_root="], "storage_root: must name"),
     ("profile-secret-env", ["--model", "tiny", "--set", "profile.env.HF_TOKEN=abc"], "export it in your shell"),
     ("data-not-on-shared-storage", [*D, "good.jsonl", "--cluster", "shared.toml"],
      "good.jsonl: not on the nodes' shared storage (profile.shared_paths"),
