@@ -210,6 +210,17 @@ def check_container(launch: Launch) -> None:
         raise ConfigError(f"container.image: {image}: no such file", "container.image")
 
 
+def read_run_record(run_dir: Path) -> dict[str, Any]:
+    """RUN/run.json ({} when there is none); one that is not JSON is a ConfigError naming its line."""
+    path = run_dir / protocol.RUN_RECORD
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}:{err.lineno}: not valid JSON ({err.msg}); mend or remove it", "--output") from None
+
+
 def check_writable(run_dir: Path) -> None:
     """The run directory (or its nearest existing parent) must be a writable directory; an existing one a run
     directory (run.json or train.toml) or empty: a launch writes, and removes, its own files there."""
@@ -221,6 +232,7 @@ def check_writable(run_dir: Path) -> None:
         foreign = run_dir.is_dir() and not is_run and any(run_dir.iterdir())
     except OSError as err:
         raise ConfigError(f"run directory {run_dir}: cannot list it ({err.strerror}) {where}", "--output") from None
+    read_run_record(run_dir)  # a broken run.json: one line now, not a traceback from whatever reads it next
     if foreign:
         raise ConfigError(f"run directory {run_dir}: not a run directory (no run.json or train.toml) and not empty: "
                           f"a launch would write and replace files there; choose a new or empty one {where}",
@@ -257,10 +269,9 @@ def check_resumable(launch: Launch) -> None:
         return
     try:
         train = tomllib.loads((run_dir / protocol.TRAIN_CONFIG).read_text(encoding="utf-8"))
-        record = json.loads((run_dir / protocol.RUN_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return  # nothing to compare with
-    before = _resume_values(train, record.get("strategy"))
+    before = _resume_values(train, read_run_record(run_dir).get("strategy"))
     now = _resume_values(to_dict(launch.train), launch.strategy)
     for key, old in before.items():
         if key in now and now[key] != old:

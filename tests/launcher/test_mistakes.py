@@ -359,3 +359,20 @@ def test_relaunch_into_a_run_whose_checkpoints_it_cannot_load(workdir: Path, tmp
     same = run_cli(["--model", "tiny", "--learning_rate", "1e-4", "--cluster", "cluster.toml", "--output",
                     str(run_dir)], workdir, env=env)  # the same weights, another learning rate: resumes
     assert same.returncode == 0, same.stdout + same.stderr
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["launch", "dry-run"])
+def test_relaunch_into_a_run_whose_run_json_is_broken(workdir: Path, tmp_path: Path, dry_run: bool) -> None:
+    """A run.json cut short (a full disk, an editor): one line naming run.json:LINE (exit 2), not a
+    JSONDecodeError traceback; nothing rewritten, sbatch not called."""
+    calls, bin_dir, run_dir = tmp_path / "sbatch-calls", tmp_path / "bin", tmp_path / "run"
+    write_stub(bin_dir, "sbatch", f'echo "$*" >> {str(calls)!r}\necho 4242\n')
+    env = cli_env(PATH=f"{bin_dir}{os.pathsep}{path_without('sbatch')}")
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text('{"job_ids": ["17",\n')
+    result = run_cli(["--model", "tiny", "--cluster", "cluster.toml", "--output", str(run_dir),
+                      *(["--dry-run"] if dry_run else [])], workdir, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(lines) == 1 and f"{run_dir / 'run.json'}:2: not valid JSON" in lines[0], result.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"] and not calls.exists()
