@@ -64,6 +64,16 @@ def _wait_for(paths: list[Path], timeout: float) -> None:
         time.sleep(0.1)
 
 
+def _stand_in_env(tmp_path: Path, source: str) -> dict[str, str]:
+    """The CLI's environment with `source` as the `train` module the workers run (first on PYTHONPATH)."""
+    module_dir = tmp_path / "standin"
+    module_dir.mkdir()
+    (module_dir / "train.py").write_text(source)
+    env = cli_env()
+    env["PYTHONPATH"] = f"{module_dir}{os.pathsep}{env['PYTHONPATH']}"
+    return env
+
+
 def _default_sigint() -> None:
     # A backgrounded parent may ignore SIGINT, and Python then never raises KeyboardInterrupt (Ctrl-C).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -71,11 +81,7 @@ def _default_sigint() -> None:
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGUSR1, signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, stop_signal: signal.Signals) -> None:
-    module_dir = tmp_path / "standin"
-    module_dir.mkdir()
-    (module_dir / "train.py").write_text(STAND_IN)
-    env = cli_env()
-    env["PYTHONPATH"] = f"{module_dir}{os.pathsep}{env['PYTHONPATH']}"
+    env = _stand_in_env(tmp_path, STAND_IN)
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--output", str(run_dir)]
     launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -176,11 +182,7 @@ def test_status_tells_how_a_local_run_ended(tmp_path: Path) -> None:
     """A local run records its start and end in run.json as a SLURM job does: `status` says FAILED for a
     run whose training failed, not NOT STARTED, and a failed resume of a run that once completed is
     FAILED, not the earlier COMPLETED (metrics.jsonl's old `done`)."""
-    module_dir = tmp_path / "standin"
-    module_dir.mkdir()
-    (module_dir / "train.py").write_text(ENDS_WITH)
-    env = cli_env()
-    env["PYTHONPATH"] = f"{module_dir}{os.pathsep}{env['PYTHONPATH']}"
+    env = _stand_in_env(tmp_path, ENDS_WITH)
     run_dir = tmp_path / "run"
     launch = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--output", str(run_dir)]
     status = [sys.executable, "-m", "launcher.cli", "status", str(run_dir)]
