@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from contract import protocol
-from contract.schema import ConfigError, build, documented, require
+from contract.schema import ConfigError, build, documented, read_utf8, require
 from contract.shape import LORA_TARGETS, misspelt_arch_key
 from contract.sources import DataFormat, DataSource, check_unique_names
 
@@ -270,7 +270,7 @@ def load_train_config(path: str | Path) -> TrainConfig:
     """Read and validate train.toml. Relative run.dir is taken relative to the file's folder."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_utf8(path))
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise ConfigError(f"{path}: {err}") from None
     cfg = build(TrainConfig, data)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from contract import gpus
-from contract.schema import ConfigError, build, closest, require
+from contract.schema import ConfigError, build, closest, read_utf8, require
 from contract.strategies import Strategy
 from launcher.resolve.sbatch_options import sbatch_option, validate_profile_options
 
@@ -178,7 +178,7 @@ class ClusterFile:
 
 def read_cluster_file(path: Path) -> ClusterFile:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_utf8(path)
         data = tomllib.loads(text)
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None

@@ -105,6 +105,9 @@ def _files(root: Path) -> None:
     (root / "cluster.toml").write_text(CLUSTER)
     (root / "broken.toml").write_text('default_profile = "cpu"\n[profiles.cpu]\ngpus_per_node = \n')
     (root / "typo.toml").write_text(CLUSTER + "partiton = \"x\"\n")
+    # saved by an editor in Latin-1: an accented comment
+    (root / "latin1.toml").write_bytes(b"# cluster profiles\n# caf\xe9\n" + CLUSTER.encode())
+    (root / "latin1_mix.toml").write_bytes(b'[[data.sources]]\n# caf\xe9\npath = "good.jsonl"\n')
     (root / "hf_home").mkdir()
     (root / "shared.toml").write_text(CLUSTER + f'shared_paths = ["{root / "hf_home"}"]\n')
     (root / "hfhome.toml").write_text(CLUSTER + f'hf_home = "{root / "hf_home"}"\n')
@@ -287,6 +290,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("profile-unknown", ["--model", "tiny", "--profile", "gpu"], "gpu"),
     ("cluster-file-missing", ["--model", "tiny", "--cluster", "missing.toml"], "missing.toml"),
     ("cluster-toml-syntax", ["--model", "tiny", "--cluster", "broken.toml"], "broken.toml"),
+    ("cluster-file-not-utf8", ["--model", "tiny", "--cluster", "latin1.toml"], "latin1.toml:2: not valid UTF-8"),
+    ("data-toml-not-utf8", [*D, "latin1_mix.toml"], "latin1_mix.toml:2: not valid UTF-8"),
     ("profile-key-typo", ["--model", "tiny", "--cluster", "typo.toml"], "partiton"),
     ("profile-negative-gpus", ["--model", "tiny", "--set", "profile.gpus_per_node=-1"], "gpus_per_node: must be >= 0"),
     ("profile-python-empty", ["--model", "tiny", "--set", "profile.python="], "python: must name the interpreter"),
