@@ -10,6 +10,7 @@ import argparse
 import typing
 from typing import Any
 
+from contract import __version__
 from contract.config import TrainSection
 from contract.schema import field_help
 from contract.strategies import LAUNCHABLE
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sft-launch", description="Fine-tune a LLaMA-family model on SLURM (or locally): "
         "validate, render a run directory, submit.", epilog=EPILOG.format(commands=", ".join(COMMANDS)),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"sft-launch {__version__}")
     parser.add_argument("--cluster", type=given, metavar="FILE", help="cluster profiles (default ./cluster.toml)")
     parser.add_argument("--profile", type=given, metavar="NAME",
                         help="profile in the cluster file (default: default_profile)")

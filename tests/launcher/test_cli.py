@@ -27,6 +27,10 @@ def _error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 def test_help_and_models(tmp_path: Path) -> None:
     assert run_cli(["--help"], tmp_path).returncode == 0
+    from contract import __version__
+
+    version = run_cli(["--version"], tmp_path)  # not "the following arguments are required: --model"
+    assert version.returncode == 0 and version.stdout == f"sft-launch {__version__}\n", version.stdout + version.stderr
     models = run_cli(["models"], tmp_path)
     assert models.returncode == 0
     for name in ("tiny", "llama-7b", "llama-13b", "llama-70b", "llama3-8b", "llama3-70b", "llama3.2-1b",
