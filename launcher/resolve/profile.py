@@ -200,7 +200,8 @@ def line_of_key(text: str, table: list[str], dotted_key: str) -> int:
     """1-based line where `dotted_key` is set inside table `table` (e.g. ['profiles', 'gpu']); best effort.
 
     Handles `[a.b]` headers with `key = ...` lines, sub-tables (`[a.b.container]` + `image =`) and
-    dotted keys (`container.image =`). Falls back to the table's header line, then to 1.
+    dotted keys (`container.image =`). Falls back to the table's header line (a top-level key given as a
+    table, `[profile.gpu]`: that header), then to 1.
     """
     lines = text.splitlines()
     parts = dotted_key.split(".")
@@ -218,6 +219,9 @@ def line_of_key(text: str, table: list[str], dotted_key: str) -> int:
                 break
             if key_pattern.match(lines[index]):
                 return index + 1
+    if not table and not header_line:  # a top-level key set as a table: [key.sub] or [[key]]
+        table_header = re.compile(rf"^\s*\[\[?\s*{re.escape(parts[0])}\s*[.\]]")
+        header_line = next((index + 1 for index, line in enumerate(lines) if table_header.match(line)), 0)
     return header_line or 1
 
 

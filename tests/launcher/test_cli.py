@@ -81,6 +81,9 @@ def test_cluster_file_errors_name_the_toml_line(tmp_path: Path) -> None:
     assert fused.returncode == 2
     assert _error_line(fused).endswith("train.fused_mlp: cannot be used: it needs Hopper or Blackwell "
                                        "(compute capability 9.0-10.3; this GPU has 7.0)")
+    cluster.write_text('# my profiles\ndefault_profile = "gpu"\n\n[profile.gpu]\ngpus_per_node = 8\n')  # profile.
+    singular = run_cli(["--model", "tiny", "--dry-run"], tmp_path, env=_no_sbatch_env())
+    assert "cluster.toml:4: unknown top-level key 'profile'" in _error_line(singular)
 
 
 def test_dry_run_without_sbatch_prints_summary(roomy_tmp: Path) -> None:
