@@ -136,8 +136,10 @@ def run_local(launch: Launch) -> int:
 
 
 def _record(run_dir: Path, event: str, **fields: object) -> None:
-    """run.json's start / finish events, as the batch shell records them: `sft-launch status` reads them."""
+    """run.json's start / finish events, as the batch shell records them: `sft-launch status` reads them. No job
+    id: inside an salloc session SLURM_JOB_ID is the session's, not this run's (status and ownership ask SLURM)."""
     try:
-        runrecord.record_event(run_dir / protocol.RUN_RECORD, event, {"executor": "local", **fields})
+        runrecord.record_event(run_dir / protocol.RUN_RECORD, event,
+                               {"executor": "local", "job_id": "", "restart": 0, **fields})
     except OSError as err:  # bookkeeping must never fail the run
         print(f"sft-launch: run.json not updated: {err}", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ exit 0. The lead can point this at the real `train` module.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -187,9 +188,9 @@ def test_status_tells_how_a_local_run_ended(tmp_path: Path) -> None:
     launch = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--output", str(run_dir)]
     status = [sys.executable, "-m", "launcher.cli", "status", str(run_dir)]
 
-    def state_after(code: int) -> str:
-        ran = subprocess.run(launch, cwd=tmp_path, env={**env, "STAND_IN_EXIT": str(code)}, capture_output=True,
-                             text=True, timeout=120)
+    def state_after(code: int) -> str:  # inside an salloc session: its job is not this run's job
+        ran = subprocess.run(launch, cwd=tmp_path, env={**env, "STAND_IN_EXIT": str(code), "SLURM_JOB_ID": "4711"},
+                             capture_output=True, text=True, timeout=120)
         assert ran.returncode == code, ran.stdout[-2000:] + ran.stderr[-2000:]
         shown = subprocess.run(status, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, shown.stderr
@@ -198,3 +199,5 @@ def test_status_tells_how_a_local_run_ended(tmp_path: Path) -> None:
     assert state_after(1).startswith("FAILED (exit 1)")
     assert state_after(0).startswith("COMPLETED")
     assert state_after(1).startswith("FAILED (exit 1)")
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["job_ids"] == [] and {e["job_id"] for e in record["events"]} == {""}
