@@ -171,7 +171,9 @@ def launch(run_dir: Path, gpus: int, port: int, timeout: float | None = None,
     return (TIMED_OUT if TIMED_OUT in codes else max(codes)), text
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options of every phase, the lengths of the documents (args.lengths) and the phases to skip
+    (args.skip_phases: --only's complement, or --skip plus 8b-peer)."""
     from bench import multi_full  # it builds on this module
 
     parser = argparse.ArgumentParser()
@@ -194,22 +196,29 @@ def main() -> None:
                         "but 8b-peer (its own call, its own file) runs, less --skip")
     multi_full.add_arguments(parser)
     parser.add_argument("--tag", default="", help="results file multi-<gpus>gpu-<tag>.json (one per set of phases)")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
     if unknown := (skip | only) - set(PHASES):
         parser.error(f"--skip/--only: unknown phase(s) {','.join(sorted(unknown))}; known: {','.join(PHASES)}")
-    skip = set(PHASES) - only if only else skip | {"8b-peer"}
+    args.skip_phases = set(PHASES) - only if only else skip | {"8b-peer"}
+    args.lengths = sample_lengths(DOCS, seed=0, hi=MAX_DOC_TOKENS)
+    return args
+
+
+def main() -> None:
+    from bench import multi_full  # it builds on this module
+
+    args = parse_args()
+    skip = args.skip_phases
+    args.out.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, str]] = []
     result: dict[str, Any] = {"gpu_count": args.gpus, "docs": DOCS, "max_doc_tokens": MAX_DOC_TOKENS}
 
     result["disk_write_gbps"] = disk_write_gbps(args.out)
     rows.append(("disk write bandwidth", f"{result['disk_write_gbps']:.2f} GB/s"))
-    lengths = sample_lengths(DOCS, seed=0, hi=MAX_DOC_TOKENS)
-    args.lengths = lengths
     data = args.out / "docs.jsonl"
-    write_token_jsonl(data, lengths, shape("llama3-8b")["vocab_size"])
+    write_token_jsonl(data, args.lengths, shape("llama3-8b")["vocab_size"])
 
     ckpt = args.out / "llama3-8b-random"
     if not {"8b", "naive", "8b-mfu"} <= skip:

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from contract.protocol import free_port  # noqa: E402  (after the sys.path line: runnable as a script)
+from bench.peer_fsdp import accelerate_yaml  # noqa: E402  (after the sys.path line: runnable as a script)
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=512, tie_word_embeddings=False)
@@ -73,29 +73,6 @@ def arch_for(case: Case) -> dict:
         arch["num_hidden_layers"] = case.layers
     arch["max_position_embeddings"] = max(case.tokens, 2048)
     return arch
-
-
-def accelerate_yaml(num_processes: int, mixed_precision: str) -> str:
-    """FSDP2 full shard, the way the launcher renders it (checkpointing is done on the HF model)."""
-    return f"""compute_environment: LOCAL_MACHINE
-distributed_type: FSDP
-mixed_precision: '{mixed_precision}'
-num_machines: 1
-num_processes: {num_processes}
-machine_rank: 0
-use_cpu: false
-rdzv_backend: static
-same_network: true
-fsdp_config:
-  fsdp_version: 2
-  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
-  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
-  fsdp_reshard_after_forward: true
-  fsdp_state_dict_type: SHARDED_STATE_DICT
-  fsdp_cpu_ram_efficient_loading: false
-  fsdp_offload_params: false
-  fsdp_activation_checkpointing: false
-"""
 
 
 # --------------------------------------------------------------------------- worker (torch side)
@@ -164,13 +141,12 @@ def launch_case(case: Case, args: argparse.Namespace, workdir: Path) -> dict | N
     gpus = args.gpus if case.gpus == MULTI else case.gpus
     case_dir = workdir / f"{case.name}-{gpus}gpu"
     case_dir.mkdir(parents=True)
-    yaml_path = case_dir / "accelerate.yaml"
-    yaml_path.write_text(accelerate_yaml(gpus, "no" if args.cpu_smoke else "bf16"))
+    # The model is built on the device by the worker: no CPU-RAM-efficient loading
+    yaml_path = accelerate_yaml(case_dir, gpus, "no" if args.cpu_smoke else "bf16", ram_efficient_loading=False)
     spec = {"arch": arch_for(case), "tokens": case.tokens, "checkpointing": case.checkpointing,
             "steps": args.steps, "result": str(case_dir / "result.json")}
     (case_dir / "spec.json").write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(yaml_path),
-           "--num_processes", str(gpus), "--main_process_port", str(free_port()),
            str(Path(__file__).resolve()), "--worker", str(case_dir / "spec.json")]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -38,11 +39,14 @@ from bench.gpu_strategies import TIMED_OUT
 from bench.peer_fsdp import run_peer
 from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
 from contract import protocol
+from contract.config import load_train_config
 from contract.shape import ModelShape
+from train.main import CUDA_ALLOC_CONF
 
 SHAPE = "llama3-8b"
 SAVE_FRACTION = 2 / 3  # the one save: after the warm-up, with a third of the steps left to show its after-effects
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the sharded save's bulk)
+NO_SAVE_STEP = 1_000_000  # --save_steps past any run here: --no-save8b-full's run saves nothing
 RECOMPILE_LINES = 80  # of TORCH_LOGS=recompiles' output kept in the results (all of it stays in machine*.log)
 
 
@@ -53,6 +57,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-timeout", type=float, default=240,
                         help="8b-peer: the peer's wall-clock limit (s), its fall-back run included")
     parser.add_argument("--peer-compile", action="store_true", help="8b-peer: the peer with torch_compile")
+    parser.add_argument("--sides8b-full", default="ours,peer", type=_sides,
+                        help="8b-peer: which sides run, comma list of ours,peer (an A/B of our settings runs "
+                             "ours alone under each, the peer once)")
+    parser.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="8b-peer: a train.toml override for our run (sft-launch --set), e.g. "
+                             "train.profile_steps=30:32 for a profile of two steps in the log")
+    parser.add_argument("--no-save8b-full", action="store_true",
+                        help="8b-peer: our run without its one timed save (an A/B of step speed alone)")
+
+
+def _sides(text: str) -> set[str]:
+    sides = set(text.split(","))
+    if not sides <= {"ours", "peer"}:
+        raise argparse.ArgumentTypeError(f"ours and/or peer, not {text!r}")
+    return sides
 
 
 def save_step(steps: int) -> int:
@@ -63,20 +82,37 @@ def save_step(steps: int) -> int:
 
 
 def windows(metrics: Path) -> list[dict[str, Any]]:
-    """Each logged window's step, duration, throughput, MFU, compiled-graph count and the allocator's state
-    (peak reserved GiB, free-and-retry passes so far: memory pressure shows there) from metrics.jsonl."""
+    """Each logged window's step, duration, throughput, MFU, compiled-graph count, the allocator's state
+    (peak reserved GiB, free-and-retry passes so far: memory pressure shows there) and the seconds Python's
+    garbage collection took in it, from metrics.jsonl."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
     previous = [0.0] + [r["elapsed_s"] for r in steps[:-1]]
     return [{"step": r["step"], "seconds": r["elapsed_s"] - before, "tokens_per_s": r["tokens_per_s"],
              "mfu": r.get("mfu"), "compiled_graphs": r.get("compiled_graphs", 0),
-             "peak_reserved_gib": r.get("peak_reserved_gib"), "alloc_retries": r.get("alloc_retries")}
+             "peak_reserved_gib": r.get("peak_reserved_gib"), "alloc_retries": r.get("alloc_retries"),
+             "gc_s": r.get("gc_s")}
             for r, before in zip(steps, previous)]
 
 
 def recompiles(text: str) -> list[str]:
     """TORCH_LOGS=recompiles' lines (what was recompiled and the guard that failed), every rank's."""
     return [line.strip() for line in text.splitlines() if "[__recompiles" in line][:RECOMPILE_LINES]
+
+
+def kernels(text: str) -> dict[str, Any]:
+    """What our run chose, from its log: the attention backend for packed batches, and whether the fused
+    SwiGLU MLP ran (quack's kernels come with flash-attn-4; FP8 keeps it off)."""
+    attention = re.search(r"attention: (\S+) for packed batches", text)
+    mlp = re.search(r"fused SwiGLU MLP (\(quack GEMMs\)|off)", text)
+    return {"attention": attention.group(1) if attention else None,
+            "fused_mlp": mlp.group(1) != "off" if mlp else None}
+
+
+def allocator_setting(default: str) -> str:
+    """The CUDA caching allocator's setting a side ran with: the environment's, else the side's own default
+    (train's CUDA_ALLOC_CONF for ours; "" = torch's default for the peer)."""
+    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or default
 
 
 def free_disk(run: Path) -> None:
@@ -88,12 +124,13 @@ def free_disk(run: Path) -> None:
 def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
     run = args.out / "run-8b-full"
     shutil.rmtree(run, ignore_errors=True)  # a run of an earlier call would be resumed, its metrics appended to
-    at = save_step(args.steps8b_full)
+    at = NO_SAVE_STEP if args.no_save8b_full else save_step(args.steps8b_full)
     gpu_multi.render(run, SHAPE, data, args.gpus, [
         "--max_steps", str(args.steps8b_full), "--save_steps", str(at), "--gradient_checkpointing", "false",
         *gpu_multi.random_weights(arch, sharded=True),
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
-        "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}"])
+        "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}",
+        *(arg for setting in args.ours_set for arg in ("--set", setting))])
     code, text = gpu_multi.launch(run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
     free_disk(run)
     if code != 0:
@@ -104,7 +141,9 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     ready = re.findall(r"model ready ([\d.]+) s", text)
     block = {"path": "ours-8b-full", **stats, "tokens_per_micro_batch": args.tokens8b_full, "compile": not gpu_multi.CPU_SMOKE,
              "gradient_checkpointing": False, "model_ready_s": max(map(float, ready), default=None),
-             "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text)}
+             "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text),
+             "alloc_conf": allocator_setting(CUDA_ALLOC_CONF), "kernels": kernels(text),
+             "precision": load_train_config(run / protocol.TRAIN_CONFIG).train.precision}
     if saved:
         block["save"] = {**saved, "step": at}
         seconds = stats["seconds"] + saved["seconds"]
@@ -122,7 +161,7 @@ def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     if isinstance(side, str):
         return side
     peak = device_peak()[1]
-    return {**side, "gpu_count": args.gpus, "peak_flops": peak,
+    return {**side, "gpu_count": args.gpus, "peak_flops": peak, "alloc_conf": allocator_setting(""),
             **throughput_numbers(arch, args.lengths, side["real_tokens_per_s"], args.gpus, peak)}
 
 
@@ -137,6 +176,8 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
     print(f"8b-peer: our save writes ~{record['expected_save_gb']:.0f} GB; at the measured {disk_gbps:.2f} GB/s "
           f"~{record['expected_save_s']:.0f} s of our {args.ours_timeout:.0f} s limit", flush=True)
     for key, side in (("8b_full", ours), ("8b_full_peer", peer)):
+        if side.__name__ not in args.sides8b_full:
+            continue
         found = side(args, data, arch)
         if isinstance(found, str):
             record[f"{key}_error"] = found
@@ -144,9 +185,14 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
             record[key] = found
         summarize(record)
         if args.results:
-            write_result(args.results / f"multi-{args.gpus}gpu-8b-full.json", record)
+            write_result(args.results / result_name(args), record)
     rows.extend(table_rows(record, args.gpus))
     return record
+
+
+def result_name(args: argparse.Namespace) -> str:
+    """multi-<gpus>gpu-8b-full.json, -<tag> before .json with gpu_multi's --tag (an A/B writes one file a side)."""
+    return f"multi-{args.gpus}gpu-8b-full{'-' + args.tag if args.tag else ''}.json"
 
 
 def summarize(record: dict[str, Any]) -> None:

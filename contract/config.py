@@ -139,6 +139,9 @@ class TrainSection:
                       "(a scale per row: slower, and no closer to bf16 in our H100 parity runs)")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
+    gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"
+                                         "generation collection on every rank every N steps instead (at the same "
+                                         "step everywhere); 0 = Python's automatic collection")
     profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on rank 0: "
                                            "top kernels and GPU time by kind in the log, a trace in "
                                            "logs/profile/; unset = off")
@@ -155,6 +158,7 @@ class TrainSection:
         require(self.save_steps >= 1, "train.save_steps", "must be >= 1")
         require(self.save_total_limit >= 1, "train.save_total_limit", "must be >= 1")
         require(self.logging_steps >= 1, "train.logging_steps", "must be >= 1")
+        require(self.gc_every_steps >= 0, "train.gc_every_steps", "must be >= 0 (0 = automatic collection)")
         require(self.eval_steps >= 0, "train.eval_steps", "must be >= 0")
         for beta in ("adam_beta1", "adam_beta2"):  # what torch.optim.AdamW refuses, here before the queue
             require(0.0 <= getattr(self, beta) < 1.0, f"train.{beta}", "must be in [0, 1)")

@@ -21,12 +21,16 @@ from tests.bench.test_results import check_8b_full
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _without_allocator_setting() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+
+
 @pytest.mark.slow
 def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Path) -> None:
     out, results = tmp_path / "out", tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "bench.gpu_multi", "--gpus", "2", "--only", "8b-peer", "--out", str(out),
                            "--results", str(results), "--steps8b-full", "9", "--tokens8b-full", "1024"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "BENCH_CPU_SMOKE": "1"})
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**_without_allocator_setting(), "BENCH_CPU_SMOKE": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| 8B full checkpoint save at step 6 |" in proc.stdout
     assert [p.name for p in results.iterdir()] == ["multi-2gpu-8b-full.json"]  # no file of the other phases
@@ -34,9 +38,33 @@ def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Pa
     ours = record["8b_full"]
     assert ours["steps"] == record["steps"] == 5 and ours["save"]["step"] == 6, ours
     assert [w["step"] for w in ours["windows"]] == list(range(1, 10))
+    assert all(w["gc_s"] >= 0 for w in ours["windows"])
+    assert (ours["precision"], ours["alloc_conf"]) == ("auto", "expandable_segments:True"), ours  # train's own
+    assert ours["kernels"]["attention"] and ours["kernels"]["fused_mlp"] is False, ours["kernels"]  # CPU: no quack
     check_8b_full(record, TINY, sample_lengths(record["docs"], seed=0, hi=record["max_doc_tokens"]), "smoke")
     run = out / "run-8b-full"
     assert not (run / "checkpoints").exists() and not list(run.glob("model*.safetensors"))
     assert (run / "machine0.log").exists() and (run / "machine1.log").exists()
     assert "8b_full_peer" in record or record["8b_full_peer_error"].startswith("exit ")
     assert "provenance" in record
+
+
+def test_an_allocator_ab_runs_one_side_per_file_and_records_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The A/B of #29 (our allocator setting against torch's default) runs ours alone under each setting and
+    the peer once: --sides8b-full picks the sides, --tag names each call's file, and every side records the
+    allocator setting it ran with (train's default where the environment has none)."""
+    from bench import gpu_multi, multi_full
+    from train.main import CUDA_ALLOC_CONF
+
+    args = gpu_multi.parse_args(["--gpus", "4", "--only", "8b-peer", "--sides8b-full", "ours", "--no-save8b-full",
+                                 "--tag", "torch-alloc"])
+    assert (args.sides8b_full, args.no_save8b_full) == ({"ours"}, True)
+    assert multi_full.result_name(args) == "multi-4gpu-8b-full-torch-alloc.json"
+    with pytest.raises(SystemExit):  # argparse's usage error, exit 2
+        gpu_multi.parse_args(["--only", "8b-peer", "--sides8b-full", "ours,trl"])
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert multi_full.allocator_setting(CUDA_ALLOC_CONF) == "expandable_segments:True"
+    assert multi_full.allocator_setting("") == ""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert multi_full.allocator_setting(CUDA_ALLOC_CONF) == "expandable_segments:False"

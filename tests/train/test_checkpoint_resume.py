@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 def reference(tmp_path_factory) -> Path:
     """One uninterrupted 30-step run that the interrupted runs must reproduce. It must learn: a resume
     that reproduces a run whose optimizer never steps would prove nothing."""
-    run_dir = write_run(tmp_path_factory.mktemp("reference"))
+    # Collections every 10 steps (default 50): metrics' gc_s shows them; they never change the numbers.
+    run_dir = write_run(tmp_path_factory.mktemp("reference"), {"train": {"gc_every_steps": 10}})
     assert run_training(run_dir) == 0, read_log(run_dir)
     curve = losses(run_dir)
     assert curve[max(curve)] < curve[min(curve)] - 0.5, f"the loss does not drop: {curve}"
@@ -97,7 +98,8 @@ def test_reference_run_trains_logs_and_exports(reference):
     assert "world size 2 (DistributedType.FSDP)" in read_log(reference)
     records = [r for r in metrics(reference) if "loss" in r]
     assert records[-1]["loss"] < records[0]["loss"] - 1.0
-    assert {"tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "packing_efficiency", "restart"} <= set(records[0])
+    assert {"tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "packing_efficiency", "restart", "gc_s"} <= set(records[0])
+    assert sum(r["gc_s"] for r in records) > 0  # the collections at steps 10, 20 and 30
     assert records[0]["mfu"] is None  # CPU: no peak FLOP/s, no guess
     assert metrics(reference)[-1]["event"] == "done"
     export = reference / "export"

@@ -63,3 +63,37 @@ def test_one_compile_rule_for_the_model_and_the_packer(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg.train.compile, cfg.lora.quant = "auto", "none"
     assert not compiles_decoder_layers(cfg, 1)
+
+
+def test_garbage_is_collected_at_step_boundaries_only_and_timed():
+    """train.gc_every_steps: no automatic collection while training, a young-generation one every N steps,
+    Python's own setting back afterwards; the seconds go to metrics.jsonl's gc_s."""
+    import gc
+
+    from train.kernels.perf import StepGarbageCollector
+
+    assert gc.isenabled()
+    collector = StepGarbageCollector(every_steps=3)
+    with collector:
+        assert not gc.isenabled()
+        before = gc.get_stats()[1]["collections"]
+        for step in range(1, 7):
+            collector.after_step(step)
+        assert gc.get_stats()[1]["collections"] - before == 2  # steps 3 and 6
+        assert collector.take_seconds() > 0 and collector.take_seconds() == 0.0
+    assert gc.isenabled()
+
+
+def test_gc_every_steps_0_leaves_pythons_automatic_collection_and_times_it():
+    import gc
+
+    from train.kernels.perf import StepGarbageCollector
+
+    collector = StepGarbageCollector(every_steps=0)
+    callbacks = len(gc.callbacks)
+    with collector:
+        assert gc.isenabled()
+        collector.after_step(50)
+        gc.collect(0)  # stands for an automatic collection: the callback times it the same way
+        assert collector.take_seconds() > 0
+    assert len(gc.callbacks) == callbacks

@@ -5,7 +5,7 @@ import logging
 import torch
 from transformers import LlamaForCausalLM
 
-from train.observe.profiling import StepProfiler, kernel_breakdown, kernel_kind, read_trace
+from train.observe.profiling import StepProfiler, format_steps, kernel_breakdown, kernel_kind, read_trace, step_breakdown
 
 
 def test_profiled_steps_leave_a_trace_and_a_breakdown(tiny_model_config, tmp_path, caplog):
@@ -21,6 +21,8 @@ def test_profiled_steps_leave_a_trace_and_a_breakdown(tiny_model_config, tmp_pat
     events = read_trace(trace)
     assert sum(e.get("name") == "aten::mm" for e in events) > 0  # the profiled steps' matmuls are in it
     assert "profile of steps 2..3" in caplog.text and "by kind" in caplog.text
+    assert [row["step"] for row in step_breakdown(events)] == [2, 3]  # each step's own range
+    assert "step 3: " in caplog.text
 
 
 def test_off_on_other_ranks_and_without_spec(tmp_path):
@@ -48,3 +50,31 @@ def test_memsets_are_attributed_to_the_op_that_launched_them():
     result = kernel_breakdown(events)
     assert result["total_ms"] == 8.0 and result["by_kind"] == {"matmul": 6.0, "memset": 2.0}
     assert result["launched_by"]["memset"] == {"aten::zeros": 2.0}
+
+
+def test_each_step_apart_shows_gpu_busy_idle_and_the_allocators_host_time():
+    """A slow step beside a fast one: the kernels each launched (matched by correlation id, also when they
+    run after the host left the step), overlapping streams counted once in busy time, and cudaFree's host
+    time booked to its step."""
+    def host(name, ts, dur, corr=None):
+        return {"cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    def kernel(name, ts, dur, corr):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    events = [
+        {"cat": "user_annotation", "name": "sft optimizer step 30", "ts": 0.0, "dur": 850_000.0},
+        {"cat": "user_annotation", "name": "sft optimizer step 31", "ts": 850_000.0, "dur": 1_000_000.0},
+        host("cudaLaunchKernel", 10.0, 5.0, corr=1), kernel("nvjet_tst_x", 100.0, 700_000.0, 1),
+        host("cudaLaunchKernel", 20.0, 5.0, corr=2), kernel("ncclDevKernel_AllGather_RING_LL", 200.0, 800_000.0, 2),
+        host("cudaLaunchKernel", 860_000.0, 5.0, corr=3), kernel("nvjet_tst_x", 1_100_000.0, 700_000.0, 3),
+        host("cudaFree", 870_000.0, 150_000.0), host("cudaStreamSynchronize", 1_820_000.0, 2_000.0),
+    ]
+    fast, slow = step_breakdown(events)
+    assert (fast["step"], fast["wall_ms"], fast["allocator_ms"]) == (30, 850.0, 0.0)
+    assert fast["gpu_ms"] == {"communication": 800.0, "matmul": 700.0}
+    assert fast["gpu_busy_ms"] == 800.1  # [100, 700100) and [200, 800200) overlap: counted once
+    assert (slow["wall_ms"], slow["gpu_busy_ms"], slow["allocator_ms"], slow["allocator_calls"]) == (1000.0, 700.0, 150.0, 1)
+    assert slow["sync_ms"] == 2.0
+    text = format_steps([fast, slow])
+    assert "step 31: 1000.0 ms on the host, GPU busy 700.0 ms" in text and "allocator calls 150.0 ms (1 calls)" in text

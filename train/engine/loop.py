@@ -42,7 +42,7 @@ from train.engine.model import build_model, log_model_ready, log_placement
 from train.engine.optim import prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
-from train.kernels.perf import RecompileWatch, compiles_decoder_layers
+from train.kernels.perf import RecompileWatch, StepGarbageCollector, compiles_decoder_layers
 from train.observe.profiling import StepProfiler
 from train.engine.stop import StopRequest
 from train.engine.watchdog import Watchdog
@@ -167,7 +167,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     watchdog = Watchdog(Path(cfg.run.dir), cfg.run.hang_timeout_s)
     watchdog.start(state.step)
     try:
-        stopped = loop.run(state, stop, sink, ckpt_root, watchdog)
+        with loop.collector:
+            stopped = loop.run(state, stop, sink, ckpt_root, watchdog)
         if stopped:
             stop.restore_default_handlers()
             return EXIT_REQUEUE
@@ -247,6 +248,7 @@ class Loop:
         self.arch = accelerator.unwrap_model(model).config.to_dict()
         self.lora_params = lora_params(self.arch, cfg)  # MFU counts a frozen base at 4·N
         self.recompiles = RecompileWatch()
+        self.collector = StepGarbageCollector(cfg.train.gc_every_steps)  # entered around run() by train()
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
             watchdog: Watchdog) -> bool:
@@ -261,6 +263,7 @@ class Loop:
             profiler.before_step(state.step)
             self.step(state, window)
             profiler.after_step(state.step - 1)
+            self.collector.after_step(state.step)  # inside the window's clock: its pause is training time
             sink.advance()
             if state.step % self.cfg.train.logging_steps == 0 or state.step == self.total_steps:
                 self._settle(state, window, watch)
@@ -342,7 +345,8 @@ class Loop:
             grad_norm=window.grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
             seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
             packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s,
-            compiled_graphs=self.recompiles.check(state.step), lora_params=self.lora_params)
+            compiled_graphs=self.recompiles.check(state.step), lora_params=self.lora_params,
+            gc_s=self.collector.take_seconds())
 
     def evaluate(self) -> dict[str, float]:
         """`eval_loss`: mean token loss over every eval example; with several sources also

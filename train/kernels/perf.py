@@ -1,4 +1,5 @@
-"""Speed features applied to a built model: fused lm_head + loss, torch.compile per decoder layer.
+"""Speed features applied to a built model: fused lm_head + loss, torch.compile per decoder layer; and
+the training loop's garbage collection at step boundaries.
 
 Both act on one model *instance* (no class is patched) and leave parameter names untouched, so
 checkpoints, FSDP wrapping and the export see the same model as without them.
@@ -7,7 +8,9 @@ checkpoints, FSDP wrapping and the export see the same model as without them.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
+import time
 import types
 from typing import Any
 
@@ -114,3 +117,45 @@ class RecompileWatch:
                            "compilation (TORCH_LOGS=recompiles names the guard that failed)", graphs - self.seen, step)
         self.seen = graphs
         return graphs
+
+
+class StepGarbageCollector:
+    """train.gc_every_steps = N: Python's automatic garbage collection off while training, and one young-
+    generation collection (gc.collect(1)) every N optimizer steps on every rank, at the same step (torchtitan
+    and OLMo-core do the same). An automatic collection starts whenever allocations pass a threshold, at a
+    different moment on each rank, and the rank paused in it holds the others at the next collective.
+    `seconds` adds up what every collection took (the automatic ones too when N = 0): metrics.jsonl's `gc_s`."""
+
+    def __init__(self, every_steps: int):
+        self.every = every_steps
+        self.seconds = 0.0
+        self._started: float | None = None
+        self._was_enabled = gc.isenabled()
+
+    def __enter__(self) -> StepGarbageCollector:
+        if self.every:
+            gc.collect()  # the model build's garbage, once, before the clock runs
+            gc.disable()
+        gc.callbacks.append(self._clock)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._clock)
+        if self.every and self._was_enabled:
+            gc.enable()
+
+    def after_step(self, step: int) -> None:
+        if self.every and step % self.every == 0:
+            gc.collect(1)
+
+    def take_seconds(self) -> float:
+        """Seconds spent collecting since the last call."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def _clock(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None

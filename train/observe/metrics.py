@@ -93,6 +93,7 @@ def step_record(
     *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, tokens: int, doc_len_sq: float,
     seconds: float, world_size: int, arch: dict[str, Any], peak_flops: float | None,
     packing_efficiency: float, elapsed_s: float, compiled_graphs: int = 0, lora_params: int | None = None,
+    gc_s: float = 0.0,
 ) -> dict[str, Any]:
     """One metrics.jsonl record for the steps since the last log (tokens/docs summed over all ranks)."""
     tokens_per_s = tokens / seconds if seconds > 0 else 0.0
@@ -105,6 +106,7 @@ def step_record(
         "mfu": tflops * 1e12 / peak_flops if peak_flops else None, **allocator_numbers(),
         "packing_efficiency": packing_efficiency, "elapsed_s": elapsed_s,
         "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "compiled_graphs": compiled_graphs,
+        "gc_s": gc_s,
     }
 
 

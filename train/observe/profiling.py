@@ -2,9 +2,11 @@
 
 It leaves three things: the top kernels by GPU time in the log, a Chrome/Perfetto trace under
 ``<run dir>/logs/profile/``, and a breakdown of GPU time by kind of work (matmul, attention, memset,
-optimizer, loss, compiled elementwise, ...). Memsets and the unnamed rest are also attributed to
-the operator that launched them (the trace links each kernel to its CPU op by "External id"), which
-is how a stray `zeros` in a kernel library shows up.
+optimizer, loss, communication, compiled elementwise, ...). Memsets and the unnamed rest are also
+attributed to the operator that launched them (the trace links each kernel to its CPU op by "External
+id"), which is how a stray `zeros` in a kernel library shows up. And each step apart: its host wall time,
+the GPU's busy time, and the host's time in allocator and synchronizing calls, so a slow step beside a
+fast one says whether the GPU computed more or waited.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ logger = logging.getLogger(__name__)
 # Kernel-name fragments per kind, first match wins (lower case). cuBLAS kernels are nvjet/sm90_xmma/
 # cutlass gemm; FlashAttention-4 kernels are CuTe DSL "kernel_cutlass_..._flash_attn..." names.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("communication", ("nccl",)),  # FSDP's all-gathers and reduce-scatters, on NCCL's own streams
     ("attention", ("flash", "fmha", "attn")),
     ("matmul", ("gemm", "nvjet", "xmma", "cublas", "cutlass")),
     ("memset", ("memset",)),
@@ -71,6 +74,72 @@ def format_breakdown(breakdown: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+STEP_LABEL = "sft optimizer step"  # each profiled step's range in the trace (torch.profiler.record_function)
+HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")  # the CUDA calls the host made (kernel launches among them)
+GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
+# Host calls that stall the host: the caching allocator's (cudaFree synchronizes the device; expandable
+# segments map and unmap with cuMem*) and the explicit synchronizations.
+ALLOCATOR_CALLS = ("cudaMalloc", "cudaFree", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease",
+                   "cuMemSetAccess", "cuMemAddressReserve", "cuMemAddressFree")
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+
+
+def step_breakdown(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each profiled step apart (a fast and a slow step side by side): its host wall time, the GPU time of
+    the kernels it launched (by kind, and busy = their union: wall - busy is the GPU's idle time), and the
+    host's time in allocator and synchronizing calls. A kernel belongs to the step whose range holds its
+    launch (matched by the trace's correlation id). Times in ms."""
+    ranges = sorted(((e["ts"], e["ts"] + e["dur"], int(e["name"].rsplit(" ", 1)[1])) for e in events
+                     if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(STEP_LABEL)))
+    rows = [{"step": step, "wall_ms": (end - start) / 1e3, "gpu_ms": defaultdict(float), "intervals": [],
+             "allocator_ms": 0.0, "allocator_calls": 0, "sync_ms": 0.0} for start, end, step in ranges]
+    launches: dict[Any, int] = {}
+    for event in events:
+        if event.get("cat") not in HOST_CATEGORIES:
+            continue
+        index = next((i for i, (start, end, _) in enumerate(ranges) if start <= event["ts"] < end), None)
+        if index is None:
+            continue
+        launches[event.get("args", {}).get("correlation")] = index
+        name, ms = event["name"], float(event.get("dur", 0.0)) / 1e3
+        if name.startswith(ALLOCATOR_CALLS):
+            rows[index]["allocator_ms"] += ms
+            rows[index]["allocator_calls"] += 1
+        elif name in SYNC_CALLS:
+            rows[index]["sync_ms"] += ms
+    launches.pop(None, None)
+    for event in events:
+        index = launches.get(event.get("args", {}).get("correlation"))
+        if event.get("cat") in GPU_CATEGORIES and index is not None:
+            kind = kernel_kind(event["name"]) if event["cat"] == "kernel" else event["cat"].removeprefix("gpu_")
+            rows[index]["gpu_ms"][kind] += float(event.get("dur", 0.0)) / 1e3
+            rows[index]["intervals"].append((event["ts"], event["ts"] + float(event.get("dur", 0.0))))
+    for row in rows:
+        row["gpu_busy_ms"] = _union_us(row.pop("intervals")) / 1e3
+        row["gpu_ms"] = dict(sorted(row["gpu_ms"].items(), key=lambda kv: -kv[1]))
+    return rows
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals: GPU time with overlapping streams counted once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def format_steps(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for row in rows:
+        kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in row["gpu_ms"].items()) or "none"
+        lines.append(f"step {row['step']}: {row['wall_ms']:.1f} ms on the host, GPU busy {row['gpu_busy_ms']:.1f} ms "
+                     f"(kernels ms: {kinds}); host in allocator calls {row['allocator_ms']:.1f} ms "
+                     f"({row['allocator_calls']} calls), in synchronizing calls {row['sync_ms']:.1f} ms")
+    return "\n".join(lines)
+
+
 def read_trace(path: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text())["traceEvents"]
 
@@ -83,6 +152,7 @@ class StepProfiler:
         self.first, self.last = (int(first), int(last or int(first) + 1)) if spec and is_main else (-1, -1)
         self.out_dir = out_dir
         self.profiler: Any = None
+        self.step_range: Any = None
 
     def before_step(self, step: int) -> None:
         if step == self.first:
@@ -91,8 +161,14 @@ class StepProfiler:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
             self.profiler = profile(activities=activities)
             self.profiler.__enter__()
+        if self.profiler is not None:
+            self.step_range = torch.profiler.record_function(f"{STEP_LABEL} {step}")
+            self.step_range.__enter__()
 
     def after_step(self, step: int) -> None:
+        if self.step_range is not None:
+            self.step_range.__exit__(None, None, None)
+            self.step_range = None
         if self.profiler is None or step + 1 < self.last:
             return
         if torch.cuda.is_available():
@@ -103,6 +179,7 @@ class StepProfiler:
         trace = self.out_dir / f"steps-{self.first}-{self.last - 1}.trace.json"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.profiler.export_chrome_trace(str(trace))
-        logger.info("profile of steps %d..%d (trace: %s):\n%s\n%s", self.first, self.last - 1, trace, table,
-                    format_breakdown(kernel_breakdown(read_trace(trace))))
+        events = read_trace(trace)
+        logger.info("profile of steps %d..%d (trace: %s):\n%s\n%s\n%s", self.first, self.last - 1, trace, table,
+                    format_breakdown(kernel_breakdown(events)), format_steps(step_breakdown(events)))
         self.profiler = None
