@@ -92,6 +92,9 @@ def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, s
         running = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(run_dir)], cwd=tmp_path,
                                  env=env, capture_output=True, text=True, timeout=60)
         assert "state        RUNNING  [run.json, executor local]" in running.stdout, running.stdout + running.stderr
+        cancel = subprocess.run([sys.executable, "-m", "launcher.cli", "cancel", str(run_dir)], cwd=tmp_path,
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert cancel.returncode == 1 and f"kill -USR1 {launcher.pid}" in cancel.stderr, cancel.stderr  # which pid
         launcher.send_signal(stop_signal)
         output, _ = launcher.communicate(timeout=60)
     finally:
