@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from contract import protocol
-from contract.schema import ConfigError, build, documented, require
+from contract.schema import ConfigError, build, documented, read_utf8, require
+from contract.shape import LORA_TARGETS, misspelt_arch_key
 from contract.sources import DataFormat, DataSource, check_unique_names
 
 AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
@@ -50,6 +51,8 @@ class ModelSection:
         require(bool(self.path) or bool(self.arch), "model.path", "give a model path/HF id or model.arch")
         require(self.init == "full" or not self.path, "model.init",
                 f"{self.init!r} draws random weights; it cannot be combined with model.path = {self.path!r}")
+        if typo := misspelt_arch_key(self.arch):
+            raise ConfigError(f"model.arch.{typo[0]}: unknown key (did you mean: {typo[1]}?)", f"model.arch.{typo[0]}")
 
 
 @dataclass
@@ -71,6 +74,7 @@ class DataSection:
     def validate(self) -> None:
         require(0.0 <= self.eval_fraction < 1.0, "data.eval_fraction", "must be in [0, 1)")
         require(self.tokens_per_micro_batch >= 0, "data.tokens_per_micro_batch", "must be >= 0")
+        require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
         if self.sources is not None:
             require(bool(self.sources), "data.sources", "give at least one [[data.sources]] table")
             mixed = [key for key in ("path", "eval_path", "eval_fraction") if getattr(self, key)]
@@ -155,8 +159,17 @@ class TrainSection:
         require(self.save_total_limit >= 1, "train.save_total_limit", "must be >= 1")
         require(self.logging_steps >= 1, "train.logging_steps", "must be >= 1")
         require(self.gc_every_steps >= 0, "train.gc_every_steps", "must be >= 0 (0 = automatic collection)")
-        require(self.profile_steps is None or bool(re.fullmatch(r"\d+(:\d+)?", self.profile_steps)),
-                "train.profile_steps", f"expected 'START:STOP' (e.g. '8:10'), got {self.profile_steps!r}")
+        require(self.eval_steps >= 0, "train.eval_steps", "must be >= 0")
+        for beta in ("adam_beta1", "adam_beta2"):  # what torch.optim.AdamW refuses, here before the queue
+            require(0.0 <= getattr(self, beta) < 1.0, f"train.{beta}", "must be in [0, 1)")
+        require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        require(self.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
+        require(0 <= self.seed < 2**32, "train.seed", "must be in [0, 2**32) (numpy's seed range)")
+        steps = re.fullmatch(r"(\d+)(?::(\d+))?", self.profile_steps or "0")
+        require(steps is not None, "train.profile_steps",
+                f"expected 'START:STOP' (e.g. '8:10'), got {self.profile_steps!r}")
+        require(steps is None or steps[2] is None or int(steps[2]) > int(steps[1]), "train.profile_steps",
+                f"STOP must come after START, got {self.profile_steps!r}")
         bad = set(self.report_to) - {"jsonl", "wandb", "none"}
         require(not bad, "train.report_to", f"unknown reporter(s) {sorted(bad)}; valid: jsonl, wandb, none")
 
@@ -177,6 +190,12 @@ class LoraSection:
 
     def validate(self) -> None:
         require(self.r >= 1, "lora.r", "must be >= 1")
+        require(self.alpha > 0, "lora.alpha", "must be > 0")
+        require(0 <= self.dropout < 1, "lora.dropout", "must be in [0, 1)")
+        require(bool(self.target_modules), "lora.target_modules", f"name at least one of {', '.join(LORA_TARGETS)}")
+        unknown = [name for name in self.target_modules if name not in LORA_TARGETS]
+        require(not unknown, "lora.target_modules",
+                f"unknown module {unknown[0] if unknown else ''!r}; valid: {', '.join(LORA_TARGETS)}")
         require(self.quant == "none" or self.enabled, "lora.quant",
                 f"{self.quant!r} quantizes the frozen base of a LoRA run: set lora.enabled = true (or use --qlora)")
 
@@ -255,7 +274,7 @@ def load_train_config(path: str | Path) -> TrainConfig:
     """Read and validate train.toml. Relative run.dir is taken relative to the file's folder."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_utf8(path))
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise ConfigError(f"{path}: {err}") from None
     cfg = build(TrainConfig, data)

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -145,6 +146,17 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
             raise ConfigError(f"--set {dotted}: '{part}' is a value, not a table", dotted)
         node = child
     node[leaf] = value
+
+
+def read_utf8(path: Path) -> str:
+    """A config file's text; bytes that are not UTF-8 (TOML's encoding) are a ConfigError naming the file and
+    line, not a UnicodeDecodeError traceback. OSError propagates."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte {err.start}); save the file as UTF-8") from None
 
 
 def require(condition: bool, key: str, message: str) -> None:

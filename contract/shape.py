@@ -21,6 +21,7 @@ Model FLOPs per trained token (forward + backward = 3 × forward, 2 FLOPs per mu
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,23 @@ from contract.schema import ConfigError
 REQUIRED_ARCH_KEYS = (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
 )
+# LlamaConfig keys (and the family's) the presets and users set; a key not among them that is close to
+# one is a typo that transformers would take silently as an extra attribute (`hiden_size = 128`).
+KNOWN_ARCH_KEYS = (*REQUIRED_ARCH_KEYS, "num_key_value_heads", "head_dim", "tie_word_embeddings",
+                   "max_position_embeddings", "rope_theta", "rope_scaling", "rms_norm_eps", "initializer_range",
+                   "hidden_act", "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window")
+
+
+def misspelt_arch_key(arch: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, the known key it resembles) for the first arch key that looks misspelt; None when none does."""
+    for key in arch:
+        if key not in KNOWN_ARCH_KEYS:
+            match = difflib.get_close_matches(key, KNOWN_ARCH_KEYS, n=1, cutoff=0.85)
+            if match:
+                return key, match[0]
+    return None
+
+
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Tokens per chunk of the fused lm_head + cross-entropy (train/kernels/loss.py): the logits of one chunk exist
 # at a time (the planner sizes the loss's memory by it); at 4,096 the lm_head's matmuls run at full

@@ -77,8 +77,10 @@ def attach(run_dir: str | Path) -> RunHandle:
 def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: str | None = None,
            executor: str = "submitit", output: str | None = None, data: str | list[str] | None = None,
            strategy: str | None = None, lora: bool = False, qlora: bool = False, time: str | None = None,
-           job_name: str | None = None, sets: list[str] | None = None, **train_flags: Any) -> RunHandle:
-    """Validate, render and submit a run; train_flags are [train] keys (max_steps=60, learning_rate=1e-5)."""
+           job_name: str | None = None, sets: list[str] | None = None, force: bool = False,
+           **train_flags: Any) -> RunHandle:
+    """Validate, plan, render and submit a run; train_flags are [train] keys (max_steps=60, learning_rate=1e-5).
+    A plan that does not fit in memory or on disk is refused as the CLI refuses it (ConfigError) unless `force`."""
     if executor not in DETACHED:
         raise ValueError(f"executor={executor!r}: the API submits with {' or '.join(map(repr, DETACHED))}")
 
@@ -86,9 +88,13 @@ def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: s
                             strategy=strategy, lora=lora, qlora=qlora, time=time, job_name=job_name, executor=executor,
                             sets=list(sets or []), train_flags=dict(train_flags))
     launch = resolve(request)
+    from launcher.commands.plan_cmd import plan_launch, refuse_unless_fits, refuse_unless_room
     from launcher.resolve.preflight import check_launch
 
     check_launch(launch)  # data rows, model dir, container image, run dir: exit 2 before anything is written
+    report = plan_launch(launch)
+    refuse_unless_fits(report, force=force)  # as `sft-launch` (launcher/commands/launch.py) refuses it
+    refuse_unless_room(report, force=force)
     with ownership.owned(launch.run_dir, launch.executor):  # one job per run directory
         execute(launch, ["launcher.api.submit", model], dry_run=False)
     return RunHandle(launch.run_dir)

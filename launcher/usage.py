@@ -48,3 +48,11 @@ class Parser(argparse.ArgumentParser):
             if flags:
                 raise UsageError(f"unknown flag {flags[0]}; try '{self.prog} --help'")
         raise UsageError(f"{message}; try '{self.prog} --help'")
+
+
+def given(value: str) -> str:
+    """A flag's value that is not empty: `--data "$DATA"` with DATA unset must not mean the working directory
+    (nor `--cluster ""` the default cluster file)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("empty value (an unset shell variable?)")
+    return value

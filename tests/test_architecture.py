@@ -38,7 +38,7 @@ MAY_IMPORT = {
     "launcher.cli": set(),  # subcommands by name only (importlib), so `--help` stays instant
     "launcher.usage": set(),
     "launcher.runrecord": set(),  # also `python3 -m launcher.runrecord` in every launch.slurm
-    "launcher.api": {"launcher.resolve", "launcher.execute", "launcher.ops"},
+    "launcher.api": {"launcher.resolve", "launcher.execute", "launcher.ops", "launcher.commands"},  # the plan
     "launcher.plan": set(),
     "launcher.resolve": {"launcher.plan"},
     "launcher.execute": {"launcher.resolve", "launcher.plan", "launcher.runrecord"},

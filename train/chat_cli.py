@@ -11,15 +11,22 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from contract.protocol import is_exported_model
 
 GENERATE_FLAGS = ("max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "num_beams")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line (exit 2), as every sft-launch command says it; no abbreviations."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (try '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sft-launch chat", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="sft-launch chat", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model", required=True, help="Hugging Face model directory (the run's export)")
     parser.add_argument("--prompt", help="one user message: print the reply and exit (default: interactive)")
     parser.add_argument("--system", help="system message at the start of the conversation")
@@ -32,6 +39,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_beams", type=int, help="beam search width (greedy: 1)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     return parser
+
+
+# flag -> (the check, what it must be): generate() raises only once the model is loaded
+LIMITS = {"max_new_tokens": (lambda v: v >= 1, ">= 1"), "num_beams": (lambda v: v >= 1, ">= 1"),
+          "top_k": (lambda v: v >= 0, ">= 0"), "temperature": (lambda v: v > 0, "> 0"),
+          "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"), "repetition_penalty": (lambda v: v > 0, "> 0")}
+
+
+def out_of_range(args: argparse.Namespace) -> str | None:
+    """The first generation flag whose value generate() would refuse, as an error message; None if all are fine."""
+    for name, (ok, rule) in LIMITS.items():
+        value = getattr(args, name)
+        if value is not None and not ok(value):
+            return f"--{name} {value}: must be {rule}"
+    return None
 
 
 def generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -94,7 +116,10 @@ def interactive(chat: Chat) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if problem := out_of_range(args):
+        parser.error(problem)
     if not is_exported_model(Path(args.model)):
         print(f"sft-launch chat: error: --model {args.model}: no config.json or adapter_config.json "
               "(not an exported model)", file=sys.stderr)

@@ -24,6 +24,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from contract import command, failure, protocol
+from launcher import runrecord
 from launcher.execute.executors import Started
 from launcher.resolve.options import Launch
 
@@ -107,6 +108,7 @@ def run_local(launch: Launch) -> int:
     attempt = protocol.local_attempt_name(started)
     argv = train_command(launch, protocol.free_port(), attempt)
     log.info("running: %s", " ".join(argv))
+    _record(run_dir, "start", attempt=attempt, pid=os.getpid())  # status: RUNNING while this process lives
     with command.open_launcher_log(run_dir, attempt, socket.gethostname()) as launcher_log:
         child = subprocess.Popen(argv, cwd=run_dir, stderr=launcher_log, start_new_session=True,
                                  preexec_fn=_ignore_usr1)
@@ -129,4 +131,15 @@ def run_local(launch: Launch) -> int:
     code = protocol.training_exit_code(code, stop_file, checkpoint_dir)
     if code not in (protocol.EXIT_OK, protocol.EXIT_REQUEUE):
         code = failure.report(run_dir, started, code, attempt)  # the first failing rank's first error line, last
+    _record(run_dir, "finish", exit_code=code, **({"outcome": "stopped"} if code == protocol.EXIT_REQUEUE else {}))
     return code
+
+
+def _record(run_dir: Path, event: str, **fields: object) -> None:
+    """run.json's start / finish events, as the batch shell records them: `sft-launch status` reads them. No job
+    id: inside an salloc session SLURM_JOB_ID is the session's, not this run's (status and ownership ask SLURM)."""
+    try:
+        runrecord.record_event(run_dir / protocol.RUN_RECORD, event,
+                               {"executor": "local", "job_id": "", "restart": 0, **fields})
+    except OSError as err:  # bookkeeping must never fail the run
+        print(f"sft-launch: run.json not updated: {err}", file=sys.stderr, flush=True)

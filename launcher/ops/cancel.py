@@ -70,7 +70,11 @@ def cancel_run(run_dir: Path, now: bool = False, wait_s: float = DEFAULT_WAIT_S)
     run = rundir.read_run_json(run_dir)
     job_ids = [str(j) for j in run.get("job_ids", [])]
     if not job_ids:
-        raise RuntimeError(f"{run_dir}: no SLURM job in run.json (a local run stops with Ctrl-C or kill -USR1)")
+        start = (run.get("events") or [{}])[-1]  # a local run that is still going: its launcher's pid
+        who = f"kill -USR1 {start['pid']} on {start.get('host')}" if start.get("event") == "start" and \
+            start.get("pid") else "kill -USR1 its sft-launch"
+        raise RuntimeError(f"{run_dir}: no SLURM job in run.json; a local run stops at a checkpoint with Ctrl-C "
+                           f"in its terminal or {who}")
     job_id = job_ids[-1]
     state = _state(job_id)
     if _finished(state):

@@ -62,7 +62,14 @@ def job_finished(run_dir: Path) -> bool:
     """True once the run's newest job is over: SLURM says so, or no longer knows it (then run.json
     holds the outcome), or no job was ever recorded."""
     current = status.run_status(run_dir)
-    return current["state_source"] != "slurm" or current["state"] in slurm.FINISHED_STATES
+    if current["state_source"] != "slurm":
+        return current["state"] not in status.ACTIVE_STATES  # a local run: RUNNING while its launcher lives
+    return current["state"] in slurm.FINISHED_STATES
+
+
+def newest_log(run_dir: Path, job_ids: list[str]) -> rundir.LogFile | None:
+    """The newest restart's log; a local run (no job ids) has none: rank 0's output of its newest attempt."""
+    return choose_log(rundir.log_files(run_dir, job_ids), None) if job_ids else rundir.local_log(run_dir)
 
 
 def follow(run_dir: Path, job_ids: list[str], lines: LineFilter, finished: Callable[[], bool],
@@ -72,7 +79,7 @@ def follow(run_dir: Path, job_ids: list[str], lines: LineFilter, finished: Calla
     position, pending = 0, b""
     next_check, done = 0.0, False
     while True:
-        newest = choose_log(rundir.log_files(run_dir, job_ids), None)
+        newest = newest_log(run_dir, job_ids)
         if newest is not None and newest != current:
             if current is not None:
                 lines.emit(_text(pending + _read_from(current.path, position)))  # drain before switching
@@ -148,6 +155,8 @@ def main(argv: list[str]) -> int:
             raise RuntimeError(f"cannot tell when the job ends: {err}") from None
         return 0
     chosen = choose_log(rundir.log_files(run_dir, job_ids), args.restart)
+    if chosen is None and not job_ids and args.restart is None and args.rank is None:
+        chosen = rundir.local_log(run_dir)
     if args.rank is not None:
         sys.stdout.write(rank_log(run_dir, chosen, args.rank).read_text(encoding="utf-8", errors="replace"))
         return 0

@@ -138,7 +138,9 @@ def live_job(run_dir: Path) -> tuple[str, str] | None:
     from launcher.ops import slurm
     from launcher.ops.status import ACTIVE_STATES
 
-    job_ids = [str(j) for j in runrecord.read(run_dir / protocol.RUN_RECORD).get("job_ids", [])]
+    from launcher.resolve.preflight import read_run_record
+
+    job_ids = [str(j) for j in read_run_record(run_dir).get("job_ids", [])]
     if not job_ids:
         return None
     states = slurm.job_states(job_ids)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from contract.schema import ConfigError
 from launcher.ops import rundir
 from launcher.usage import Parser
 
@@ -71,8 +72,17 @@ def main(argv: list[str]) -> int:
     if not steps:
         raise RuntimeError(f"{run_dir}: no training steps in metrics.jsonl yet")
     out = Path(args.out) if args.out else run_dir / "metrics.png"
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: no such directory {out.parent}", "--out")
     restarts = len(requeue_steps(steps))
     figure = make_figure(steps, f"{run_dir.name}: steps {steps[0]['step']}-{steps[-1]['step']}, {restarts} requeue(s)")
-    figure.savefig(out, dpi=100)
+    formats = figure.canvas.get_supported_filetypes()
+    if out.suffix[1:].lower() not in formats:
+        raise ConfigError(f"--out {out}: cannot write a {out.suffix!r} file; name one of: "
+                          f"{', '.join('.' + kind for kind in formats)}", "--out")
+    try:
+        figure.savefig(out, dpi=100)
+    except OSError as err:
+        raise RuntimeError(f"--out {out}: {err.strerror or err}") from None
     print(f"wrote {out}")
     return 0

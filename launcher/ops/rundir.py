@@ -18,19 +18,20 @@ from contract import protocol
 from contract.protocol import CHECKPOINT_MARKER
 from contract.schema import ConfigError
 from launcher import runrecord
+from launcher.usage import given
 
 _LOG_NAME = re.compile(r"^(?P<job>[0-9_]+)-r(?P<restart>\d+)\.log$")  # protocol.log_name
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="run directory, or a run name under the storage root")
+    parser.add_argument("run", type=given, metavar="RUN", help="run directory, or a run name under the storage root")
     add_root_arguments(parser)
 
 
 def add_root_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster", metavar="FILE", help="cluster profiles (default ./cluster.toml)")
-    parser.add_argument("--profile", metavar="NAME", help="profile whose storage_root holds the runs")
-    parser.add_argument("--root", metavar="DIR", help="storage root to look in (instead of the profile's)")
+    parser.add_argument("--cluster", type=given, metavar="FILE", help="cluster profiles (default ./cluster.toml)")
+    parser.add_argument("--profile", type=given, metavar="NAME", help="profile whose storage_root holds the runs")
+    parser.add_argument("--root", type=given, metavar="DIR", help="storage root to look in (instead of the profile's)")
 
 
 def storage_root(args: argparse.Namespace) -> Path:
@@ -151,6 +152,15 @@ def log_files(run_dir: Path, job_ids: list[str] | None = None) -> list[LogFile]:
                 log.path.stat().st_mtime)
 
     return sorted(files, key=key)
+
+
+def local_log(run_dir: Path) -> LogFile | None:
+    """A local run's log (it has no SLURM job, so no per-restart log): rank 0's output of its newest attempt,
+    what its terminal showed."""
+    ranks = run_dir / protocol.LOGS_DIR / protocol.RANK_LOGS_DIR
+    attempts = sorted(ranks.glob(f"{protocol.LOCAL_ATTEMPT_PREFIX}*/"), key=lambda path: path.stat().st_mtime)
+    path = attempts[-1] / protocol.rank_log_name(0) if attempts else None
+    return LogFile(attempts[-1].name, 0, path) if path is not None and path.is_file() else None
 
 
 def total_steps(settings: dict[str, Any], records: list[dict[str, Any]]) -> int | None:

@@ -25,8 +25,14 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
     def query(job_id: str) -> dict[str, str] | None:
         return {"JobState": states[job_id]} if job_id in states else None
 
-    runs = [status.run_status(path, query, lambda _: None) for path in sorted(root.iterdir()) if rundir.is_run_dir(path)] \
-        if root.is_dir() else []
+    def row(path: Path) -> dict[str, Any]:
+        try:
+            return status.run_status(path, query, lambda _: None)
+        except RuntimeError as err:  # e.g. its run.json is not JSON: say so on its line, list the others
+            return {"name": path.name, "state": f"UNREADABLE ({str(err).removeprefix(str(path) + '/')})",
+                    "step": None, "total_steps": None, "loss": None, "eval": None, "updated": None}
+
+    runs = [row(path) for path in sorted(root.iterdir()) if rundir.is_run_dir(path)] if root.is_dir() else []
     return sorted(runs, key=lambda r: r["updated"] or "", reverse=True)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,14 +40,32 @@ def state_from_record(run: dict[str, Any], records: list[dict[str, Any]]) -> str
             return "STOPPED (max_timeouts reached)"
         if outcome == "cancelled":
             return "CANCELLED"
+        if outcome == "stopped":
+            return "STOPPED (checkpointed; the same command resumes it)"
         return "COMPLETED" if int(last.get("exit_code", 1)) == 0 else f"FAILED (exit {last.get('exit_code')})"
     if any(r.get("event") == "done" for r in records):
         return "COMPLETED"
     if last.get("event") == "requeue":
         return "REQUEUED (job unknown to SLURM now)"
+    if last.get("event") == "start" and last.get("executor") == "local":
+        return _local_state(last)
     if last.get("event") == "start":
         return "UNKNOWN (was running; job unknown to SLURM now)"
     return "NOT STARTED" if not run.get("job_ids") else "UNKNOWN (job unknown to SLURM)"
+
+
+def _local_state(start: dict[str, Any]) -> str:
+    """A local run that recorded its start and no end: RUNNING while its launcher process lives."""
+    host, pid = start.get("host"), start.get("pid")
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return f"UNKNOWN (a local run on {host}; ask there)"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "UNKNOWN (the local run ended without a record: killed?)"
+    except PermissionError:
+        pass  # someone else's process: alive
+    return "RUNNING"
 
 
 def slurm_state(job_id: str, query: JobQuery,

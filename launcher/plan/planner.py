@@ -115,7 +115,8 @@ class PlanInput:
                 f"needs a sharded strategy ({', '.join(sharded)}), not {self.strategy}")
         require(self.expected_mfu is None or 0 < self.expected_mfu <= 1, "expected_mfu", "must be in (0, 1]")
         require(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be -1 or > 0")
-        require(self.quant == "none" or (self.lora and self.spec.engine == "fsdp" and self.spec.fsdp_version != 1),
+        fsdp2 = self.device == "cpu" or (self.spec.engine == "fsdp" and self.spec.fsdp_version != 1)  # CPU: FSDP2
+        require(self.quant == "none" or (self.lora and fsdp2),
                 "quant", f"{self.quant!r} needs lora with FSDP2 (strategy fsdp or hsdp), not {self.strategy}")
         require(not self.fp8 or (self.device == "gpu" and not self.lora and self.spec.fsdp_version != 1
                                  and self.spec.engine != "deepspeed"),

@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from contract.schema import ConfigError
+from contract.schema import ConfigError, read_utf8
 from contract.sources import default_name, looks_like_hub_id, parse_data_flag
 
 
@@ -56,7 +56,7 @@ def data_table(flags: list[str]) -> dict[str, Any]:
 def _read_data_toml(path: Path) -> dict[str, Any]:
     """A TOML file with a [data] table (train.toml's, typically [[data.sources]]); paths from its folder."""
     try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
+        document = tomllib.loads(read_utf8(path))
     except OSError as err:
         raise ConfigError(f"--data {path}: {err.strerror}", "--data") from None
     except tomllib.TOMLDecodeError as err:

@@ -12,6 +12,8 @@ import hashlib
 import json
 import re
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,6 +110,30 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def field_type(cls: type, dotted: str) -> Any:
+    """The annotation of dotted key `dotted` of dataclass `cls` (through tables and dicts); None if unknown."""
+    tp: Any = cls
+    for part in dotted.split("."):
+        if dataclasses.is_dataclass(tp):
+            tp = typing.get_type_hints(tp).get(part)
+        elif typing.get_origin(tp) is dict:
+            tp = (typing.get_args(tp) or (str, Any))[1]
+        else:
+            return None
+    return tp
+
+
+def parse_for(text: str, tp: Any) -> Any:
+    """parse_value, except that a number typed where only a text fits stays the text typed: sbatch takes
+    `--set profile.account=12345` or `profile.mem=64000` literally, and "expected str, got 12345" helps nobody."""
+    value = parse_value(text)
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    kinds = set(typing.get_args(tp)) if union else {tp}
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and str in kinds and not {int, float} & kinds:
+        return text.strip()
+    return value
+
+
 def train_flag_names() -> list[str]:
     """Training flags generated from TrainSection (one source of truth with train.toml)."""
     return [f.name for f in dataclasses.fields(TrainSection)]
@@ -124,9 +150,9 @@ def _split_sets(sets: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             raise ConfigError(f"--set {item}: expected KEY=VALUE")
         namespace, _, rest = key.partition(".")
         if namespace == "profile" and rest:
-            profile_sets[rest] = parse_value(value)
+            profile_sets[rest] = parse_for(value, field_type(ClusterProfile, rest))
         elif namespace in TRAIN_NAMESPACES and rest:
-            train_sets[key] = parse_value(value)
+            train_sets[key] = parse_for(value, field_type(TrainConfig, key))
         else:
             raise ConfigError(f"--set {key}: unknown key; use profile.<key> or "
                               f"{', '.join(n + '.<key>' for n in TRAIN_NAMESPACES)}")

@@ -14,13 +14,16 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+from contract import protocol
 from contract.config import SHIPPED_DATA, SHIPPED_TOKENIZER
 from contract.datacheck import DataCheck, check_data, check_hub, require_usable
 from contract.formats import CHAT_FORMATS
-from contract.schema import ConfigError
+from contract.schema import ConfigError, to_dict
 from contract.sources import DataSource, looks_like_hub_id
 from launcher.resolve.options import Launch
 from launcher.resolve.presets import cached_hf_config
@@ -36,6 +39,7 @@ def check_launch(launch: Launch) -> None:
     check_tool_templates(launch)
     check_container(launch)
     check_writable(launch.run_dir)
+    check_resumable(launch)
     check_shared(launch)
 
 
@@ -206,16 +210,74 @@ def check_container(launch: Launch) -> None:
         raise ConfigError(f"container.image: {image}: no such file", "container.image")
 
 
+def read_run_record(run_dir: Path) -> dict[str, Any]:
+    """RUN/run.json ({} when there is none); one that is not JSON is a ConfigError naming its line."""
+    path = run_dir / protocol.RUN_RECORD
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}:{err.lineno}: not valid JSON ({err.msg}); mend or remove it", "--output") from None
+
+
 def check_writable(run_dir: Path) -> None:
-    """The run directory (or its nearest existing parent) must be a writable directory."""
+    """The run directory (or its nearest existing parent) must be a writable directory; an existing one a run
+    directory (run.json or train.toml) or empty: a launch writes, and removes, its own files there."""
     where = "(--output, else profile.storage_root)"
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir}: exists and is not a directory {where}", "--output")
+    is_run = (run_dir / protocol.RUN_RECORD).is_file() or (run_dir / protocol.TRAIN_CONFIG).is_file()
+    try:
+        foreign = run_dir.is_dir() and not is_run and any(run_dir.iterdir())
+    except OSError as err:
+        raise ConfigError(f"run directory {run_dir}: cannot list it ({err.strerror}) {where}", "--output") from None
+    read_run_record(run_dir)  # a broken run.json: one line now, not a traceback from whatever reads it next
+    if foreign:
+        raise ConfigError(f"run directory {run_dir}: not a run directory (no run.json or train.toml) and not empty: "
+                          f"a launch would write and replace files there; choose a new or empty one {where}",
+                          "--output")
     existing = run_dir
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"run directory {run_dir}: {existing} is not writable {where}", "--output")
+
+
+# What a checkpoint's tensors depend on: a resume with other values fails loading it, on the nodes.
+RESUME_KEYS = {"model": ("path",), "model.arch": ("vocab_size", "hidden_size", "intermediate_size",
+                                                         "num_hidden_layers", "num_attention_heads",
+                                                         "num_key_value_heads", "head_dim", "tie_word_embeddings"),
+               "lora": ("enabled", "r", "target_modules", "quant")}
+
+
+def _resume_values(train: dict[str, Any], strategy: Any) -> dict[str, Any]:
+    """The RESUME_KEYS of a train.toml (as a dict) by dotted name, and the strategy; a key not set is left out."""
+    tables = {"model": train.get("model", {}), "model.arch": train.get("model", {}).get("arch", {}),
+              "lora": train.get("lora", {})}
+    values = {f"{table}.{key}": tables[table][key] for table, keys in RESUME_KEYS.items() for key in keys
+              if key in tables[table]}
+    return values | ({"--strategy": strategy} if strategy else {})
+
+
+def check_resumable(launch: Launch) -> None:
+    """A run directory with a complete checkpoint is resumed from it: its weights (model, architecture, LoRA)
+    and its layout (strategy) must be those the checkpoint was written with (the run's train.toml, run.json)."""
+    run_dir = launch.run_dir
+    checkpoints = run_dir / launch.train.run.checkpoint_dir
+    if not any(checkpoints.glob(f"{protocol.CHECKPOINT_PREFIX}*/{protocol.CHECKPOINT_MARKER}")):
+        return
+    try:
+        train = tomllib.loads((run_dir / protocol.TRAIN_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # nothing to compare with
+    before = _resume_values(train, read_run_record(run_dir).get("strategy"))
+    now = _resume_values(to_dict(launch.train), launch.strategy)
+    for key, old in before.items():
+        if key in now and now[key] != old:
+            raise ConfigError(f"--output {run_dir}: its checkpoints were trained with {key} = {old!r}, this launch "
+                              f"has {now[key]!r}: a resume could not load them; choose another --output (or move "
+                              f"{checkpoints} away to start over)", key)
 
 
 def node_paths(launch: Launch) -> dict[str, Path]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from contract import gpus
-from contract.schema import ConfigError, build, closest, require
+from contract.schema import ConfigError, build, closest, read_utf8, require
 from contract.strategies import Strategy
 from launcher.resolve.sbatch_options import sbatch_option, validate_profile_options
 
@@ -140,6 +140,8 @@ class ClusterProfile:
         require(self.collective_timeout_s >= 1, "collective_timeout_s", "must be >= 1")
         require(self.max_node_failures >= 0, "max_node_failures", "must be >= 0")
         require(self.master_port == 0 or 1024 < self.master_port < 65536, "master_port", "must be 0 or 1025-65535")
+        require(bool(self.python.strip()), "python", "must name the interpreter the batch shell runs (python3)")
+        require(bool(self.storage_root.strip()), "storage_root", "must name the folder run directories go to")
         for name in self.env:
             require(bool(_ENV_NAME.match(name)), f"env.{name}", "not a valid environment variable name")
             require(not is_secret_name(name), f"env.{name}",
@@ -176,7 +178,7 @@ class ClusterFile:
 
 def read_cluster_file(path: Path) -> ClusterFile:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_utf8(path)
         data = tomllib.loads(text)
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
@@ -198,7 +200,8 @@ def line_of_key(text: str, table: list[str], dotted_key: str) -> int:
     """1-based line where `dotted_key` is set inside table `table` (e.g. ['profiles', 'gpu']); best effort.
 
     Handles `[a.b]` headers with `key = ...` lines, sub-tables (`[a.b.container]` + `image =`) and
-    dotted keys (`container.image =`). Falls back to the table's header line, then to 1.
+    dotted keys (`container.image =`). Falls back to the table's header line (a top-level key given as a
+    table, `[profile.gpu]`: that header), then to 1.
     """
     lines = text.splitlines()
     parts = dotted_key.split(".")
@@ -216,6 +219,9 @@ def line_of_key(text: str, table: list[str], dotted_key: str) -> int:
                 break
             if key_pattern.match(lines[index]):
                 return index + 1
+    if not table and not header_line:  # a top-level key set as a table: [key.sub] or [[key]]
+        table_header = re.compile(rf"^\s*\[\[?\s*{re.escape(parts[0])}\s*[.\]]")
+        header_line = next((index + 1 for index, line in enumerate(lines) if table_header.match(line)), 0)
     return header_line or 1
 
 

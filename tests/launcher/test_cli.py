@@ -27,6 +27,10 @@ def _error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 def test_help_and_models(tmp_path: Path) -> None:
     assert run_cli(["--help"], tmp_path).returncode == 0
+    from contract import __version__
+
+    version = run_cli(["--version"], tmp_path)  # not "the following arguments are required: --model"
+    assert version.returncode == 0 and version.stdout == f"sft-launch {__version__}\n", version.stdout + version.stderr
     models = run_cli(["models"], tmp_path)
     assert models.returncode == 0
     for name in ("tiny", "llama-7b", "llama-13b", "llama-70b", "llama3-8b", "llama3-70b", "llama3.2-1b",
@@ -77,6 +81,9 @@ def test_cluster_file_errors_name_the_toml_line(tmp_path: Path) -> None:
     assert fused.returncode == 2
     assert _error_line(fused).endswith("train.fused_mlp: cannot be used: it needs Hopper or Blackwell "
                                        "(compute capability 9.0-10.3; this GPU has 7.0)")
+    cluster.write_text('# my profiles\ndefault_profile = "gpu"\n\n[profile.gpu]\ngpus_per_node = 8\n')  # profile.
+    singular = run_cli(["--model", "tiny", "--dry-run"], tmp_path, env=_no_sbatch_env())
+    assert "cluster.toml:4: unknown top-level key 'profile'" in _error_line(singular)
 
 
 def test_dry_run_without_sbatch_prints_summary(roomy_tmp: Path) -> None:
@@ -185,3 +192,23 @@ def test_dry_run_test_only_against_local_slurm(tmp_path: Path) -> None:
     refused = run_cli([*base, "--set", "profile.partition=no-such-partition", "--output", str(tmp_path / "bad")],
                       tmp_path)
     assert refused.returncode == 1 and "invalid partition" in _error_line(refused)
+
+
+def test_set_and_flag_values_that_look_like_numbers_stay_text_where_a_text_is_expected(tmp_path: Path) -> None:
+    """`--set profile.account=12345` (HPC accounts are often numbers), `profile.mem=64000` (MB), `profile.time=90`
+    (minutes) and `--profile_steps 5` are what sbatch and the docs take; the TOML literal they parse as is an
+    integer, which was refused ("expected str, got 12345") unless quoted twice."""
+    result = run_cli(["--cluster", str(EXAMPLE_CLUSTER), "--profile", "cpu", "--model", "tiny", "--dry-run",
+                      "--output", str(tmp_path / "run"), "--set", "profile.account=12345", "--set",
+                      "profile.mem=64000", "--set", "profile.time=90", "--set", "profile.env.SEED_TAG=7",
+                      "--profile_steps", "5"], tmp_path, env=_no_sbatch_env())
+    assert result.returncode == 0, result.stderr
+    rendered = rendered_dir(result)
+    script = (rendered / "launch.slurm").read_text()
+    assert "#SBATCH --account=12345\n" in script and "#SBATCH --mem=64000\n" in script, script
+    assert "#SBATCH --time=0-01:30:00\n" in script and "SEED_TAG=7" in script, script
+    assert 'profile_steps = "5"' in (rendered / "train.toml").read_text()
+    wrong = run_cli(["--cluster", str(EXAMPLE_CLUSTER), "--profile", "cpu", "--model", "tiny", "--dry-run",
+                     "--output", str(tmp_path / "run"), "--set", "profile.gpus_per_node=two"], tmp_path,
+                    env=_no_sbatch_env())  # an integer field still wants an integer
+    assert wrong.returncode == 2 and "gpus_per_node: expected an integer, got 'two'" in wrong.stderr, wrong.stderr

@@ -9,6 +9,7 @@ exit 0. The lead can point this at the real `train` module.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -64,6 +65,16 @@ def _wait_for(paths: list[Path], timeout: float) -> None:
         time.sleep(0.1)
 
 
+def _stand_in_env(tmp_path: Path, source: str) -> dict[str, str]:
+    """The CLI's environment with `source` as the `train` module the workers run (first on PYTHONPATH)."""
+    module_dir = tmp_path / "standin"
+    module_dir.mkdir()
+    (module_dir / "train.py").write_text(source)
+    env = cli_env()
+    env["PYTHONPATH"] = f"{module_dir}{os.pathsep}{env['PYTHONPATH']}"
+    return env
+
+
 def _default_sigint() -> None:
     # A backgrounded parent may ignore SIGINT, and Python then never raises KeyboardInterrupt (Ctrl-C).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -71,17 +82,19 @@ def _default_sigint() -> None:
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGUSR1, signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, stop_signal: signal.Signals) -> None:
-    module_dir = tmp_path / "standin"
-    module_dir.mkdir()
-    (module_dir / "train.py").write_text(STAND_IN)
-    env = cli_env()
-    env["PYTHONPATH"] = f"{module_dir}{os.pathsep}{env['PYTHONPATH']}"
+    env = _stand_in_env(tmp_path, STAND_IN)
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--output", str(run_dir)]
     launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, preexec_fn=_default_sigint)
     try:
         _wait_for([run_dir / "started-0", run_dir / "started-1"], timeout=120)
+        running = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(run_dir)], cwd=tmp_path,
+                                 env=env, capture_output=True, text=True, timeout=60)
+        assert "state        RUNNING  [run.json, executor local]" in running.stdout, running.stdout + running.stderr
+        cancel = subprocess.run([sys.executable, "-m", "launcher.cli", "cancel", str(run_dir)], cwd=tmp_path,
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert cancel.returncode == 1 and f"kill -USR1 {launcher.pid}" in cancel.stderr, cancel.stderr  # which pid
         launcher.send_signal(stop_signal)
         output, _ = launcher.communicate(timeout=60)
     finally:
@@ -89,6 +102,9 @@ def test_signal_checkpoints_exits_75_then_same_command_resumes(tmp_path: Path, s
             launcher.kill()
     assert launcher.returncode == 75, output
     assert "run the same command again to resume" in output
+    shown = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(run_dir)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert "STOPPED (checkpointed" in shown.stdout, shown.stdout + shown.stderr
     assert (run_dir / "STOP_REQUESTED").exists()
     assert len(list(run_dir.glob("stopped-*"))) == 2, "both workers were asked to stop"
     again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -151,3 +167,40 @@ def test_real_train_second_ctrl_c_kills_it(tmp_path: Path) -> None:
         time.sleep(0.2)
     assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)], f"training processes survived: {pids}"
     assert not (run_dir / "checkpoints" / "step-00000002").exists(), "a checkpoint was published"
+
+
+ENDS_WITH = '''
+import json, os, pathlib, sys
+config_path = pathlib.Path(sys.argv[sys.argv.index("--config") + 1])
+code = int(os.environ["STAND_IN_EXIT"])
+if code == 0 and os.environ.get("RANK", "0") == "0":
+    with open(config_path.parent / "metrics.jsonl", "a") as metrics:
+        metrics.write(json.dumps({"event": "done", "step": 1}) + "\\n")
+if code:
+    print("ValueError: the stand-in failed on purpose", file=sys.stderr)
+sys.exit(code)
+'''
+
+
+def test_status_tells_how_a_local_run_ended(tmp_path: Path) -> None:
+    """A local run records its start and end in run.json as a SLURM job does: `status` says FAILED for a
+    run whose training failed, not NOT STARTED, and a failed resume of a run that once completed is
+    FAILED, not the earlier COMPLETED (metrics.jsonl's old `done`)."""
+    env = _stand_in_env(tmp_path, ENDS_WITH)
+    run_dir = tmp_path / "run"
+    launch = [sys.executable, "-m", "launcher.cli", "--model", "tiny", "--executor", "local", "--output", str(run_dir)]
+    status = [sys.executable, "-m", "launcher.cli", "status", str(run_dir)]
+
+    def state_after(code: int) -> str:  # inside an salloc session: its job is not this run's job
+        ran = subprocess.run(launch, cwd=tmp_path, env={**env, "STAND_IN_EXIT": str(code), "SLURM_JOB_ID": "4711"},
+                             capture_output=True, text=True, timeout=120)
+        assert ran.returncode == code, ran.stdout[-2000:] + ran.stderr[-2000:]
+        shown = subprocess.run(status, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        return next(line for line in shown.stdout.splitlines() if line.startswith("state")).split(None, 1)[1]
+
+    assert state_after(1).startswith("FAILED (exit 1)")
+    assert state_after(0).startswith("COMPLETED")
+    assert state_after(1).startswith("FAILED (exit 1)")
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["job_ids"] == [] and {e["job_id"] for e in record["events"]} == {""}

@@ -92,6 +92,8 @@ def _files(root: Path) -> None:
     (root / "binary.jsonl").write_bytes(bytes(range(256)) * 8)
     (root / "good.jsonl").write_text("\n".join(SAMPLE[:20]) + "\n")
     (root / "afile").write_text("not a directory\n")
+    (root / "project").mkdir()  # someone's own folder: a launch must not write (or remove) files there
+    (root / "project" / "accelerate.yaml").write_text("compute_environment: LOCAL_MACHINE\n")
     (root / "text.jsonl").write_text(json.dumps({"text": "hello"}) + "\n" + json.dumps({"body": "x"}) + "\n")
     _columnar(root, [json.loads(line) for line in SAMPLE[:6]] + [json.loads(_chat(("human", "hi"), ("bot", "x")))])
     (root / "noconfig").mkdir()
@@ -103,6 +105,9 @@ def _files(root: Path) -> None:
     (root / "cluster.toml").write_text(CLUSTER)
     (root / "broken.toml").write_text('default_profile = "cpu"\n[profiles.cpu]\ngpus_per_node = \n')
     (root / "typo.toml").write_text(CLUSTER + "partiton = \"x\"\n")
+    # saved by an editor in Latin-1: an accented comment
+    (root / "latin1.toml").write_bytes(b"# cluster profiles\n# caf\xe9\n" + CLUSTER.encode())
+    (root / "latin1_mix.toml").write_bytes(b'[[data.sources]]\n# caf\xe9\npath = "good.jsonl"\n')
     (root / "hf_home").mkdir()
     (root / "shared.toml").write_text(CLUSTER + f'shared_paths = ["{root / "hf_home"}"]\n')
     (root / "hfhome.toml").write_text(CLUSTER + f'hf_home = "{root / "hf_home"}"\n')
@@ -223,6 +228,15 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("sharded-init-with-deepspeed", ["--model", "tiny", "--strategy", "zero3", "--set", "profile.gpus_per_node=8",
                                      "--set", "profile.processes_per_node=8", "--set", "model.init=sharded"],
      "model.init: 'sharded' needs --strategy fsdp"),
+    ("arch-key-typo", ["--model", "tiny", "--set", "model.arch.hiden_size=128"],  # silently ignored by HF
+     "model.arch.hiden_size: unknown key (did you mean: hidden_size?)"),
+    ("lora-dropout-above-1", ["--model", "tiny", "--lora", "--set", "lora.dropout=1.5"],  # torch's Dropout refuses it
+     "lora.dropout: must be in [0, 1)"),
+    ("lora-no-target-modules", ["--model", "tiny", "--lora", "--set", "lora.target_modules=[]"],
+     "lora.target_modules: name at least one"),
+    ("lora-unknown-target-module", ["--model", "tiny", "--lora", "--set", 'lora.target_modules=["q_proj", "qkv"]'],
+     "lora.target_modules: unknown module 'qkv'"),
+    ("lora-alpha-negative", ["--model", "tiny", "--lora", "--set", "lora.alpha=-16"], "lora.alpha: must be > 0"),
     ("model-init-typo", ["--model", "tiny", "--set", "model.init=shard"], "model.init"),
     # --- command line ---
     ("nodes-zero", ["--model", "tiny", "--nodes", "0"], "--nodes 0: must be >= 1"),
@@ -234,6 +248,15 @@ MISTAKES: list[tuple[str, list[str], str]] = [
      "profile.cpu_offload: FSDP1 with CPU offload does not restore the weights on resume"),
     ("learning-rate-not-number", ["--model", "tiny", "--learning_rate", "abc"], "train.learning_rate: expected float"),
     ("max-steps-zero", ["--model", "tiny", "--max_steps", "0"], "train.max_steps: must be -1 or > 0"),
+    # values torch or the loop would refuse (or act on wrongly) only once the job runs
+    ("adam-beta-1", ["--model", "tiny", "--adam_beta1", "1.0"], "train.adam_beta1: must be in [0, 1)"),
+    ("adam-beta-negative", ["--model", "tiny", "--adam_beta2", "-0.1"], "train.adam_beta2: must be in [0, 1)"),
+    ("weight-decay-negative", ["--model", "tiny", "--weight_decay", "-1"], "train.weight_decay: must be >= 0"),
+    ("grad-norm-negative", ["--model", "tiny", "--max_grad_norm", "-1"], "train.max_grad_norm: must be >= 0"),
+    ("seed-negative", ["--model", "tiny", "--seed", "-1"], "train.seed: must be in [0, 2**32)"),
+    ("eval-steps-negative", ["--model", "tiny", "--eval_steps", "-1"], "train.eval_steps: must be >= 0"),
+    ("profile-steps-backwards", ["--model", "tiny", "--profile_steps", "10:5"], "train.profile_steps: STOP must"),
+    ("num-workers-negative", ["--model", "tiny", "--set", "data.num_workers=-1"], "data.num_workers: must be >= 0"),
     ("unknown-reporter", ["--model", "tiny", "--set", 'train.report_to=["tensorboard"]'], "train.report_to"),
     ("set-without-value", ["--model", "tiny", "--set", "train.learning_rate"], "--set train.learning_rate: expected"),
     ("set-unknown-namespace", ["--model", "tiny", "--set", "bogus.x=1"], "--set bogus.x: unknown key"),
@@ -241,6 +264,13 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("local-executor-two-nodes", ["--model", "tiny", "--executor", "local", "--nodes", "2"], "--nodes: the local"),
     ("output-under-a-file", ["--model", "tiny", "--output", "afile/run"], "afile is not writable"),
     ("output-is-a-file", ["--model", "tiny", "--output", "afile"], "exists and is not a directory"),
+    ("data-empty", ["--model", "tiny", "--data", ""], "argument --data: empty value"),  # --data "$UNSET"
+    ("model-empty", ["--model", ""], "argument --model: empty value"),
+    ("cluster-empty", ["--model", "tiny", "--cluster", ""], "argument --cluster: empty value"),
+    ("status-run-empty", ["status", ""], "argument RUN: empty value"),  # not the working directory's run
+    ("output-empty", ["--model", "tiny", "--output", ""], "argument --output: empty value"),
+    ("output-is-a-project-folder", ["--model", "tiny", "--output", "project"], "project: not a run directory"),
+    ("output-is-the-working-dir", ["--model", "tiny", "--output", "."], "not a run directory (no run.json"),
     # --- flags and commands, spelled almost right (no argparse abbreviations, a hint instead) ---
     ("flag-abbreviated", ["--model", "tiny", "--max_step", "20"], "unknown flag --max_step; did you mean --max_steps?"),
     ("flag-with-dashes", ["--model", "tiny", "--max-steps", "20"], "unknown flag --max-steps; did you mean --max_steps?"),
@@ -260,8 +290,12 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("profile-unknown", ["--model", "tiny", "--profile", "gpu"], "gpu"),
     ("cluster-file-missing", ["--model", "tiny", "--cluster", "missing.toml"], "missing.toml"),
     ("cluster-toml-syntax", ["--model", "tiny", "--cluster", "broken.toml"], "broken.toml"),
+    ("cluster-file-not-utf8", ["--model", "tiny", "--cluster", "latin1.toml"], "latin1.toml:2: not valid UTF-8"),
+    ("data-toml-not-utf8", [*D, "latin1_mix.toml"], "latin1_mix.toml:2: not valid UTF-8"),
     ("profile-key-typo", ["--model", "tiny", "--cluster", "typo.toml"], "partiton"),
     ("profile-negative-gpus", ["--model", "tiny", "--set", "profile.gpus_per_node=-1"], "gpus_per_node: must be >= 0"),
+    ("profile-python-empty", ["--model", "tiny", "--set", "profile.python="], "python: must name the interpreter"),
+    ("profile-storage-root-empty", ["--model", "tiny", "--set", "profile.storage_root="], "storage_root: must name"),
     ("profile-secret-env", ["--model", "tiny", "--set", "profile.env.HF_TOKEN=abc"], "export it in your shell"),
     ("data-not-on-shared-storage", [*D, "good.jsonl", "--cluster", "shared.toml"],
      "good.jsonl: not on the nodes' shared storage (profile.shared_paths"),
@@ -298,3 +332,52 @@ def test_mistake_stops_before_the_queue(workdir: Path, tmp_path: Path, args: lis
     assert not (tmp_path / "run").exists() and not (workdir / "runs").exists(), "a run directory was written"
     assert sorted(p.name for p in workdir.iterdir()) == before, "files appeared next to the data"
     assert not calls.exists(), f"sbatch was called: {calls.read_text()}"
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (["--model", "chatmodel"], "model.path = ''"),
+    (["--model", "tiny", "--lora"], "lora.enabled = False"),
+    (["--model", "tiny", "--set", "model.arch.hidden_size=128"], "model.arch.hidden_size = 64"),
+], ids=["other-model", "lora-now", "other-arch"])
+def test_relaunch_into_a_run_whose_checkpoints_it_cannot_load(workdir: Path, tmp_path: Path, change: list[str],
+                                                              expected: str) -> None:
+    """--output naming a run that has a complete checkpoint resumes from it; a launch whose weights differ
+    (another model or architecture, LoRA switched on) would fail loading it on the nodes, after the queue.
+    Refused in one line (exit 2) naming the key, the run's train.toml left as it was, sbatch not called."""
+    calls, bin_dir, run_dir = tmp_path / "sbatch-calls", tmp_path / "bin", tmp_path / "run"
+    change = [str(_model_dir(tmp_path, word)) if word == "chatmodel" else word for word in change]
+    write_stub(bin_dir, "sbatch", f'echo "$*" >> {str(calls)!r}\necho 4242\n')
+    env = cli_env(PATH=f"{bin_dir}{os.pathsep}{path_without('sbatch')}")
+    first = run_cli(["--model", "tiny", "--cluster", "cluster.toml", "--output", str(run_dir)], workdir, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    checkpoint = run_dir / "checkpoints" / "step-00000010"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "COMPLETE").touch()  # what the job left behind
+    rendered = (run_dir / "train.toml").read_text()
+    calls.unlink()
+    result = run_cli([*change, "--cluster", "cluster.toml", "--output", str(run_dir)], workdir, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(lines) == 1 and expected in lines[0] and "--output" in lines[0], result.stderr
+    assert (run_dir / "train.toml").read_text() == rendered
+    assert not calls.exists(), f"sbatch was called: {calls.read_text()}"
+    same = run_cli(["--model", "tiny", "--learning_rate", "1e-4", "--cluster", "cluster.toml", "--output",
+                    str(run_dir)], workdir, env=env)  # the same weights, another learning rate: resumes
+    assert same.returncode == 0, same.stdout + same.stderr
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["launch", "dry-run"])
+def test_relaunch_into_a_run_whose_run_json_is_broken(workdir: Path, tmp_path: Path, dry_run: bool) -> None:
+    """A run.json cut short (a full disk, an editor): one line naming run.json:LINE (exit 2), not a
+    JSONDecodeError traceback; nothing rewritten, sbatch not called."""
+    calls, bin_dir, run_dir = tmp_path / "sbatch-calls", tmp_path / "bin", tmp_path / "run"
+    write_stub(bin_dir, "sbatch", f'echo "$*" >> {str(calls)!r}\necho 4242\n')
+    env = cli_env(PATH=f"{bin_dir}{os.pathsep}{path_without('sbatch')}")
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text('{"job_ids": ["17",\n')
+    result = run_cli(["--model", "tiny", "--cluster", "cluster.toml", "--output", str(run_dir),
+                      *(["--dry-run"] if dry_run else [])], workdir, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(lines) == 1 and f"{run_dir / 'run.json'}:2: not valid JSON" in lines[0], result.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"] and not calls.exists()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -63,6 +65,25 @@ def test_logs_rank_prints_that_ranks_whole_output_of_the_chosen_attempt(tmp_path
     assert sft("logs", str(local), "--rank", "0").stdout == "rank 0 of a local run\n"
 
 
+def test_logs_of_a_local_run_is_rank_0s_output_of_its_newest_attempt(tmp_path: Path) -> None:
+    """A local run has no per-restart log: `logs RUN` (and -f, once the run has ended) prints what its terminal
+    showed, rank 0's output of the newest attempt, not "no log of any restart yet (job pending?)"."""
+    run_dir = tmp_path / "local"
+    for age, (attempt, text) in enumerate([("local-20260102-000000", "[rank 0] the newest attempt\n"),
+                                           ("local-20260101-000000", "[rank 0] an older one\n")]):
+        ranks = run_dir / "logs" / "ranks" / attempt
+        ranks.mkdir(parents=True)
+        (ranks / "rank-00000.log").write_text(text)
+        (ranks / "rank-00001.log").write_text("[rank 1] not shown\n")
+        os.utime(ranks, (time.time() - 100 * age, time.time() - 100 * age))
+    (run_dir / "run.json").write_text(json.dumps({"job_ids": [], "events": [
+        {"event": "start", "executor": "local"}, {"event": "finish", "executor": "local", "exit_code": 0}]}))
+    for flags in ([], ["-f"]):
+        shown = subprocess.run([sys.executable, "-m", "launcher.cli", "logs", str(run_dir), *flags],
+                               capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert shown.returncode == 0 and shown.stdout == "[rank 0] the newest attempt\n", shown.stdout + shown.stderr
+
+
 def test_follow_switches_to_the_new_restart_file_and_ends_when_finished(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, steps_per_restart=(2,), kinds=())
     first = run_dir / "logs" / "900042-r0.log"
@@ -115,6 +136,17 @@ def test_plot_cli_writes_a_png_with_mfu_when_known(tmp_path: Path) -> None:
     proc = sft("plot", str(run_dir), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_plot_out_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    """--out in a folder that does not exist, or in a format matplotlib cannot write: one line (exit 2),
+    not matplotlib's traceback."""
+    run_dir = make_run(tmp_path)
+    for out, words in ((tmp_path / "nope" / "curves.png", "no such directory"), (tmp_path / "curves.txt", "'.txt'")):
+        proc = sft("plot", str(run_dir), "--out", str(out))
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "--out" in lines[0] and words in lines[0], proc.stderr
+        assert not out.exists()
 
 
 def test_no_matplotlib_or_torch_when_importing_the_ops_modules() -> None:

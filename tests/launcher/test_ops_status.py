@@ -108,6 +108,18 @@ def test_runs_lists_every_run_under_the_root(tmp_path: Path) -> None:
     assert "18/40" in alpha and f"{6.0 - 0.05 * 18:.4f}" in alpha
 
 
+def test_runs_lists_the_others_when_one_run_json_is_broken(tmp_path: Path) -> None:
+    """One run.json cut short must not hide every other run of the storage root behind one error line."""
+    make_run(tmp_path, "alpha", finished=True)
+    broken = make_run(tmp_path, "broken", job_id="900043", finished=True)
+    (broken / "run.json").write_text('{"job_ids": [\n')
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "runs", "--root", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]}
+    assert set(rows) == {"alpha", "broken"} and "run.json:2: not valid JSON" in rows["broken"], proc.stdout
+
+
 def test_runs_cli_with_an_empty_root(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "runs", "--root", str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO)

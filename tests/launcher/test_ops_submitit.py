@@ -53,3 +53,22 @@ def test_api_handle_on_an_existing_run(tmp_path: Path) -> None:
         api.attach(tmp_path / "nothing")
     with pytest.raises(ValueError, match="executor"):
         api.submit("tiny", executor="local")
+
+
+def test_api_submit_refuses_what_the_cli_refuses_before_anything_is_written(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`submit` plans like `sft-launch`: a job that cannot fit in GPU memory is refused (ConfigError naming the
+    plan), with nothing written or submitted, unless force=True; it was submitted to OOM on its nodes."""
+    from contract.schema import ConfigError
+    from tests.launcher.conftest import EXAMPLE_CLUSTER, path_without, write_stub
+
+    calls = tmp_path / "sbatch-calls"
+    write_stub(tmp_path / "bin", "sbatch", f'echo "$*" >> {str(calls)!r}\necho 4242\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{path_without('sbatch')}")
+    with pytest.raises(ConfigError, match="plan: does not fit: GPU memory"):
+        api.submit("llama-70b", nodes=1, cluster=str(EXAMPLE_CLUSTER), profile="a100", executor="sbatch",
+                   output=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists() and not calls.exists()
+    forced = api.submit("llama-70b", nodes=1, cluster=str(EXAMPLE_CLUSTER), profile="a100", executor="sbatch",
+                        output=str(tmp_path / "run"), force=True)
+    assert forced.job_id == "4242" and calls.read_text().count("\n") == 1

@@ -121,3 +121,14 @@ def test_quant_needs_lora_under_fsdp2_in_the_planner() -> None:
         make_plan(_inp(quant="nf4", lora=False))
     with pytest.raises(ConfigError, match="quant"):
         make_plan(_inp(quant="nf4", strategy="zero3"))
+
+
+def test_qlora_on_a_cpu_profile_is_planned_as_it_trains(tmp_path: Path) -> None:
+    """CPU ranks train QLoRA under FSDP2 over gloo (tests/train/test_qlora_cpu.py); the planner, which sizes
+    CPU ranks as full replicas, plans it too (it refused with its own internal key: "quant: ... not ddp")."""
+    arch = ("model.arch={vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, "
+            "num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512}")
+    result = run_cli(["plan", "--executor", "local", "--model", "tiny", "--qlora", "--set", arch], tmp_path,
+                     env=cli_env(PATH=path_without("sbatch")))
+    assert result.returncode == 0, result.stderr
+    assert "nf4 frozen linears" in result.stdout and "FSDP2 over gloo" in result.stdout, result.stdout

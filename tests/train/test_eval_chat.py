@@ -130,6 +130,25 @@ def test_chat_answers_greedily_through_the_chat_template(setup: tuple[Path, Path
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--max_new_tokens", "0"], "--max_new_tokens 0: must be >= 1"),
+    (["--do_sample", "--temperature", "-1"], "--temperature -1.0: must be > 0"),
+    (["--do_sample", "--top_p", "1.5"], "--top_p 1.5: must be in (0, 1]"),
+    (["--num_beams", "0"], "--num_beams 0: must be >= 1"),
+    (["--max_new_token", "5"], "unrecognized arguments: --max_new_token"),  # never abbreviated
+    (["--tempreature", "0.5"], "unrecognized arguments: --tempreature"),
+], ids=["no-tokens", "negative-temperature", "top-p-above-1", "no-beams", "abbreviated", "typo"])
+def test_chat_refuses_bad_generation_flags_in_one_line(setup: tuple[Path, Path], flags: list[str],
+                                                       words: str) -> None:
+    """A generation flag out of range or misspelt: one line (exit 2) before the model loads, not generate()'s
+    traceback (exit 1) after it, nor a prefix silently taken for another flag."""
+    run_dir, _ = setup
+    bad = sft_launch(["chat", str(run_dir), "--prompt", "hi", *flags], run_dir.parent, offline_env(run_dir.parent),
+                     timeout=120)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert bad.stderr.count("\n") == 1 and words in bad.stderr, bad.stderr
+
+
 def test_an_offline_node_is_detected_and_a_hub_dataset_refused_in_one_line(setup: tuple[Path, Path]) -> None:
     """No HF_HUB_OFFLINE, no reachable Hub (HF_ENDPOINT on a closed port): one probe, then offline; a
     task whose dataset is not cached is one line (not minutes of retries and a traceback)."""
