@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from contract import gpus
 from contract.config import TrainConfig, TrainSection
 from contract.schema import ConfigError, build, set_dotted, to_dict
+from contract.shape import ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.plan.autofit import MicroBatchChoice, fit_micro_batch
 from launcher.resolve.plan_input import plan_input_from_launch
@@ -250,6 +251,12 @@ def check_quantized_base(launch: Launch) -> None:
     if launch.profile.cpu_offload:
         raise ConfigError(f"profile.cpu_offload: not with lora.quant = {quant!r} (--qlora): FSDP2 would move the "
                           "NF4 weights to the host and back as new trainable parameters; the 4-bit base is the saving")
+    arch = launch.train.model.arch or launch.preset.arch
+    blocker = ModelShape.from_arch(arch).nf4_blocker(list(launch.train.lora.target_modules), launch.world_size) \
+        if arch else None
+    if blocker:  # the rule train/engine/qlora.py applies on the nodes, before the queue
+        raise ConfigError(f"--qlora: model {launch.preset.name}'s {blocker} (NF4 blocks per rank); use --lora, "
+                          "or a model or rank count whose linears split", "lora.quant")
 
 
 def check_sharded_init(launch: Launch) -> None:
