@@ -25,7 +25,7 @@ from contract.shape import ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.plan.autofit import MicroBatchChoice, fit_micro_batch
 from launcher.resolve.plan_input import plan_input_from_launch
-from launcher.resolve.data_args import absolute_paths, data_table
+from launcher.resolve.data_args import absolute_paths, at_line, data_table, data_toml
 from launcher.resolve.presets import Preset, resolve_model
 from launcher.resolve.profile import (
     ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
@@ -204,7 +204,12 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
         set_dotted(data, key, value)
     if any(key.startswith("data.") for key in train_sets):
         absolute_paths(data["data"], Path.cwd())  # --set data.sources=[{path = "a.jsonl"}] as --data would
-    return build(TrainConfig, data)
+    try:
+        return build(TrainConfig, data)
+    except ConfigError as err:
+        toml = data_toml(flags)
+        from_file = (err.key or "").startswith("data.") and not any(key.startswith("data.") for key in train_sets)
+        raise (at_line(err, toml) if toml and from_file else err) from None
 
 
 def _safe_name(text: str) -> str:
