@@ -176,7 +176,7 @@ def main(argv: list[str]) -> int:
     from launcher.commands.launch_args import build_parser, request_from_args
     from launcher.resolve.options import resolve
 
-    parser = build_parser()
+    parser = build_parser(launch=False)
     parser.prog = "sft-launch plan"
     parser.description = ("Plan a launch (memory per GPU, verdict, time, cost, signal lead, the partition's "
                           f"limits); writes nothing. Exit 0: fits; {EXIT_DOES_NOT_FIT}: does not fit; "
