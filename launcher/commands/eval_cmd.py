@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory of custom lm-eval task YAMLs (repeatable)")
     parser.add_argument("--allow-code-eval", action="store_true",
                         help="allow tasks that execute model-written code (sets HF_ALLOW_CODE_EVAL=1)")
-    parser.add_argument("--checkpoint", type=checkpoint_step, metavar="STEP", help="evaluate checkpoints/step-STEP (or 'latest', the "
-                        "newest complete one) instead of the export; it is exported first, once")
+    parser.add_argument("--checkpoint", type=checkpoint_step, metavar="STEP",
+                        help="evaluate checkpoints/step-STEP (or 'latest', the newest complete one) instead of the "
+                        "export; it is exported first, once")
     parser.add_argument("--every-checkpoint", action="store_true",
                         help="keep watching the run: evaluate each new complete checkpoint in its own job "
                         "(training never waits), until the run finishes; results <name>-step-N")

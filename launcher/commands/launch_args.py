@@ -25,7 +25,8 @@ transformers' TrainingArguments. --set KEY=VALUE overrides any key by its dotted
 profile.<key> (cluster profile) or model./data./train./lora./run.<key> (train.toml); values are
 TOML literals (1e-5, true, ["wandb"]) or plain strings. Every launch prints the plan (memory, time,
 signal lead) and refuses one that does not fit unless --force. `sft-launch plan` takes the same
-flags (but the launch-only --dry-run, --force, --job-name) and writes nothing. Other commands (sft-launch COMMAND --help): {commands}.
+flags (but the launch-only --dry-run, --force, --job-name) and writes nothing. Other commands
+(sft-launch COMMAND --help): {commands}.
 """
 
 
