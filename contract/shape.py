@@ -22,6 +22,7 @@ Model FLOPs per trained token (forward + backward = 3 × forward, 2 FLOPs per mu
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,23 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # at a time (the planner sizes the loss's memory by it); at 4,096 the lm_head's matmuls run at full
 # cuBLAS speed, ~10% faster than in Liger's 1,024-token chunks (bench/gpu_ceilings.py).
 FUSED_LOSS_CHUNK_TOKENS = 4096
+
+
+# QLoRA's NF4 (train/engine/qlora.py): an absmax per 64 weights, the absmaxes double-quantized per 256.
+NF4_BLOCK_SIZE = 64
+NF4_SCALER_BLOCK_SIZE = 256
+NF4_QUANT_UNIT = NF4_BLOCK_SIZE * NF4_SCALER_BLOCK_SIZE  # a quantized weight's element count is a multiple of this
+
+
+def nf4_blocker(weight_shape: tuple[int, ...], world: int) -> str | None:
+    """Why a weight of this (rows, ...) shape cannot be NF4-quantized and sharded over `world` ranks; None
+    if it can. FSDP2 cuts dim 0 into `world` row blocks and NF4Tensor cuts its packed buffers the same way,
+    so each shard must hold whole double-quantization blocks."""
+    numel = math.prod(weight_shape)
+    if numel % (NF4_QUANT_UNIT * world) or weight_shape[0] % world:
+        return (f"{tuple(weight_shape)} is not a multiple of {NF4_QUANT_UNIT} x {world} ranks elements with rows "
+                f"divisible by {world}")
+    return None
 
 
 def _positive_int(arch: dict[str, Any], key: str) -> int:
@@ -132,6 +150,15 @@ class ModelShape:
                 raise ConfigError(f"lora_target_modules: unknown module {name!r}; valid: {', '.join(LORA_TARGETS)}",
                                   "lora_target_modules")
         return [dims[name] for name in targets]
+
+    def nf4_blocker(self, targets: list[str], world: int) -> str | None:
+        """Why QLoRA cannot quantize the targeted linears over `world` ranks ("q_proj.weight (64, 64) is not
+        ..."); None if every one splits into whole NF4 blocks per rank (nf4_blocker)."""
+        for name, (n_in, n_out) in zip(targets, self.linear_dims(targets)):
+            blocker = nf4_blocker((n_out, n_in), world)  # torch.nn.Linear's weight is (out, in)
+            if blocker:
+                return f"{name}.weight {blocker}"
+        return None
 
     def lora_params(self, r: int, targets: list[str]) -> int:
         """r x (in + out) per adapted linear per layer."""

@@ -43,6 +43,13 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 _TASK = re.compile(r"^[A-Za-z0-9_.*-]+$")
 
 
+def checkpoint_step(value: str) -> str:
+    """--checkpoint's value: a step number or 'latest' (a usage error otherwise, before the run is read)."""
+    if value != "latest" and not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a step number or 'latest', got {value!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="sft-launch eval", description="Run lm-evaluation-harness, and the held-out loss of each data "
@@ -62,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory of custom lm-eval task YAMLs (repeatable)")
     parser.add_argument("--allow-code-eval", action="store_true",
                         help="allow tasks that execute model-written code (sets HF_ALLOW_CODE_EVAL=1)")
-    parser.add_argument("--checkpoint", metavar="STEP", help="evaluate checkpoints/step-STEP (or 'latest', the "
-                        "newest complete one) instead of the export; it is exported first, once")
+    parser.add_argument("--checkpoint", type=checkpoint_step, metavar="STEP",
+                        help="evaluate checkpoints/step-STEP (or 'latest', the newest complete one) instead of the "
+                        "export; it is exported first, once")
     parser.add_argument("--every-checkpoint", action="store_true",
                         help="keep watching the run: evaluate each new complete checkpoint in its own job "
                         "(training never waits), until the run finishes; results <name>-step-N")
@@ -151,7 +159,7 @@ def model_source(run_dir: Path, checkpoint: str | None) -> tuple[Path, Path | No
         return rundir.export_dir(run_dir), None
     complete = rundir.complete_checkpoints(run_dir)
     chosen = complete[-1:] if checkpoint == "latest" else \
-        [c for c in complete if checkpoint.isdigit() and c[0] == int(checkpoint)]
+        [c for c in complete if c[0] == int(checkpoint)]
     if not chosen:
         steps = ", ".join(str(step) for step, _ in complete) or "none"
         raise ConfigError(f"--checkpoint {checkpoint}: no complete checkpoint with that step in {run_dir} "

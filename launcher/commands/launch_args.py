@@ -25,11 +25,13 @@ transformers' TrainingArguments. --set KEY=VALUE overrides any key by its dotted
 profile.<key> (cluster profile) or model./data./train./lora./run.<key> (train.toml); values are
 TOML literals (1e-5, true, ["wandb"]) or plain strings. Every launch prints the plan (memory, time,
 signal lead) and refuses one that does not fit unless --force. `sft-launch plan` takes the same
-flags and writes nothing. Other commands (sft-launch COMMAND --help): {commands}.
+flags (but the launch-only --dry-run, --force, --job-name) and writes nothing. Other commands
+(sft-launch COMMAND --help): {commands}.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(launch: bool = True) -> argparse.ArgumentParser:
+    """The launch's flags; `launch` False (`sft-launch plan`) leaves out those that act on a launch only."""
     parser = Parser(
         prog="sft-launch", description="Fine-tune a LLaMA-family model on SLURM (or locally): "
         "validate, render a run directory, submit.", epilog=EPILOG.format(commands=", ".join(COMMANDS)),
@@ -53,12 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--qlora", action="store_true",
                         help="QLoRA: --lora over a frozen base quantized to 4-bit NF4 (= --lora --set lora.quant=nf4)")
     parser.add_argument("--time", type=given, metavar="D-HH:MM:SS", help="time limit (default: the profile's)")
-    parser.add_argument("--job-name", type=given, metavar="NAME", help="SLURM job name (default: sft-<run dir name>)")
     parser.add_argument("--executor", choices=tuple(EXECUTORS), default="sbatch",
                         help="sbatch (default), local: run here without SLURM, or submitit: through submitit")
-    parser.add_argument("--dry-run", action="store_true", help="render and check, submit nothing")
-    parser.add_argument("--force", action="store_true",
-                        help="launch even when the plan says it does not fit in memory or on disk")
+    if launch:
+        parser.add_argument("--job-name", type=given, metavar="NAME",
+                            help="SLURM job name (default: sft-<run dir name>)")
+        parser.add_argument("--dry-run", action="store_true", help="render and check, submit nothing")
+        parser.add_argument("--force", action="store_true",
+                            help="launch even when the plan says it does not fit in memory or on disk")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a profile or training key (repeatable)")
     group = parser.add_argument_group("training flags ([train] in train.toml)")
@@ -83,5 +87,6 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
                 parse_for(value, field_type(TrainSection, name))
     return LaunchRequest(
         model=args.model, nodes=args.nodes, cluster=args.cluster, profile=args.profile, data=args.data,
-        output=args.output, strategy=args.strategy, lora=args.lora, qlora=args.qlora, time=args.time, job_name=args.job_name,
-        executor=args.executor, dry_run=args.dry_run, sets=args.sets, train_flags=flags)
+        output=args.output, strategy=args.strategy, lora=args.lora, qlora=args.qlora, time=args.time,
+        job_name=getattr(args, "job_name", None), executor=args.executor, dry_run=getattr(args, "dry_run", False),
+        sets=args.sets, train_flags=flags)

@@ -5,7 +5,7 @@ launch and `--dry-run`. A launch whose plan does not fit is refused (exit 2) unl
 an unknown GPU type or memory size only warns. Where SLURM answers, the job is also checked against
 its partition (`launcher/ops/partition.py`): a job the partition can never run is refused, `--force` or
 not. `sft-launch plan` prints the plan and exits EXIT_DOES_NOT_FIT (3) when the job does not fit
-(memory or partition), 0 when it does. Pure Python, no torch: the CLI must stay instant.
+(memory, partition or disk), 0 when it does. Pure Python, no torch: the CLI must stay instant.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from launcher.plan.plan_format import format_plan, suggestion_flags
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
 from launcher.resolve.plan_sources import source_rows, source_table
 from launcher.plan.planner import Plan, make_plan, plan_to_dict
-from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, require_room, room_warnings, \
-    run_writes
+from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, refusal, require_room, \
+    room_warnings, run_writes
 
 if TYPE_CHECKING:
     from contract.datacheck import DataCheck
@@ -47,8 +47,10 @@ class LaunchPlan:
 
     @property
     def fits(self) -> bool:
-        """False when memory or the partition says the job cannot run (unknown memory counts as fitting)."""
-        return self.plan.fits is not False and not (self.cluster and self.cluster.problems)
+        """False when memory, the partition or the disk says the job cannot run (unknown memory counts as
+        fitting); a launch refuses each of them (the disk and memory unless --force)."""
+        return (self.plan.fits is not False and not (self.cluster and self.cluster.problems)
+                and all(fs.fits for fs in self.disk))
 
     @property
     def text(self) -> str:
@@ -58,7 +60,7 @@ class LaunchPlan:
             lines.insert(1, f"Micro   {self.micro_batch.describe()}")
         at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
         lines[at:at] = ([f"Checked {line}" for line in self.checked] + self.sources
-                        + [f"Disk    {fs.describe()}" for fs in self.disk])
+                        + [line for fs in self.disk for line in _disk_lines(fs)])
         if self.cluster is not None:
             lines[at:at] = [f"Cluster {self.cluster.line}", *(f"  {p}" for p in self.cluster.problems)]
         if data is None:
@@ -74,6 +76,10 @@ class LaunchPlan:
                  "disk": [asdict(fs) | {"total": fs.total, "room": fs.room} for fs in self.disk],
                  "cluster": asdict(self.cluster) if self.cluster else None, "job_fits": self.fits}
         return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
+
+
+def _disk_lines(fs: Filesystem) -> list[str]:
+    return [f"Disk    {fs.describe()}"] if fs.fits else [f"Disk    {refusal(fs)}"]
 
 
 def _launch_warnings(launch: Launch, plan: Plan, cluster: ClusterCheck | None) -> list[str]:
@@ -170,7 +176,7 @@ def main(argv: list[str]) -> int:
     from launcher.commands.launch_args import build_parser, request_from_args
     from launcher.resolve.options import resolve
 
-    parser = build_parser()
+    parser = build_parser(launch=False)
     parser.prog = "sft-launch plan"
     parser.description = ("Plan a launch (memory per GPU, verdict, time, cost, signal lead, the partition's "
                           f"limits); writes nothing. Exit 0: fits; {EXIT_DOES_NOT_FIT}: does not fit; "

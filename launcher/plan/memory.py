@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contract.shape import LORA_TARGETS, ModelShape
+from contract.shape import LORA_TARGETS, NF4_BLOCK_SIZE, NF4_QUANT_UNIT, ModelShape
 from contract.strategies import STRATEGIES, StrategySpec
 
 GIB = 1024**3
@@ -211,7 +211,7 @@ def shard_degree(opts: MemoryOptions) -> int:
 
 
 # NF4 (train/engine/qlora.py): 4-bit codes, an int8 absmax per 64 weights, one bf16 factor per 256 of those.
-NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 2 / (64 * 256)
+NF4_BYTES_PER_PARAM = 0.5 + 1 / NF4_BLOCK_SIZE + 2 / NF4_QUANT_UNIT
 
 
 def frozen_base_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:

@@ -11,12 +11,17 @@ A path that exists is made absolute (the nodes start elsewhere); anything else t
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from contract.schema import ConfigError, read_utf8
 from contract.sources import default_name, looks_like_hub_id, parse_data_flag
+from launcher.resolve.profile import line_of_key
+
+_SOURCE_KEY = re.compile(r"^data\.sources\[(\d+)\]\.?(\w*)")
+_SOURCES_HEADER = re.compile(r"^\s*\[\[\s*data\s*\.\s*sources\s*\]\]")
 
 
 def resolve_data_path(data: str, flag: str = "--data") -> str:
@@ -25,7 +30,7 @@ def resolve_data_path(data: str, flag: str = "--data") -> str:
         return str(path.resolve())
     if looks_like_hub_id(data):
         return data  # a hub dataset id: preflight looks for it in the profile's HF cache
-    raise ConfigError(f"{flag} {data}: no such file (nor a hub dataset id org/name)")
+    raise ConfigError(f"{flag} {data}: no such file (nor a hub dataset id org/name)", flag)
 
 
 def data_table(flags: list[str]) -> dict[str, Any]:
@@ -65,7 +70,41 @@ def _read_data_toml(path: Path) -> dict[str, Any]:
     if not isinstance(table, dict) or set(document) - {"data"}:
         raise ConfigError(f"--data {path}: expected only a [data] table (e.g. [[data.sources]] entries), "
                           f"found {sorted(document)}", "--data")
-    return absolute_paths(table, path.parent)
+    try:
+        return absolute_paths(table, path.parent)
+    except ConfigError as err:
+        raise at_line(err, path) from None
+
+
+def data_toml(flags: list[str]) -> Path | None:
+    """The data file `--data FILE.toml` names (data_table reads it), if that is how the data was given."""
+    return Path(flags[0]).expanduser() if len(flags) == 1 and flags[0].endswith(".toml") else None
+
+
+def at_line(err: ConfigError, path: Path) -> ConfigError:
+    """`err` (naming a data.* key set in the --data TOML file `path`) with `path:LINE` in front, as the
+    cluster file's errors have."""
+    return ConfigError(f"{path}:{toml_line(read_utf8(path), err.key or '')}: {err}", err.key)
+
+
+def toml_line(text: str, key: str) -> int:
+    """1-based line where `key` (data.sources[N].name, data.path) is set in a data TOML file; best effort:
+    the N-th [[data.sources]] header when the key is not on a line of its own (a sub-table, a default)."""
+    match = _SOURCE_KEY.match(key)
+    if not match:
+        return line_of_key(text, [], key)
+    lines = text.splitlines()
+    headers = [index for index, line in enumerate(lines) if _SOURCES_HEADER.match(line)]
+    if int(match[1]) >= len(headers):  # sources = [{...}, ...] written inline
+        return line_of_key(text, ["data"], "sources")
+    start = headers[int(match[1])]
+    assignment = re.compile(rf"^\s*{re.escape(match[2])}\s*=") if match[2] else None
+    for index in range(start + 1, len(lines)):
+        if lines[index].lstrip().startswith("["):
+            break
+        if assignment and assignment.match(lines[index]):
+            return index + 1
+    return start + 1
 
 
 def absolute_paths(table: dict[str, Any], folder: Path) -> dict[str, Any]:

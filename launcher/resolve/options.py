@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 from contract import gpus
 from contract.config import TrainConfig, TrainSection
 from contract.schema import ConfigError, build, set_dotted, to_dict
+from contract.shape import ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.plan.autofit import MicroBatchChoice, fit_micro_batch
 from launcher.resolve.plan_input import plan_input_from_launch
-from launcher.resolve.data_args import absolute_paths, data_table
+from launcher.resolve.data_args import absolute_paths, at_line, data_table, data_toml
 from launcher.resolve.presets import Preset, resolve_model
 from launcher.resolve.profile import (
     ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
@@ -203,7 +204,12 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
         set_dotted(data, key, value)
     if any(key.startswith("data.") for key in train_sets):
         absolute_paths(data["data"], Path.cwd())  # --set data.sources=[{path = "a.jsonl"}] as --data would
-    return build(TrainConfig, data)
+    try:
+        return build(TrainConfig, data)
+    except ConfigError as err:
+        toml = data_toml(flags)
+        from_file = (err.key or "").startswith("data.") and not any(key.startswith("data.") for key in train_sets)
+        raise (at_line(err, toml) if toml and from_file else err) from None
 
 
 def _safe_name(text: str) -> str:
@@ -250,6 +256,12 @@ def check_quantized_base(launch: Launch) -> None:
     if launch.profile.cpu_offload:
         raise ConfigError(f"profile.cpu_offload: not with lora.quant = {quant!r} (--qlora): FSDP2 would move the "
                           "NF4 weights to the host and back as new trainable parameters; the 4-bit base is the saving")
+    arch = launch.train.model.arch or launch.preset.arch
+    blocker = ModelShape.from_arch(arch).nf4_blocker(list(launch.train.lora.target_modules), launch.world_size) \
+        if arch else None
+    if blocker:  # the rule train/engine/qlora.py applies on the nodes, before the queue
+        raise ConfigError(f"--qlora: model {launch.preset.name}'s {blocker} (NF4 blocks per rank); use --lora, "
+                          "or a model or rank count whose linears split", "lora.quant")
 
 
 def check_sharded_init(launch: Launch) -> None:

@@ -34,6 +34,7 @@ PROGRESS_MIN_BYTES = 64 << 20  # show a progress line for data files at least th
 
 def check_launch(launch: Launch) -> None:
     """All login-node checks of a resolved launch; the data verdicts are kept on `launch.data_checks`."""
+    check_local_gpus(launch)
     launch.data_checks = check_launch_data(launch)
     check_model(launch)
     check_tool_templates(launch)
@@ -45,6 +46,46 @@ def check_launch(launch: Launch) -> None:
 
 def _flag(key: str) -> str:
     return "--data" if key == "data.path" else key
+
+
+def visible_gpus() -> tuple[int, str]:
+    """(NVIDIA GPUs a process started here would see, where that count comes from), without torch: the
+    device files /dev/nvidiaN (a container's own), else the driver's /proc/driver/nvidia/gpus, narrowed
+    by CUDA_VISIBLE_DEVICES when it is set (CUDA stops at the first invalid entry, as at "-1")."""
+    devices = [p for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit()]
+    driver = Path("/proc/driver/nvidia/gpus")
+    count, where = (len(devices), "/dev/nvidia*") if devices else (
+        (len(list(driver.iterdir())), str(driver)) if driver.is_dir() else (0, "no NVIDIA driver"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count, where
+    entries = [entry.strip() for entry in visible.split(",")] if visible.strip() else []
+    valid = next((i for i, entry in enumerate(entries) if not entry or entry.startswith("-")), len(entries))
+    return min(count, valid), f"{where}, CUDA_VISIBLE_DEVICES={visible!r}"
+
+
+def check_local_gpus(launch: Launch) -> None:
+    """--executor local runs here: a GPU profile needs its GPUs on this machine (else accelerate would start
+    that many CPU processes while the plan speaks of GPUs)."""
+    wanted = launch.profile.gpus_per_node
+    if launch.executor != "local" or wanted == 0:
+        return
+    have, where = visible_gpus()
+    if have < wanted:
+        cpu = ", ".join(f"--profile {name}" for name in _cpu_profiles(launch.cluster_file)) \
+            or "e.g. --profile cpu of cluster.example.toml"
+        gpus = f"{wanted} GPU{'s' if wanted > 1 else ''} ({launch.profile.gpu_type or 'gpus_per_node'})"
+        raise ConfigError(f"--executor local: profile {launch.profile_name} wants {gpus} but this machine shows "
+                          f"{have} ({where}); use a CPU profile (gpus_per_node = 0: {cpu}) or run where the GPUs are",
+                          "gpus_per_node")
+
+
+def _cpu_profiles(cluster_file: str | None) -> list[str]:
+    """The cluster file's profiles with gpus_per_node = 0 (none without a file)."""
+    if cluster_file is None:
+        return []
+    profiles = tomllib.loads(Path(cluster_file).read_text(encoding="utf-8")).get("profiles", {})
+    return [name for name, table in profiles.items() if isinstance(table, dict) and table.get("gpus_per_node") == 0]
 
 
 def check_launch_data(launch: Launch) -> list[DataCheck]:

@@ -40,6 +40,11 @@ class Filesystem:
     def room(self) -> int:
         return self.free + self.held
 
+    @property
+    def fits(self) -> bool:
+        """Room for all the run writes here; a launch refuses the run otherwise (unless --force)."""
+        return self.total <= self.room
+
     def describe(self) -> str:
         parts = ", ".join(f"{name} {gb(size)}" for name, size in self.needed.items())
         return f"~{gb(self.total)} on {self.mount} ({parts}); {gb(self.room)} free"
@@ -83,16 +88,23 @@ def run_writes(run_dir: Path, checkpoint_dir: str, export_dir: str, cache_dir: s
             for mount, needed in by_mount.items()]
 
 
+WAYS_OUT = "free space, lower train.save_total_limit or choose another --output, or pass --force to launch anyway"
+
+
 def room_warnings(filesystems: list[Filesystem]) -> list[str]:
-    """One warning per file system with less than MARGIN to spare (or too little room at all)."""
-    return [f"disk: {'does not fit' if fs.total > fs.room else 'under 20% to spare'}: the run needs {fs.describe()}"
-            for fs in filesystems if fs.room - fs.total < MARGIN * fs.total]
+    """One warning per file system that has room, but less than MARGIN to spare (no room: a refusal, `refusal`)."""
+    return [f"disk: under 20% to spare: the run needs {fs.describe()}"
+            for fs in filesystems if fs.fits and fs.room - fs.total < MARGIN * fs.total]
 
 
 def require_room(filesystems: list[Filesystem]) -> None:
     """A ConfigError (exit 2) naming the file system, the bytes needed and the bytes free, when a need exceeds its room."""
     for fs in filesystems:
-        if fs.total > fs.room:
+        if not fs.fits:
             raise ConfigError(f"disk: the run needs {fs.describe()} ({fs.total:,} bytes needed, {fs.room:,} free); "
-                              "free space, lower train.save_total_limit or choose another --output, or pass --force "
-                              "to launch anyway", "--output")
+                              f"{WAYS_OUT}", "--output")
+
+
+def refusal(fs: Filesystem) -> str:
+    """The plan's line for a file system without room: what a launch would refuse, and why."""
+    return f"DOES NOT FIT: a launch would refuse it (exit 2): the run needs {fs.describe()}; {WAYS_OUT}"

@@ -68,6 +68,8 @@ def test_eval_script_is_data_parallel_over_the_nodes_gpus() -> None:
     (["--time", "soon"], "--time"),
     (["--every-checkpoint", "--checkpoint", "2"], "--every-checkpoint"),
     (["--checkpoint", "7"], "--checkpoint 7"),
+    (["--checkpoint", "abc"], "argument --checkpoint: expected a step number or 'latest', got 'abc'"),
+    (["--checkpoint", "step-7"], "argument --checkpoint: expected a step number or 'latest'"),
     (["--tasks", "heldout"], "holds out no eval split"),  # the per-source view, asked for, of a run without one
     (["--tasks", "tiny_mc,heldout", "--every-checkpoint"], "--tasks heldout"),
     ([], "no exported model"),

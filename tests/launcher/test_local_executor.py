@@ -204,3 +204,24 @@ def test_status_tells_how_a_local_run_ended(tmp_path: Path) -> None:
     assert state_after(1).startswith("FAILED (exit 1)")
     record = json.loads((run_dir / "run.json").read_text())
     assert record["job_ids"] == [] and {e["job_id"] for e in record["events"]} == {""}
+
+
+A100X8 = ('default_profile = "a100"\n[profiles.a100]\npartition = "gpu"\ngpus_per_node = 8\ngpu_type = "a100"\n'
+          'storage_root = "runs"\n[profiles.cpu]\ngpus_per_node = 0\nprocesses_per_node = 2\nbackend = "gloo"\n'
+          'storage_root = "runs"\n')
+
+
+@pytest.mark.parametrize("command", [["plan"], ["--dry-run"], []], ids=["plan", "dry-run", "launch"])
+def test_a_gpu_profile_on_a_machine_without_its_gpus_is_refused(tmp_path: Path, command: list[str]) -> None:
+    """--executor local runs on this machine: a profile of 8 GPUs where CUDA shows none would run 8 CPU
+    ranks while the plan speaks of 8 A100s. Refused in one line naming the profile and the CPU way out."""
+    (tmp_path / "cluster.toml").write_text(A100X8)
+    args = [sys.executable, "-m", "launcher.cli", *command, "--executor", "local", "--model", "tiny",
+            "--output", str(tmp_path / "run")]
+    result = subprocess.run(args, cwd=tmp_path, env=cli_env(CUDA_VISIBLE_DEVICES=""), capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--executor local" in lines[0] and "profile a100" in lines[0], lines
+    assert "8 GPUs" in lines[0] and "--profile cpu" in lines[0], lines
+    assert not (tmp_path / "run").exists()

@@ -137,6 +137,8 @@ def _mixtures(root: Path) -> None:
         "same_name.toml": '[[data.sources]]\npath = "good.jsonl"\nname = "chat"\n'
                           '[[data.sources]]\npath = "text.jsonl"\nname = "chat"\n',
         "zero_weight.toml": '[[data.sources]]\npath = "good.jsonl"\nweight = 0\n',
+        "missing_source.toml": '[[data.sources]]\npath = "good.jsonl"\n\n[[data.sources]]\nname = "more"\n'
+                               'path = "nope.jsonl"\n',
         "tool_calls.toml": '[[data.sources]]\npath = "tools.jsonl"\nformat = "messages"\n',
     }
     for name, text in toml.items():
@@ -195,12 +197,15 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     # --- several sources ([[data.sources]], repeated --data) ---
     ("weight-zero", [*D, "good.jsonl", "--data", "text.jsonl:0"], "--data text.jsonl:0: weight must be > 0"),
     ("weight-negative", [*D, "good.jsonl:-0.5"], "--data good.jsonl:-0.5: weight must be > 0"),
-    ("weight-zero-toml", [*D, "zero_weight.toml"], "data.sources[0].weight: must be > 0, got 0"),
+    ("weight-zero-toml", [*D, "zero_weight.toml"], "zero_weight.toml:3: data.sources[0].weight: must be > 0, got 0"),
+    ("source-missing-toml", [*D, "missing_source.toml"],
+     "missing_source.toml:6: data.sources[1].path nope.jsonl: no such file"),
     ("mapped-column-missing", [*D, "mapped_column.toml"], "qa.jsonl:812: missing field 'question'"),
     ("split-missing-saved", [*D, "no_split.toml"], "saved_dict: no split 'validation' (has train)"),
     ("split-missing-hub", [*D, "hub_no_split.toml", "--cluster", "hfhome.toml"],
      'sft-test/tiny_qa: Unknown split "validation"'),
-    ("source-names-clash", [*D, "same_name.toml"], "data.sources[1].name: 'chat' is also the name of data.sources[0]"),
+    ("source-names-clash", [*D, "same_name.toml"],
+     "same_name.toml:6: data.sources[1].name: 'chat' is also the name of data.sources[0]"),
     ("template-without-tools", [*D, "tool_calls.toml"], "tools.jsonl:1: the chat template does not render tool calls"),
     ("missing-eval-file", [*D, "good.jsonl", "--set", "data.eval_path=missing.jsonl"],
      "data.eval_path missing.jsonl: no such file"),

@@ -191,3 +191,17 @@ def test_a_partition_grace_time_shorter_than_the_save_warns(tmp_path: Path, monk
     assert report.cluster and report.cluster.line.endswith(": fits")
     # one partition query serves both the cluster check and the GraceTime warning
     assert calls.read_text().splitlines() == ["scontrol show partition -o gpu", "sinfo -h -p gpu -o %G"]
+
+
+def test_plan_offers_only_the_flags_that_change_a_plan(tmp_path: Path) -> None:
+    """--dry-run, --force and --job-name act on a launch only: plan neither lists nor takes them; --executor
+    stays (local: this machine, no time limit)."""
+    shown = run_cli(["plan", "--help"], tmp_path)
+    options = {line.split()[0] for line in shown.stdout.splitlines() if line.startswith("  -")}
+    assert shown.returncode == 0 and "--executor" in options, shown.stdout
+    for flag in ("--dry-run", "--force", "--job-name"):
+        assert flag not in options and f"[{flag}" not in shown.stdout, flag
+        refused = run_cli(["plan", "--model", "tiny", "--executor", "local", flag, *(["x"] * (flag == "--job-name"))],
+                          tmp_path)
+        assert refused.returncode == 2 and f"unknown flag {flag}" in refused.stderr, refused.stderr
+    assert "[--dry-run]" in run_cli(["--help"], tmp_path).stdout  # the launch keeps them

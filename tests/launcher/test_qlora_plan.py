@@ -11,7 +11,7 @@ import pytest
 
 from contract.config import LoraSection
 from contract.schema import ConfigError
-from contract.shape import ModelShape
+from contract.shape import ModelShape, nf4_blocker
 from launcher.plan.memory import NF4_BYTES_PER_PARAM, state_bytes
 from launcher.plan.planner import PlanInput, make_plan, memory_options, plan_input_from_dict
 from launcher.resolve.presets import PRESETS
@@ -71,9 +71,15 @@ def test_qlora_refuses_other_strategies_and_offload(tmp_path: Path, flags: list[
     assert len(lines) == 1 and words in lines[0], result.stderr
 
 
+# A tiny model whose target linears split into whole NF4 double-quantization blocks over 2 ranks.
+QUANTIZABLE_ARCH = ("model.arch={vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, "
+                    "num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512}")
+
+
 def test_qlora_flag_writes_lora_quant_into_train_toml(tmp_path: Path) -> None:
-    result = run_cli(["--cluster", str(_two_h100(tmp_path)), "--model", "tiny", "--qlora", "--dry-run",
-                      "--output", str(tmp_path / "run")], tmp_path, env=cli_env(PATH=path_without("sbatch")))
+    result = run_cli(["--cluster", str(_two_h100(tmp_path)), "--model", "tiny", "--qlora", "--set", QUANTIZABLE_ARCH,
+                      "--dry-run", "--output", str(tmp_path / "run")], tmp_path,
+                     env=cli_env(PATH=path_without("sbatch")))
     assert result.returncode == 0, result.stderr
     lora = tomllib.loads((rendered_dir(result) / "train.toml").read_text())["lora"]
     assert lora["enabled"] is True and lora["quant"] == "nf4"
@@ -126,9 +132,31 @@ def test_quant_needs_lora_under_fsdp2_in_the_planner() -> None:
 def test_qlora_on_a_cpu_profile_is_planned_as_it_trains(tmp_path: Path) -> None:
     """CPU ranks train QLoRA under FSDP2 over gloo (tests/train/test_qlora_cpu.py); the planner, which sizes
     CPU ranks as full replicas, plans it too (it refused with its own internal key: "quant: ... not ddp")."""
-    arch = ("model.arch={vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, "
-            "num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512}")
-    result = run_cli(["plan", "--executor", "local", "--model", "tiny", "--qlora", "--set", arch], tmp_path,
+    result = run_cli(["plan", "--executor", "local", "--model", "tiny", "--qlora", "--set", QUANTIZABLE_ARCH], tmp_path,
                      env=cli_env(PATH=path_without("sbatch")))
     assert result.returncode == 0, result.stderr
     assert "nf4 frozen linears" in result.stdout and "FSDP2 over gloo" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("command", [["plan"], ["--dry-run", "--output", "run"]])
+def test_a_model_nf4_cannot_split_over_the_ranks_is_refused_before_the_queue(tmp_path: Path,
+                                                                             command: list[str]) -> None:
+    """tiny's 64 x 64 q_proj is not whole NF4 double-quantization blocks (64 x 256 weights) per rank: refused
+    by plan and launch in one line, as train/engine/qlora.py would refuse it on the nodes (the same rule)."""
+    result = run_cli([*command, "--cluster", str(_two_h100(tmp_path)), "--model", "tiny", "--qlora"], tmp_path,
+                     env=cli_env(PATH=path_without("sbatch")))
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--qlora" in lines[0] and "tiny" in lines[0] and "q_proj" in lines[0], lines
+    assert "2 ranks" in lines[0], lines
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+
+
+def test_the_nf4_rule_counts_whole_blocks_and_rows_per_rank() -> None:
+    shape = ModelShape.from_arch(LLAMA70B)
+    targets = list(LoraSection().target_modules)
+    assert shape.nf4_blocker(targets, world=16) is None
+    assert nf4_blocker((64, 256), world=1) is None
+    assert "2 ranks" in (nf4_blocker((64, 256), world=2) or "")
+    assert nf4_blocker((3, 16384 * 3), world=2) is not None  # whole blocks, but rows that do not divide
+    assert "q_proj" in (ModelShape.from_arch(PRESETS["tiny"].arch).nf4_blocker(targets, world=1) or "")

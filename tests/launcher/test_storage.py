@@ -56,3 +56,16 @@ def test_what_a_resumed_run_already_holds_counts_as_room(tmp_path: Path) -> None
         (fs,) = run_writes(run, "checkpoints", "export", "", {"checkpoints": 3_500_000, "export": 0, "cache": 0})
         assert fs.mount == str(disk) and fs.held == 3_000_000
         assert fs.free < 1_200_000 and fs.room >= 3_500_000  # fits only because the old one is replaced
+
+
+def test_plan_says_a_launch_would_refuse_a_run_the_disk_cannot_hold(tmp_path: Path) -> None:
+    """As for memory (DOES NOT FIT, exit 3): the plan names the refusal a launch would make, and why."""
+    from launcher.commands.plan_cmd import EXIT_DOES_NOT_FIT
+
+    full = tmp_path / "full"
+    with tmpfs(full, "1m"):
+        result = _cli(["plan", *TINY, "--output", str(full / "run")], tmp_path)
+        assert result.returncode == EXIT_DOES_NOT_FIT, result.stdout + result.stderr
+        (line,) = [line for line in result.stdout.splitlines() if "would refuse" in line]
+        assert "DOES NOT FIT" in line and f"on {full}" in line and "--force" in line, line
+        assert not (full / "run").exists()

@@ -18,7 +18,7 @@ import torch
 
 from bench.strategy_checks import compare_exports, export_loads
 from contract.protocol import free_port
-from tests.launcher.conftest import cli_env, write_run
+from tests.launcher.conftest import cli_env, path_without, write_run
 from tests.train.run_helpers import REPO
 
 pytest.importorskip("deepspeed", reason="deepspeed not installed (extra: deepspeed)")
@@ -34,14 +34,17 @@ SETS = [f"train.max_steps={STEPS}", f"train.save_steps={SAVE_AT}", "train.gradie
 
 def render(tmp_path: Path, run_dir: Path, strategy: str, lora: bool) -> None:
     (tmp_path / "cluster.toml").write_text(PROFILE.format(root=tmp_path))
-    args = ["--executor", "local", "--cluster", str(tmp_path / "cluster.toml"), "--profile", "gpu2",
+    args = ["--cluster", str(tmp_path / "cluster.toml"), "--profile", "gpu2",
             "--model", "tiny", "--strategy", strategy, "--output", str(run_dir)] + (["--lora"] if lora else [])
     for item in SETS:
         args += ["--set", item]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args, "--dry-run"], cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr  # the launch's checks; a dry run writes no run directory
-    write_run(args)
+    # The launch's checks, as on a login node (--executor local refuses a GPU profile where no GPU is seen);
+    # a dry run writes no run directory.
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args, "--dry-run"], cwd=REPO,
+                          env=cli_env(PATH=path_without("sbatch")), capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    write_run(["--executor", "local", *args])
 
 
 def train_on_cpu(run_dir: Path) -> str:

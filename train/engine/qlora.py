@@ -43,13 +43,12 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from contract.config import TrainConfig
 from contract.schema import ConfigError
+from contract.shape import NF4_BLOCK_SIZE, NF4_SCALER_BLOCK_SIZE, nf4_blocker
 from train.engine.sharded_init import constant_init
 
 logger = logging.getLogger(__name__)
 
-BLOCK_SIZE = 64  # weights per NF4 absmax block (QLoRA's)
-SCALER_BLOCK_SIZE = 256  # block scales per double-quantization block (QLoRA's)
-QUANT_UNIT = BLOCK_SIZE * SCALER_BLOCK_SIZE  # a quantized weight's element count is a multiple of this
+BLOCK_SIZE, SCALER_BLOCK_SIZE = NF4_BLOCK_SIZE, NF4_SCALER_BLOCK_SIZE  # QLoRA's (contract.shape: the shape rule)
 
 
 def nf4_api() -> tuple[type, Any]:
@@ -60,17 +59,6 @@ def nf4_api() -> tuple[type, Any]:
         raise ConfigError(f"lora.quant: 'nf4' needs torchao ({err}); pip install 'sft-launch[qlora]'",
                           "lora.quant") from None
     return NF4Tensor, to_nf4
-
-
-def quantizable(shape: torch.Size, world: int) -> str | None:
-    """Why a weight of this shape cannot be NF4-quantized and sharded over `world` ranks; None if it can.
-    FSDP2 cuts dim 0 into `world` rows blocks and NF4Tensor cuts its packed buffers the same way, so
-    each shard must hold whole double-quantization blocks."""
-    numel = shape.numel()
-    if numel % (QUANT_UNIT * world) or shape[0] % world:
-        return (f"{tuple(shape)} is not a multiple of {QUANT_UNIT} x {world} ranks elements with rows "
-                f"divisible by {world}")
-    return None
 
 
 def _is_target(name: str, module: torch.nn.Module, targets: set[str]) -> bool:
@@ -99,7 +87,7 @@ def build_quantized_model(cfg: TrainConfig, config: PretrainedConfig, accelerato
             _fill(param.data, f"{name}.{pname}" if name else pname, source_state if pretrained else None, config,
                   accelerator)
         if _is_target(name, module, targets):
-            blocker = quantizable(module.weight.shape, world)
+            blocker = nf4_blocker(tuple(module.weight.shape), world)
             if blocker:
                 raise ConfigError(f"lora.quant: {name}.weight {blocker}; use lora.quant = \"none\"", "lora.quant")
             module.weight = torch.nn.Parameter(to_nf4(module.weight.data, BLOCK_SIZE, SCALER_BLOCK_SIZE),
