@@ -88,6 +88,11 @@ MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 10000
 
 
+def is_run_dir(path: Path) -> bool:
+    """A directory a launch rendered: it holds run.json or train.toml."""
+    return (path / RUN_RECORD).is_file() or (path / TRAIN_CONFIG).is_file()
+
+
 def is_exported_model(path: Path) -> bool:
     """A directory `from_pretrained` loads: a full model (config.json) or a LoRA adapter in PEFT's format
     (adapter_config.json naming its base model; transformers loads the base, then the adapter)."""

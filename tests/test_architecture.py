@@ -40,7 +40,7 @@ MAY_IMPORT = {
     "launcher.runrecord": set(),  # also `python3 -m launcher.runrecord` in every launch.slurm
     "launcher.api": {"launcher.resolve", "launcher.execute", "launcher.ops", "launcher.commands"},  # the plan
     "launcher.plan": set(),
-    "launcher.resolve": {"launcher.plan"},
+    "launcher.resolve": {"launcher.plan", "launcher.runrecord"},  # run.json's one reader
     "launcher.execute": {"launcher.resolve", "launcher.plan", "launcher.runrecord"},
     "launcher.ops": {"launcher.resolve", "launcher.usage", "launcher.runrecord"},
     "train": set(),

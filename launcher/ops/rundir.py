@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import protocol
-from contract.protocol import CHECKPOINT_MARKER
+from contract.protocol import CHECKPOINT_MARKER, is_run_dir
 from contract.schema import ConfigError
 from launcher import runrecord
 from launcher.usage import given
@@ -46,10 +46,6 @@ def storage_root(args: argparse.Namespace) -> Path:
     cluster = read_cluster_file(cluster_path)  # ConfigError (exit 2) names the file
     _, raw = select_profile(cluster, args.profile)
     return Path(str(raw.get("storage_root", "./runs"))).expanduser()
-
-
-def is_run_dir(path: Path) -> bool:
-    return (path / protocol.RUN_RECORD).is_file() or (path / protocol.TRAIN_CONFIG).is_file()
 
 
 def resolve_run(args: argparse.Namespace) -> Path:

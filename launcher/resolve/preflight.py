@@ -25,7 +25,9 @@ from contract.datacheck import DataCheck, check_data, check_hub, require_usable
 from contract.formats import CHAT_FORMATS
 from contract.schema import ConfigError, to_dict
 from contract.sources import DataSource, looks_like_hub_id
+from launcher import runrecord
 from launcher.resolve.options import Launch
+from launcher.resolve.profile import read_cluster_file
 from launcher.resolve.presets import cached_hf_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
@@ -84,7 +86,7 @@ def _cpu_profiles(cluster_file: str | None) -> list[str]:
     """The cluster file's profiles with gpus_per_node = 0 (none without a file)."""
     if cluster_file is None:
         return []
-    profiles = tomllib.loads(Path(cluster_file).read_text(encoding="utf-8")).get("profiles", {})
+    profiles = read_cluster_file(Path(cluster_file)).profiles
     return [name for name, table in profiles.items() if isinstance(table, dict) and table.get("gpus_per_node") == 0]
 
 
@@ -255,8 +257,8 @@ def read_run_record(run_dir: Path) -> dict[str, Any]:
     """RUN/run.json ({} when there is none); one that is not JSON is a ConfigError naming its line."""
     path = run_dir / protocol.RUN_RECORD
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, NotADirectoryError):
+        return runrecord.read(path)
+    except NotADirectoryError:
         return {}
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}:{err.lineno}: not valid JSON ({err.msg}); mend or remove it", "--output") from None
@@ -268,9 +270,8 @@ def check_writable(run_dir: Path) -> None:
     where = "(--output, else profile.storage_root)"
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir}: exists and is not a directory {where}", "--output")
-    is_run = (run_dir / protocol.RUN_RECORD).is_file() or (run_dir / protocol.TRAIN_CONFIG).is_file()
     try:
-        foreign = run_dir.is_dir() and not is_run and any(run_dir.iterdir())
+        foreign = run_dir.is_dir() and not protocol.is_run_dir(run_dir) and any(run_dir.iterdir())
     except OSError as err:
         raise ConfigError(f"run directory {run_dir}: cannot list it ({err.strerror}) {where}", "--output") from None
     read_run_record(run_dir)  # a broken run.json: one line now, not a traceback from whatever reads it next
