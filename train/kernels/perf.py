@@ -130,9 +130,10 @@ class StepGarbageCollector:
         self.every = every_steps
         self.seconds = 0.0
         self._started: float | None = None
-        self._was_enabled = gc.isenabled()
+        self._was_enabled = True
 
     def __enter__(self) -> StepGarbageCollector:
+        self._was_enabled = gc.isenabled()
         if self.every:
             gc.collect()  # the model build's garbage, once, before the clock runs
             gc.disable()
