@@ -141,6 +141,24 @@ def test_fa4_op_is_opaque_to_tracing():
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 
 
+@pytest.mark.parametrize("longest, launched", [(96, 512), (511, 512), (512, 512), (3000, 3000)])
+def test_fa4_is_launched_with_a_floored_max_length(longest, launched):
+    """A pack of only short documents (the longest fitting one FA4 tile) made FA4 JIT-compile another
+    kernel variant mid-run, on one rank. The wrapper launches FA4 with the max length floored above
+    every tile size, so the kernel call recorded in the traced graph carries the floor, and a longer
+    real max passes through unchanged."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from train.kernels.fa4 import fa4_varlen_attention
+
+    q, k, v = torch.empty(100, 4, 64), torch.empty(100, 2, 64), torch.empty(100, 2, 64)
+    cu = torch.tensor([0, 40, 100], dtype=torch.int32)
+    graph = make_fx(lambda q, k, v, cu: fa4_varlen_attention(q, k, v, cu, cu, longest, longest, None),
+                    tracing_mode="fake")(q, k, v, cu)
+    calls = [node for node in graph.graph.nodes if "fa4_varlen_fwd" in str(node.target)]
+    assert len(calls) == 1 and calls[0].args[5:7] == (launched, launched)
+
+
 # The `flash_attn` (FA2 package) step of `auto`: no wheel of it exists for this torch and the GPU image lacks
 # it, so its kernel never ran here. What can be checked on a CPU is everything around the kernel: how the
 # package is detected (flash-attn-4 installs a `flash_attn` folder too, holding only `flash_attn.cute`), where

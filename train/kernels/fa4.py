@@ -25,6 +25,13 @@ from contract.gpus import ATTENTION_MIN_CAPABILITY
 FWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "return_lse"}
 BWD_ARGS = {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "deterministic"}
 MIN_CAPABILITY, MAX_CAPABILITY = ATTENTION_MIN_CAPABILITY["fa4"], (12, 99)  # Hopper (sm90) to Blackwell (sm120)
+# FA4 compiles a separate kernel variant when the longest sequence fits one tile (its backward's
+# `single_k_block`, the forward's `max_m_blocks_leq_one`; tiles of 64-128 rows, 2 Q tiles on
+# Blackwell, 4 query heads a row under packed GQA). A pack of only short documents then JIT-compiled
+# that variant mid-run, on one rank: 3.2 s at step 43 of the 8B run on 4 H100s (a pack of 104
+# documents, the longest 96 tokens) while the other ranks waited. The max lengths only size the
+# launch grid, so one floor above every such tile keeps a single variant; the extra tiles exit at once.
+MIN_LAUNCH_SEQLEN = 512
 
 
 @functools.cache  # looked up by every forward/backward call; a failed import is not cached
@@ -112,5 +119,11 @@ def fa4_varlen_attention(
 ) -> torch.Tensor:
     """Causal varlen attention over packed documents; [T, H, D] in and out."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    out, _ = fa4_varlen_fwd(q, k, v, cu_q, cu_k, int(max_q), int(max_k), scale)
+    max_q, max_k = launch_seqlen(max_q), launch_seqlen(max_k)
+    out, _ = fa4_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale)
     return out
+
+
+def launch_seqlen(max_length: int) -> int:
+    """The max sequence length FA4 is launched with: the real one, floored at MIN_LAUNCH_SEQLEN."""
+    return max(int(max_length), MIN_LAUNCH_SEQLEN)
