@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.parity_record import runs_of, spread
+from bench.parity_record import eval_losses, runs_of, spread
 from bench.results_io import RESULTS, ROOT
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -65,7 +66,8 @@ def qlora_8b() -> str:
 TWO_GPU = "h100/two-gpu-2026-11-26"
 FOUR_GPU = "h100/four-gpu-2026-11-26"
 FOUR_GPU_FIXED = "h100/four-gpu-2026-11-27"  # after the fixed-length packed rows
-PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b")
+PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c")
+STEPS_8B = ("h100/four-gpu-2026-11-27b", "h100/four-gpu-2026-11-27c")  # the stall hunt: each 8B run's steps
 
 
 def _llama70b(file: str, mfu_label: str) -> str:
@@ -175,6 +177,39 @@ def fp8_8b_4gpu() -> str:
                       "vs our bf16", "vs TRL (bf16) of the call"], rows)
 
 
+def _step_times(run: dict) -> list[tuple[int, float]]:
+    return [(w["step"], w["seconds"]) for w in run["windows"] if w["step"] > run["warmup_steps"]]
+
+
+def _ours_8b_row(name: str, r: dict) -> list[str]:
+    ours, command = r["8b_full"], " ".join(r["provenance"]["command"])
+    steps = _step_times(ours)
+    median = statistics.median(seconds for _, seconds in steps)
+    slow = ", ".join(f"{step}: {seconds:.2f} s" for step, seconds in steps if seconds > 1.5 * median) or "none"
+    gc = "automatic" if "train.gc_every_steps=0" in command else "every 50th step"
+    save = f"{ours['save']['seconds']:.1f} s, off the clock" if "save" in ours else "none"
+    return [f"`{name}`", r["provenance"]["commit"][:7], ours["alloc_conf"].split(":")[1], gc, save, str(ours["steps"]),
+            f"{ours['real_tokens_per_s'] / ours['gpu_count']:,.0f}", _pct(ours["mfu"]), f"{median:.2f}", slow]
+
+
+def steps_8b_4gpu() -> str:
+    """Every 8B full fine-tune run of the stall hunt: its settings, speed, median step and the steps over 1.5x it;
+    then TRL's peer of the session and ours' last run against it."""
+    files = [(f"{folder.split('/')[1]}/{path.name}", json.loads(path.read_text()))
+             for folder in STEPS_8B for path in sorted((RESULTS / folder).glob("multi-4gpu-8b-full*.json"))]
+    rows = [_ours_8b_row(name, r) for name, r in files if "8b_full" in r]
+    peer_name, peer = next((name, r["8b_full_peer"]) for name, r in files if "8b_full_peer" in r)
+    peer_rate = peer["real_tokens_per_s"] / peer["gpu_count"]
+    rows.append([f"`{peer_name}` (TRL peer)", "", peer["alloc_conf"].split(":")[1], "", "none", str(peer["steps"]),
+                 f"{peer_rate:,.0f}", _pct(peer["mfu"]), "", ""])
+    last = files[-1][1]["8b_full"]
+    rows.append(["last run of ours / this peer (not the same call)", "", "", "", "", "",
+                 f"{last['real_tokens_per_s'] / last['gpu_count'] / peer_rate:.2f}×", "", "", ""])
+    return _markdown(["file (bench/results/h100/…)", "commit", "expandable segments", "Python GC", "save",
+                      "steps timed", "real tokens/s per GPU", "MFU (real tokens / wall time)", "median step s",
+                      "steps over 1.5 × median"], rows)
+
+
 def resume_4gpu_zero3() -> str:
     return _resume(FOUR_GPU_FIXED, 4)
 
@@ -226,8 +261,7 @@ def parity_spread() -> str:
         runs = by_config.setdefault(r.get("warmup_ratio", 0.03), {})
         for side, result in r["sides"].items():
             label = "trl (its own BFD packs)" if side == "trl" and _trl_packs(side, result) == "bfd" else side
-            if "eval_loss" in result:
-                runs.setdefault(label, []).append(result["eval_loss"])
+            runs.setdefault(label, []).extend(eval_losses(result))
     rows = []
     for warmup, runs in by_config.items():
         ours = runs["ours"]
@@ -235,10 +269,12 @@ def parity_spread() -> str:
         for side, values in runs.items():
             apart = spread(values)
             side_mean = sum(values) / len(values)
+            error = 2 * statistics.stdev(values) / len(values) ** 0.5 / mean if len(values) > 1 else None
             rows.append([f"{warmup:g}", side, ", ".join(f"{v:.4f}" for v in values),
-                         f"{apart * 100:.1f}%" if apart is not None else "–", f"{side_mean / mean:.4f}"])
-    return _markdown(["warm-up", "side", "eval loss of each run", "spread (max − min) / mean", "mean / mean of ours"],
-                     rows)
+                         f"{apart * 100:.1f}%" if apart is not None else "–", f"{side_mean / mean:.4f}",
+                         f"± {error:.4f}" if error is not None else "–"])
+    return _markdown(["warm-up", "side", "eval loss of each run", "spread (max − min) / mean", "mean / mean of ours",
+                      "± 2 standard errors of that mean"], rows)
 
 
 def cli_latency() -> str:
@@ -257,7 +293,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "two-gpu-scaling": two_gpu_scaling, "resume-2gpu": resume_2gpu, "four-gpu-scaling": four_gpu_scaling,
     "resume-4gpu": resume_4gpu, "full-8b-4gpu": full_8b_4gpu, "lora-70b-4gpu": lora_70b_4gpu,
     "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
-    "lora-8b-2gpu": lora_8b_2gpu, "parity-runs": parity_runs, "parity-spread": parity_spread,
+    "lora-8b-2gpu": lora_8b_2gpu, "steps-8b-4gpu": steps_8b_4gpu, "parity-runs": parity_runs, "parity-spread": parity_spread,
 }
 
 

@@ -343,3 +343,22 @@ def test_provenance_takes_the_declared_commit_over_a_lagging_git(monkeypatch):
     assert declared["commit"] == "0" * 40 and declared["dirty"] is None and head != "0" * 40
     monkeypatch.setenv("BENCH_COMMIT", head)
     assert provenance()["commit"] == head
+
+
+def test_the_8b_stall_at_step_43_is_the_first_pack_whose_longest_document_fits_one_fa4_tile():
+    """BENCHMARKS.md's 8B stall hunt: the step that stalled (43, in both runs of 1987a54) is the first of the run
+    where one rank's pack (rank 1's: 104 documents, the longest 96 tokens) has no segment longer than one
+    128-token FA4 tile, which made FA4 compile its single-tile backward mid-run. The pack of step 46 is the only
+    other one, and found the variant compiled. Derived from the benchmark's own documents and packing plan."""
+    from bench import gpu_multi
+    from contract.config import TrainConfig
+    from train.dataset.packing import collate_packed, plan_micro_batches
+
+    lengths = sample_lengths(gpu_multi.DOCS, seed=0, hi=gpu_multi.MAX_DOC_TOKENS)
+    plan = plan_micro_batches(lengths, 8192, TrainConfig().train.seed, epoch=0)
+    one_tile = []
+    for index, pack in enumerate(plan[:46 * 4]):  # rank r takes micro-batches r, r + 4, ...
+        row = collate_packed([{"input_ids": [1] * lengths[i], "labels": [1] * lengths[i]} for i in pack], pad_to=8192)
+        if row["max_length_q"] <= 128:
+            one_tile.append((index // 4 + 1, index % 4, len(pack), row["max_length_q"]))
+    assert one_tile == [(43, 1, 104, 96), (46, 1, 78, 114)]
