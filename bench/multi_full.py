@@ -121,7 +121,7 @@ def free_disk(run: Path) -> None:
     shutil.rmtree(run / protocol.CHECKPOINT_DIR, ignore_errors=True)
 
 
-def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
+def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any]:
     run = args.out / "run-8b-full"
     shutil.rmtree(run, ignore_errors=True)  # a run of an earlier call would be resumed, its metrics appended to
     at = NO_SAVE_STEP if args.no_save8b_full else save_step(args.steps8b_full)
@@ -135,7 +135,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     free_disk(run)
     if code != 0:
         print(text[-4000:])
-        return f"timeout {args.ours_timeout:.0f} s" if code == TIMED_OUT else f"exit {code}"
+        return failed(run, f"timeout {args.ours_timeout:.0f} s" if code == TIMED_OUT else f"exit {code}")
     stats = gpu_multi.run_stats(run, 0, text, [], "", arch, args.gpus, args.lengths)
     saved = gpu_multi.save_line(text)
     ready = re.findall(r"model ready ([\d.]+) s", text)
@@ -151,6 +151,13 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
                               "mfu": throughput_numbers(arch, args.lengths, stats["real_tokens"] / seconds, args.gpus,
                                                         stats["peak_flops"])["mfu"]}
     return block
+
+
+def failed(run: Path, why: str) -> dict[str, Any]:
+    """A run of ours that did not finish: why, and the windows it logged before (a run cut after its
+    thirtieth step still measured thirty steps)."""
+    metrics = run / "metrics.jsonl"
+    return {"error": why, "windows": windows(metrics) if metrics.is_file() else []}
 
 
 def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
@@ -181,6 +188,10 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
         found = side(args, data, arch)
         if isinstance(found, str):
             record[f"{key}_error"] = found
+        elif "error" in found:
+            record[f"{key}_error"] = found["error"]
+            if found["windows"]:
+                record[f"{key}_windows_before_error"] = found["windows"]
         else:
             record[key] = found
         summarize(record)

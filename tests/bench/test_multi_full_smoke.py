@@ -68,3 +68,17 @@ def test_an_allocator_ab_runs_one_side_per_file_and_records_its_setting(monkeypa
     assert multi_full.allocator_setting("") == ""
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
     assert multi_full.allocator_setting(CUDA_ALLOC_CONF) == "expandable_segments:False"
+
+
+def test_a_run_of_ours_cut_short_keeps_the_windows_it_logged(tmp_path: Path) -> None:
+    """A run killed by its limit after its save (the 8B FP8 run of 2026-11-27) had logged 30 steps; the record
+    keeps them beside the error instead of only "timeout 215 s"."""
+    from bench import multi_full
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert multi_full.failed(run, "timeout 215 s") == {"error": "timeout 215 s", "windows": []}  # killed before step 1
+    lines = [{"step": step, "tokens_per_s": 100.0, "elapsed_s": 2.0 * step, "mfu": 0.5, "gc_s": 0.0} for step in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    cut = multi_full.failed(run, "timeout 215 s")
+    assert [(w["step"], w["seconds"]) for w in cut["windows"]] == [(1, 2.0), (2, 2.0), (3, 2.0)]
