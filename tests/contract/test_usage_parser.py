@@ -50,4 +50,5 @@ def test_chat_refuses_a_bad_flag_in_one_line_before_loading_anything(
 
     assert chat_cli.main(["--model", str(tmp_path), *argv]) == EXIT_USAGE
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("sft-launch chat: error: ") and message in line and "try 'sft-launch chat --help'" in line, line
+    assert line.startswith("sft-launch chat: error: ") and message in line, line
+    assert "try 'sft-launch chat --help'" in line
