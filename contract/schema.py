@@ -3,19 +3,29 @@
 Every config section in the project (cluster profile, train.toml) is a plain dataclass. `build`
 turns a nested dict into one, rejecting unknown keys (listing the valid ones) and wrong types,
 then calls the dataclass's own `validate()` if it has one. No torch here: the CLI must stay instant.
+
+`Parser` is the command-line side of the same rule, the argparse parser of every entry point (each
+`sft-launch` command, `python -m train.chat_cli`): a usage error is a one-line `UsageError` plus a
+pointer to --help (exit 2, `protocol.EXIT_USAGE`), not argparse's whole usage block. No abbreviations
+(`--max_step` is not `--max_steps`: a prefix that happens to match today may match another flag
+tomorrow), and an unknown flag gets the closest real one as a hint, with `-` and `_` treated alike
+(`--max-steps` -> `--max_steps`).
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
+_UNRECOGNIZED = re.compile(r"^unrecognized arguments: (.*)$")
 
 
 class ConfigError(ValueError):
@@ -30,6 +40,40 @@ def closest(name: str, choices: typing.Iterable[str]) -> str:
     """' (did you mean: a, b?)' or '' — for error messages."""
     matches = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
     return f" (did you mean: {', '.join(matches)}?)" if matches else ""
+
+
+class UsageError(ConfigError):
+    """A bad command line: the entry point prints it as one line and exits 2 (protocol.EXIT_USAGE)."""
+
+
+def _closest_flag(word: str, flags: list[str]) -> str | None:
+    """The flag most like `word` (dashes and underscores alike), or None when none is close."""
+    canon = {flag.replace("-", "_").lower(): flag for flag in flags}
+    match = difflib.get_close_matches(word.replace("-", "_").lower(), list(canon), n=1, cutoff=0.75)
+    return canon[match[0]] if match else None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations whose usage errors raise UsageError (see the module's docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _flags(self) -> list[str]:
+        return [flag for action in self._actions for flag in action.option_strings if flag.startswith("--")]
+
+    def error(self, message: str) -> NoReturn:
+        unknown = _UNRECOGNIZED.match(message)
+        if unknown:
+            flags = [word.partition("=")[0] for word in unknown[1].split() if word.startswith("-")]
+            for flag in flags:
+                hint = _closest_flag(flag, self._flags())
+                if hint:
+                    raise UsageError(f"unknown flag {flag}; did you mean {hint}? (try '{self.prog} --help')")
+            if flags:
+                raise UsageError(f"unknown flag {flags[0]}; try '{self.prog} --help'")
+        raise UsageError(f"{message}; try '{self.prog} --help'")
 
 
 def _type_name(tp: Any) -> str:

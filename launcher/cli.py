@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     module_name = COMMANDS.get(args[0], LAUNCH_MODULE) if args else LAUNCH_MODULE
     command_args = args[1:] if args and args[0] in COMMANDS else args
     from contract.protocol import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-    from contract.schema import ConfigError  # also launcher.usage.UsageError (bad flags)
+    from contract.schema import ConfigError  # also schema.UsageError (bad flags)
 
     try:
         return int(importlib.import_module(module_name).main(command_args) or EXIT_OK)

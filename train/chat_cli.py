@@ -3,7 +3,7 @@
 Started by `sft-launch chat RUN` (launcher/commands/chat_cmd.py). `--prompt TEXT` answers once and exits;
 without it, a conversation on stdin (a terminal or a pipe): `/reset` forgets it, `/exit` or EOF
 ends it. Greedy by default; the sampling flags are transformers' `generate` arguments.
-Exit 0 ok, 2 usage (bad flag, export without a chat template), 1 failure.
+Exit 0 ok, 2 usage (bad flag, export without a chat template), 1 failure (contract.protocol's codes).
 """
 
 from __future__ import annotations
@@ -11,22 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from contract.protocol import is_exported_model
+from contract.protocol import EXIT_OK, EXIT_USAGE, is_exported_model
+from contract.schema import ConfigError, Parser
 
 GENERATE_FLAGS = ("max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "num_beams")
 
 
-class _Parser(argparse.ArgumentParser):
-    """A bad flag is one line (exit 2), as every sft-launch command says it; no abbreviations."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (try '{self.prog} --help')\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sft-launch chat", description=__doc__.splitlines()[0], allow_abbrev=False)
+    """A bad flag is a UsageError (one line, exit 2), as every sft-launch command says it; no abbreviations."""
+    parser = Parser(prog="sft-launch chat", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="Hugging Face model directory (the run's export)")
     parser.add_argument("--prompt", help="one user message: print the reply and exit (default: interactive)")
     parser.add_argument("--system", help="system message at the start of the conversation")
@@ -115,31 +110,36 @@ def interactive(chat: Chat) -> None:
             print(f"assistant> {chat.reply(line.strip())}", flush=True)
 
 
+def _error(message: object) -> int:
+    print(f"sft-launch chat: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if problem := out_of_range(args):
-        parser.error(problem)
+    try:
+        args = parser.parse_args(argv)
+        if problem := out_of_range(args):
+            parser.error(problem)
+    except ConfigError as err:
+        return _error(err)
     if not is_exported_model(Path(args.model)):
-        print(f"sft-launch chat: error: --model {args.model}: no config.json or adapter_config.json "
-              "(not an exported model)", file=sys.stderr)
-        return 2
+        return _error(f"--model {args.model}: no config.json or adapter_config.json (not an exported model)")
     import torch
 
     torch.manual_seed(args.seed)
     try:
         chat = Chat(args.model, args.system, generate_kwargs(args))
     except ValueError as err:
-        print(f"sft-launch chat: error: {err}", file=sys.stderr)
-        return 2
+        return _error(err)
     if args.prompt is not None:
         print(chat.reply(args.prompt), flush=True)
-        return 0
+        return EXIT_OK
     try:
         interactive(chat)
     except KeyboardInterrupt:
         print()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

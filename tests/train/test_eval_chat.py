@@ -135,8 +135,8 @@ def test_chat_answers_greedily_through_the_chat_template(setup: tuple[Path, Path
     (["--do_sample", "--temperature", "-1"], "--temperature -1.0: must be > 0"),
     (["--do_sample", "--top_p", "1.5"], "--top_p 1.5: must be in (0, 1]"),
     (["--num_beams", "0"], "--num_beams 0: must be >= 1"),
-    (["--max_new_token", "5"], "unrecognized arguments: --max_new_token"),  # never abbreviated
-    (["--tempreature", "0.5"], "unrecognized arguments: --tempreature"),
+    (["--max_new_token", "5"], "unknown flag --max_new_token; did you mean --max_new_tokens?"),  # never abbreviated
+    (["--tempreature", "0.5"], "unknown flag --tempreature; did you mean --temperature?"),
 ], ids=["no-tokens", "negative-temperature", "top-p-above-1", "no-beams", "abbreviated", "typo"])
 def test_chat_refuses_bad_generation_flags_in_one_line(setup: tuple[Path, Path], flags: list[str],
                                                        words: str) -> None:
