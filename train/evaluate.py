@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contract.protocol import EVAL_HELDOUT_TASK as HELDOUT, is_exported_model
+from contract.protocol import EVAL_HELDOUT_TASK as HELDOUT, EXIT_OK, EXIT_USAGE, is_exported_model
 from contract.schema import ConfigError
 
 INSTALL_HINT = "lm-eval is not installed: pip install 'sft-launch[eval]' (or pip install lm-eval)"
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if not is_exported_model(Path(args.model)):
         print(f"sft-launch eval: error: --model {args.model}: no config.json or adapter_config.json "
               "(not an exported model)", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     from train.eval_tasks import TaskSelectionError
 
     requested = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -196,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         record = evaluate(args, requested)
     except (ConfigError, TaskSelectionError) as err:
         print(f"sft-launch eval: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if record is not None:  # rank 0
         write_json(Path(args.output), record)
         log.info("results: %s", args.output)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from contract.config import load_train_config
 from contract.protocol import (
+    EXIT_OK,
+    EXIT_USAGE,
     EVAL_PINNED_PREFIX as PINNED_PREFIX,  # eval --every-checkpoint's copies, the only ones removed
 )
 from contract.schema import ConfigError
@@ -68,18 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.checkpoint / MARKER).is_file():
         print(f"error: --checkpoint {args.checkpoint}: not a complete checkpoint (no {MARKER})",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.remove_checkpoint and not args.checkpoint.name.startswith(PINNED_PREFIX):
         print(f"error: --remove-checkpoint: {args.checkpoint} is not a pinned copy ({PINNED_PREFIX}*)", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         export_checkpoint(args.config, args.checkpoint, args.output)
         if args.remove_checkpoint and int(os.environ.get("RANK", "0")) == 0:
             shutil.rmtree(args.checkpoint)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -272,7 +272,7 @@ def run_local(request: EvalRequest, profile: ClusterProfile, allow_code_eval: bo
         print(evalresults.format_summary(evalresults.summary(evalresults.read_results(request.output))))
         return 0
     print(f"sft-launch: error: evaluation exited with {code}", file=sys.stderr)
-    return 2 if code == 2 else 1
+    return protocol.EXIT_USAGE if code == protocol.EXIT_USAGE else protocol.EXIT_FAILURE
 
 
 def submit(request: EvalRequest, script: str, dry_run: bool) -> int:

@@ -203,7 +203,7 @@ def check_masking(tokenizer_dir: Path, key: str, samples: list[dict]) -> None:
     never does; without transformers here, not checked."""
     result = subprocess.run([sys.executable, "-m", "train.dataset.maskcheck", str(tokenizer_dir), json.dumps(samples)],
                             capture_output=True, text=True, check=False)
-    if result.returncode == 2:
+    if result.returncode == protocol.EXIT_USAGE:
         reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "mask check failed"
         raise ConfigError(f"{key}: {tokenizer_dir}: {reason}", key)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.formats import BadRowError, Example, RowMapping, detect_format, parse_row
+from contract.protocol import EXIT_OK, EXIT_USAGE
 from contract.readers import RawRow, iter_hub_rows, iter_rows
 from contract.schema import ConfigError
 
@@ -113,15 +114,15 @@ def check(tokenizer_dir: str, samples: list[dict[str, Any]]) -> str | None:
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m train.dataset.maskcheck TOKENIZER_DIR SOURCES_JSON", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         reason = check(argv[0], json.loads(argv[1]))
     except ConfigError as err:
         reason = str(err)
     if reason:
         print(reason, file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 if __name__ == "__main__":
