@@ -37,8 +37,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROFILE = "cpu-nodefail"
 STEPS, SAVE_STEPS = 60, 20
-FAULT_AFTER_STEPS = 30  # past the first checkpoint (step 20): the requeued run resumes from it, and
-# redoes steps 21-30 and a save at 40 on its way to STEPS
+# The fault comes past the first checkpoint (step 20): the requeued run resumes from it, redoes steps
+# 21-30 and saves again at step 40 on its way to STEPS.
+FAULT_AFTER_STEPS = 30
 REQUEUE_BOUND_S = 300  # issue #15: a hung rank is detected and the job requeued within 5 minutes
 # Fault -> restarted without the bad node, on this cluster (20 s hang/collective bounds, SlurmdTimeout
 # 20 s): the bounds README.md states. Measured once at 16 s, 35 s and 48 s; the margin covers a
@@ -76,7 +77,8 @@ def kill_node(run: Run) -> str:
 def held_by_others(run: Run, others: list[Run]) -> bool:
     """Another unfinished job runs on the host of this run's rank 1 (a node kill would take it down too)."""
     host = roster_line(run, 1)["host"]
-    return any(host in hostnames(sh.show_job(o.job_id).get("NodeList", "")) for o in others if o is not run and not o.job)
+    unfinished = [other for other in others if other is not run and not other.job]
+    return any(host in hostnames(sh.show_job(other.job_id).get("NodeList", "")) for other in unfinished)
 
 
 def hostnames(node_list: str) -> list[str]:
