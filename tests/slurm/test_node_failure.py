@@ -10,7 +10,9 @@ Scenarios, each a real `sft-launch --executor sbatch` run of the tiny model (pro
 - dead-node: `cluster.sh kill-node` the host of rank 1 (link down, slurmd and processes SIGKILLed);
   slurmctld marks it DOWN after SlurmdTimeout and requeues the job (NODE_FAIL); the next start blames it.
 - code-bug: every rank raises at step 5 (tests/faults): no node is blamed, no requeue, one error line.
-A dead node takes down every job on it, so that scenario runs after the others (two concurrent phases).
+A dead node takes down every job on it, so that scenario starts once no other job can be on its node:
+every other run has finished or restarted without the node its fault hit (two overlapping phases), and
+the node is killed only while no other unfinished job holds it.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from tests.slurm.test_e2e_train import Run, assert_same_weights, events, launch,
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROFILE = "cpu-nodefail"
-STEPS, SAVE_STEPS = 200, 20
-FAULT_AFTER_STEPS = 30  # past the first checkpoint (step 20): the requeued run resumes from it
+STEPS, SAVE_STEPS = 60, 20
+# The fault comes past the first checkpoint (step 20): the requeued run resumes from it, redoes steps
+# 21-30 and saves again at step 40 on its way to STEPS.
+FAULT_AFTER_STEPS = 30
 REQUEUE_BOUND_S = 300  # issue #15: a hung rank is detected and the job requeued within 5 minutes
 # Fault -> restarted without the bad node, on this cluster (20 s hang/collective bounds, SlurmdTimeout
 # 20 s): the bounds README.md states. Measured once at 16 s, 35 s and 48 s; the margin covers a
@@ -47,9 +51,13 @@ PHASE_TIMEOUT_S = 420
 Fault = Callable[[Run], str]  # does the damage, returns the host it hit
 
 
+def roster(run: Run) -> list[dict]:
+    path = run.dir / "logs" / "ranks.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def roster_line(run: Run, rank: int) -> dict:
-    lines = [json.loads(line) for line in (run.dir / "logs" / "ranks.jsonl").read_text().splitlines()]
-    return [line for line in lines if line["rank"] == rank and line["restart"] == 0][-1]
+    return [line for line in roster(run) if line["rank"] == rank and line["restart"] == 0][-1]
 
 
 def signal_rank(sig: signal.Signals) -> Fault:
@@ -66,13 +74,36 @@ def kill_node(run: Run) -> str:
     return host
 
 
-def drive(runs: list[Run], faults: dict[str, Fault], fired: dict[str, tuple[str, float]]) -> None:
-    """Do each run's fault once its first attempt logged FAULT_AFTER_STEPS steps; return when all finished."""
+def held_by_others(run: Run, others: list[Run]) -> bool:
+    """Another unfinished job runs on the host of this run's rank 1 (a node kill would take it down too)."""
+    host = roster_line(run, 1)["host"]
+    unfinished = [other for other in others if other is not run and not other.job]
+    return any(host in hostnames(sh.show_job(other.job_id).get("NodeList", "")) for other in unfinished)
+
+
+def hostnames(node_list: str) -> list[str]:
+    if node_list in ("", "(null)"):
+        return []
+    proc = subprocess.run(["scontrol", "show", "hostnames", node_list], capture_output=True, text=True, timeout=30,
+                          check=True)
+    return proc.stdout.split()
+
+
+def moved_on(run: Run) -> bool:
+    """Finished, or restarted (without the node its fault hit: the restart's roster lines are written)."""
+    return bool(run.job) or any(line.get("restart") for line in roster(run))
+
+
+def drive(runs: list[Run], faults: dict[str, Fault], fired: dict[str, tuple[str, float]],
+          enough: Callable[[], bool] | None = None, guard: Callable[[Run], bool] | None = None) -> None:
+    """Do each run's fault once its first attempt logged FAULT_AFTER_STEPS steps (and `guard` allows it);
+    return when all finished, or when `enough()`."""
     def tick(run: Run) -> None:
         if run.name in faults and run.name not in fired:
             if len([r for r in metrics(run.dir) if not r.get("restart")]) >= FAULT_AFTER_STEPS:
-                fired[run.name] = (faults[run.name](run), time.time())
-    until_finished(runs, tick, PHASE_TIMEOUT_S, interval_s=0.1)
+                if guard is None or guard(run):
+                    fired[run.name] = (faults[run.name](run), time.time())
+    until_finished(runs, tick, PHASE_TIMEOUT_S, interval_s=0.1, enough=enough)
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +116,12 @@ def runs() -> Iterator[tuple[dict[str, Run], dict[str, tuple[str, float]]]]:
     try:
         started = [launch(name, root, PROFILE, *common) for name in ("baseline", "kill-rank", "stop-rank")]
         started.append(launch("code-bug", root, PROFILE, *common, env=fault_env(dict(os.environ), raise_at_step=5)))
-        drive(started, {"kill-rank": signal_rank(signal.SIGKILL), "stop-rank": signal_rank(signal.SIGSTOP)}, fired)
+        phase1 = list(started)
+        faults = {"kill-rank": signal_rank(signal.SIGKILL), "stop-rank": signal_rank(signal.SIGSTOP)}
+        drive(phase1, faults, fired, enough=lambda: all(moved_on(run) for run in phase1))
         started.append(launch("dead-node", root, PROFILE, *common))
-        drive(started[-1:], {"dead-node": kill_node}, fired)
+        drive(started, {**faults, "dead-node": kill_node}, fired,
+              guard=lambda run: run.name != "dead-node" or not held_by_others(run, started))
     finally:
         for run in started:
             if not run.job:

@@ -21,6 +21,7 @@ import pytest
 
 from launcher import api
 from tests.slurm import slurm_harness as sh
+from tests.slurm.test_e2e_train import STATE_POLL_S
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -111,12 +112,16 @@ def runs(tmp_path_factory) -> dict[str, Run]:
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + SUITE_TIMEOUT_S
     pending = {run.job_id: run for run in started}
+    next_poll = 0.0
     try:
         while pending:
             assert time.monotonic() < deadline, f"still running after {SUITE_TIMEOUT_S} s: {sorted(pending)}"
+            poll = time.monotonic() >= next_poll  # job states once a second (STATE_POLL_S), actions every tick
+            if poll:
+                next_poll = time.monotonic() + STATE_POLL_S
             for run in list(pending.values()):
                 act(run)
-                fields = sh.show_job(run.job_id)
+                fields = sh.show_job(run.job_id) if poll else {}
                 if fields.get("JobState") in sh.FINISHED_STATES and (run.canceller is None
                                                                      or run.canceller.poll() is not None):
                     run.job = fields

@@ -40,6 +40,7 @@ STEPS, SAVE_STEPS = 40, 10
 SLOW_SAVE_S = 40  # > torchrun's 30 s default grace, < the partition's GraceTime (60 s)
 PHASE_TIMEOUT_S = 420
 URGENT_S = 5  # how long the urgent job holds the nodes
+CANCEL_SETTLE_S = 15  # the cancelled job is looked at no sooner than this after the scancel
 
 
 def restart0_steps(run: Run) -> int:
@@ -108,7 +109,9 @@ def runs() -> Iterator[dict[str, object]]:
                     # Its batch shell's `scontrol requeue` fails twice first (tests/slurm/flaky_scontrol.sh).
                     launch("signal-after-marker", root, "cpu-flaky-scontrol", *common)]
         until_finished(started, lambda run: phase1_tick(run, facts), PHASE_TIMEOUT_S, interval_s=0.2)
-        time.sleep(15)  # a requeue would have made the cancelled job pending again by now
+        # A requeue would have made the cancelled job pending again 15 s after the scancel (the signal
+        # runs usually outlast it by far: then nothing is left to wait).
+        time.sleep(max(0.0, float(facts.get("cancelled_at", 0)) + CANCEL_SETTLE_S - time.time()))
         facts["scancel_after"] = sh.show_job(started[1].job_id)
 
         # Phase 2: both runs preempted together by one urgent job, at a random step.
