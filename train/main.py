@@ -75,14 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         from torch.distributed.checkpoint import CheckpointException
 
         from train.engine.loop import train
-        from train.engine.sharding import build_accelerator
+        from train.engine.sharding import build_accelerator, release_process_group
         from train.engine.watchdog import collective_failure, record_collective_failure
     except ImportError as err:
         logger.exception("import failed")
         record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
         return EXIT_FAILURE
     try:
-        return train(cfg, build_accelerator(cfg.model.precision, cfg.run.collective_timeout_s))
+        accelerator = build_accelerator(cfg.model.precision, cfg.run.collective_timeout_s)
+        return release_process_group(accelerator, train(cfg, accelerator))
     except ConfigError as err:
         return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
     except PeerFailedError as err:

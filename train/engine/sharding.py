@@ -26,6 +26,7 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+from contract.protocol import EXIT_OK, EXIT_REQUEUE
 from train.engine.model import mixed_precision
 
 logger = logging.getLogger(__name__)
@@ -77,3 +78,19 @@ def shard_on_cpu(accelerator: Accelerator) -> None:
     # As AcceleratorState does on GPU: every later AcceleratorState() copies PartialState's type.
     PartialState().distributed_type = DistributedType.FSDP
     logger.info("CPU host: sharding with FSDP2 over %s (%d ranks)", state.backend, accelerator.num_processes)
+
+
+def release_process_group(accelerator: Accelerator, code: int) -> int:
+    """After a run that ended as planned (done, or stopped and saved: `code` 0 or 75), every rank meets
+    once more and destroys the process group before Python exits; returns `code`.
+
+    Why: left to the interpreter's exit, gloo's worker threads can still hold work whose tensors need the
+    GIL of a half torn-down interpreter, and the rank aborts (SIGABRT, "terminate called without an active
+    exception") after a run that succeeded: a finished 2-rank ZeRO-3 run on CPU did, once, in CI
+    (pytorch/pytorch#179291 describes the crash). A rank that failed skips this, as torchtitan does: the
+    others may be inside a collective that would never finish.
+    """
+    if code in (EXIT_OK, EXIT_REQUEUE) and torch.distributed.is_initialized():
+        accelerator.wait_for_everyone()
+        torch.distributed.destroy_process_group()
+    return code

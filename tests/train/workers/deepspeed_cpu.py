@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 import train.engine.loop
 from contract.config import load_train_config
+from train.engine.sharding import release_process_group
 from train.main import _configure_logging
 
 run_dir = Path(sys.argv[1])
@@ -40,4 +41,5 @@ accelerator = Accelerator()
 assert accelerator.distributed_type == DistributedType.DEEPSPEED, accelerator.distributed_type
 assert accelerator.num_processes == 2 and not torch.cuda.is_available(), accelerator.num_processes
 train.engine.loop.build_model = build_and_keep_initial
-sys.exit(train.engine.loop.train(load_train_config(run_dir / "train.toml"), accelerator))
+code = train.engine.loop.train(load_train_config(run_dir / "train.toml"), accelerator)
+sys.exit(release_process_group(accelerator, code))
