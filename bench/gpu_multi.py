@@ -189,8 +189,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fp8-checkpointing", action="store_true", help="8b-fp8: activation checkpointing on")
     parser.add_argument("--fp8-timeout", type=float, default=None, help="8b-fp8: each run's wall-clock limit (s)")
     parser.add_argument("--fp8-baseline", type=Path, default=None, help="8b-fp8: the bf16 side from this "
-                        "multi-<gpus>gpu-8b-full.json (phase 8b-peer earlier in the same call, same settings) "
-                        "instead of a run of its own")
+                        "multi-<gpus>gpu-8b-full.json (phase 8b-peer) or multi-<gpus>gpu-<tag>.json (phase 8b-fp8), "
+                        "earlier in the same call with the same settings, instead of a run of its own")
+    parser.add_argument("--fp8-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="8b-fp8: a train.toml override for the FP8 run only, e.g. train.fp8_fast_accum=false")
     parser.add_argument("--skip", default="", help=f"comma list of phases to skip: {','.join(PHASES)}")
     parser.add_argument("--only", default="", help="comma list of the phases to run; without it every phase "
                         "but 8b-peer (its own call, its own file) runs, less --skip")
@@ -355,7 +357,8 @@ def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list)
     runs = {}
     arch = shape("llama3-8b")
     if args.fp8_baseline:  # phase 8b-peer's run of ours, earlier in the same call: the same settings, bf16
-        baseline = json.loads(args.fp8_baseline.read_text()).get("8b_full")
+        earlier = json.loads(args.fp8_baseline.read_text())
+        baseline = earlier.get("8b_full") or earlier.get("fp8_8b", {}).get("bf16")
         if baseline is None:
             rows.append(("8B bf16", f"no run of ours in {args.fp8_baseline}"))
             return
@@ -367,7 +370,8 @@ def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list)
             "--gradient_checkpointing", str(args.fp8_checkpointing).lower(), *random_weights(arch, sharded=True),
             "--precision", precision, "--fp8_recipe", args.fp8_recipe,
             "--set", f"data.tokens_per_micro_batch={args.tokens8b_fp8}",
-            "--set", f"train.compile={str(not CPU_SMOKE).lower()}"])
+            "--set", f"train.compile={str(not CPU_SMOKE).lower()}",
+            *(word for item in (args.fp8_set if precision == "fp8" else []) for word in ("--set", item))])
         code, text = launch(run, args.gpus, port, args.fp8_timeout, {"TORCH_LOGS": "recompiles"})
         label = "8B bf16" if precision == "auto" else f"8B FP8 ({args.fp8_recipe})"
         stats = run_stats(run, code, text, rows, label, arch, args.gpus, args.lengths)
@@ -379,7 +383,7 @@ def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list)
         rows.append((f"{label}: tokens/s/GPU, MFU vs bf16 peak, peak GiB",
                      f"{stats['real_tokens_per_s'] / args.gpus:,.0f}, {(stats['mfu'] or 0) * 100:.1f}%, "
                      f"{stats['peak_mem_gib']:.1f}"))
-    result["fp8_8b"] = {"bf16": runs["auto"], "fp8": runs["fp8"], "recipe": args.fp8_recipe,
+    result["fp8_8b"] = {"bf16": runs["auto"], "fp8": runs["fp8"], "recipe": args.fp8_recipe, "fp8_set": args.fp8_set,
                         "speedup": runs["fp8"]["real_tokens_per_s"] / runs["auto"]["real_tokens_per_s"]}
     rows.append(("8B FP8 / bf16 real tokens/s", f"{result['fp8_8b']['speedup']:.2f}x (target >= 1.25x)"))
 

@@ -16,6 +16,7 @@ steps, clipping at 1.0) and --budget tokens per step (one packed micro-batch). S
   ours            the default fast path (attention auto, fused MLP auto, fused loss, compile)
   ours-fp8        the same with --precision fp8 (torchao float8 linears, tensorwise)
   ours-fp8-rowwise  the same with rowwise scaling
+  ours-fp8-fullacc  ours-fp8 with the forward GEMMs accumulating in fp32 (train.fp8_fast_accum = false)
   trl             TRL's SFTTrainer padding-free (bench/parity_trl.py), flex attention, fed our packed rows
                   in our order: the same tokens in every optimizer step, only the implementations differ
   trl-bfd         the same with TRL's own BFD packing and shuffled order (what a user's run sees)
@@ -60,15 +61,17 @@ PLAIN = {"model": {"attn_implementation": "sdpa"},
          "train": {"fused_mlp": False, "fused_loss": False, "compile": False}}
 SWITCHES = {"attention": ("model", "attn_implementation", "auto"), "mlp": ("train", "fused_mlp", "auto"),
             "loss": ("train", "fused_loss", True), "compile": ("train", "compile", True)}
-SIDES = ["ours", "ours-fp8", "ours-fp8-rowwise", "trl", "trl-bfd", "trl-sdpa", "ours-plain", *(f"ours-plain+{name}" for name in SWITCHES)]
+FP8_SIDES = {"ours-fp8": {"fp8_recipe": "tensorwise"}, "ours-fp8-rowwise": {"fp8_recipe": "rowwise"},
+             "ours-fp8-fullacc": {"fp8_recipe": "tensorwise", "fp8_fast_accum": False}}
+SIDES = ["ours", *FP8_SIDES, "trl", "trl-bfd", "trl-sdpa", "ours-plain", *(f"ours-plain+{name}" for name in SWITCHES)]
 
 
 def side_overrides(side: str) -> dict[str, dict[str, Any]]:
     """train.toml sections for one of our sides (on top of the shared settings)."""
     if side == "ours":
         return {}
-    if side in ("ours-fp8", "ours-fp8-rowwise"):
-        return {"train": {"precision": "fp8", "fp8_recipe": side.removeprefix("ours-fp8").lstrip("-") or "tensorwise"}}
+    if side in FP8_SIDES:
+        return {"train": {"precision": "fp8", **FP8_SIDES[side]}}
     overrides = {section: dict(values) for section, values in PLAIN.items()}
     if side.startswith("ours-plain+"):
         section, key, value = SWITCHES[side.removeprefix("ours-plain+")]

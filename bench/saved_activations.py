@@ -69,7 +69,7 @@ def saved_bytes(variant: str, tokens: int) -> int:
         swiglu.use_fused_swiglu([layer.mlp])
     if variant.endswith("fp8"):
         from train.kernels.float8 import convert_decoder_linears
-        convert_decoder_linears([layer], "tensorwise")
+        convert_decoder_linears([layer], "tensorwise", fast_accum=True)
     forward = torch.compile(layer.forward, dynamic=True) if variant.startswith("compiled") else layer.forward
     x = torch.randn(1, tokens, SHAPE["hidden_size"], dtype=torch.bfloat16, requires_grad=True)
     positions = torch.arange(tokens)[None]

@@ -137,6 +137,9 @@ class TrainSection:
     fp8_recipe: Fp8Recipe = documented(
         "tensorwise", "scaling of --precision fp8: tensorwise (one scale per tensor, fastest) or rowwise "
                       "(a scale per row: slower, and no closer to bf16 in our H100 parity runs)")
+    fp8_fast_accum: bool = documented(
+        True, "--precision fp8: the forward GEMMs accumulate in the tensor cores' reduced precision (faster); "
+              "false = full fp32 accumulation, as the backward GEMMs always do")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"

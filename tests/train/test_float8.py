@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -25,7 +26,7 @@ def _float8_names(model: torch.nn.Module) -> set[str]:
 def test_decoder_linears_become_float8_and_lm_head_stays() -> None:
     model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH))
     names_before = [name for name, _ in model.named_parameters()]
-    assert convert_decoder_linears(decoder_layers(model), "tensorwise") == 7 * TINY_ARCH["num_hidden_layers"]
+    assert convert_decoder_linears(decoder_layers(model), "tensorwise", fast_accum=True) == 7 * TINY_ARCH["num_hidden_layers"]
     converted = _float8_names(model)
     assert "lm_head" not in {name.split(".")[-1] for name in converted}
     assert {name.split(".")[-1] for name in converted} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -37,16 +38,34 @@ def test_a_packed_micro_batch_of_any_length_trains() -> None:
     """The weight gradient's FP8 GEMM contracts over the tokens: 37 of them (not a multiple of 16) are padded
     inside it (an H100 refused 2,430 before `pad_inner_dim`)."""
     model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH))
-    convert_decoder_linears(decoder_layers(model), "tensorwise")
+    convert_decoder_linears(decoder_layers(model), "tensorwise", fast_accum=True)
     assert all(m.config.pad_inner_dim for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "pad_inner_dim"))
     ids = torch.randint(0, TINY_ARCH["vocab_size"], (1, 37))
     model(input_ids=ids, labels=ids).loss.backward()
     assert model.model.layers[0].mlp.down_proj.weight.grad is not None
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("fast_accum", [True, False])
+def test_fast_accumulation_is_the_forward_gemms_switch_alone(recipe: str, fast_accum: bool) -> None:
+    """train.fp8_fast_accum decides the forward GEMM's accumulation; the backward GEMMs accumulate in fp32
+    under either setting, and the recipe's scaling is untouched."""
+    from torchao.float8 import Float8LinearConfig
+
+    model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH))
+    convert_decoder_linears(decoder_layers(model), recipe, fast_accum=fast_accum)
+    stock = Float8LinearConfig.from_recipe_name(recipe)
+    configs = [m.config for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    assert configs and all(c.gemm_config_output.use_fast_accum is fast_accum for c in configs)
+    assert all(not c.gemm_config_grad_input.use_fast_accum and not c.gemm_config_grad_weight.use_fast_accum
+               for c in configs)
+    assert all(c.cast_config_input == stock.cast_config_input and c.cast_config_grad_output == stock.cast_config_grad_output
+               for c in configs)
+
+
 def test_layers_off_the_16_alignment_stay_bf16() -> None:
     model = LlamaForCausalLM(LlamaConfig(**{**TINY_ARCH, "intermediate_size": 120}))  # 120 % 16 = 8
-    convert_decoder_linears(decoder_layers(model), "rowwise")
+    convert_decoder_linears(decoder_layers(model), "rowwise", fast_accum=True)
     kinds = {name.split(".")[-1] for name in _float8_names(model)}
     assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj"}
 

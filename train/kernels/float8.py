@@ -6,7 +6,9 @@ gradients) with dynamic scales and runs its three matmuls on the FP8 tensor core
 lm_head (with the fused loss) stay as they are, so checkpoints, the export and parameter names are
 the stock model's. Recipes (`train.fp8_recipe`): "tensorwise", one scale per tensor (fastest), or
 "rowwise", a scale per row, finer in principle; on H100s it was slower than bf16 at 1B and learned no
-closer to bf16 in the parity benchmark (BENCHMARKS.md, 2026-11-27).
+closer to bf16 in the parity benchmark (BENCHMARKS.md, 2026-11-27). `train.fp8_fast_accum` = false runs
+the forward GEMM with fp32 accumulation too (torchao accumulates it in the tensor cores' reduced
+precision by default, whose error grows with the inner dimension: DeepSeek-V3's report, section 3.3).
 
 Applied by train/engine/model.py before FSDP2 wraps the model (Accelerate's prepare), as torchtitan
 does; layers whose dimensions are not multiples of 16 (the FP8 GEMMs' alignment) stay bf16, and the
@@ -49,14 +51,18 @@ def convertible(module: torch.nn.Module, fqn: str) -> bool:
     return aligned and fqn.split(".")[-1] != "lm_head"
 
 
-def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str) -> int:
+def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_accum: bool) -> int:
     """Swap the linear layers of each decoder layer for Float8Linear in place; returns how many."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.config import Float8GemmConfig
     from torchao.float8.float8_linear import Float8Linear
 
     # Packed micro-batches hold any number of tokens; the weight gradient's FP8 GEMM contracts over them
     # and needs a multiple of 16 (measured: 2,430 tokens failed): torchao pads that inner dimension.
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
+    # torchao's recipes accumulate the forward GEMM in the tensor cores' reduced precision ("fast
+    # accumulation"), the two backward GEMMs in fp32; fast_accum=False makes the forward exact as well.
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True,
+                                 gemm_config_output=Float8GemmConfig(use_fast_accum=fast_accum))
     for layer in layers:
         convert_to_float8_training(layer, module_filter_fn=convertible, config=config)
     return sum(isinstance(m, Float8Linear) for layer in layers for m in layer.modules())
