@@ -4,7 +4,8 @@ the host, ours against the peer a user would pick, same documents and tokens per
     python -m bench.gpu_multi --gpus 4 --only 8b-peer --results DIR   # multi-4gpu-8b-full.json
 
 - Ours: rendered by `sft-launch` and started as a 2-node job (bench/gpu_multi.py: 2 machines x G/2
-  processes): FSDP2, compiled layers, no activation checkpointing, --tokens8b-full tokens per GPU, random
+  processes): FSDP2, compiled layers, no activation checkpointing (unless --checkpointing8b-full: both
+  sides with it from the start, for 2 GPUs), --tokens8b-full tokens per GPU, random
   weights drawn per shard on the GPUs after FSDP2 shards a meta model (model.init = sharded: a CPU draw
   of the whole 8B model on every rank did not finish in 155 s on 4 H100s' host; `model_ready_s` records
   what it took), --steps8b-full optimizer steps and exactly one full checkpoint save (model +
@@ -63,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
                         help="8b-peer: a train.toml override for our run (sft-launch --set), e.g. "
                              "train.profile_steps=30:32 for a profile of two steps in the log")
+    parser.add_argument("--checkpointing8b-full", action="store_true",
+                        help="8b-peer: both sides with activation checkpointing from the start (8B on 2 × 80 GB "
+                             "GPUs does not fit without it)")
     parser.add_argument("--no-save8b-full", action="store_true",
                         help="8b-peer: our run without its one timed save (an A/B of step speed alone)")
 
@@ -126,7 +130,8 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any]:
     shutil.rmtree(run, ignore_errors=True)  # a run of an earlier call would be resumed, its metrics appended to
     at = NO_SAVE_STEP if args.no_save8b_full else save_step(args.steps8b_full)
     gpu_multi.render(run, SHAPE, data, args.gpus, [
-        "--max_steps", str(args.steps8b_full), "--save_steps", str(at), "--gradient_checkpointing", "false",
+        "--max_steps", str(args.steps8b_full), "--save_steps", str(at),
+        "--gradient_checkpointing", str(args.checkpointing8b_full).lower(),
         *gpu_multi.random_weights(arch, sharded=True),
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
         "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}",
@@ -140,7 +145,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any]:
     saved = gpu_multi.save_line(text)
     ready = re.findall(r"model ready ([\d.]+) s", text)
     block = {"path": "ours-8b-full", **stats, "tokens_per_micro_batch": args.tokens8b_full, "compile": not gpu_multi.CPU_SMOKE,
-             "gradient_checkpointing": False, "model_ready_s": max(map(float, ready), default=None),
+             "gradient_checkpointing": args.checkpointing8b_full, "model_ready_s": max(map(float, ready), default=None),
              "windows": windows(run / "metrics.jsonl"), "recompiles": recompiles(text),
              "alloc_conf": allocator_setting(CUDA_ALLOC_CONF), "kernels": kernels(text),
              "precision": load_train_config(run / protocol.TRAIN_CONFIG).train.precision}
@@ -164,7 +169,7 @@ def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | s
     side = run_peer(args.out / "peer-trl-full", args.gpus, [
         "--data", str(data), "--shape", SHAPE, "--max-length", str(args.tokens8b_full),
         "--max-steps", str(args.steps8b_full), *(["--compile"] if args.peer_compile else [])],
-        args.peer_timeout, checkpointing_fallback=True)
+        args.peer_timeout, checkpointing_fallback=True, checkpointing=args.checkpointing8b_full)
     if isinstance(side, str):
         return side
     peak = device_peak()[1]

@@ -58,13 +58,14 @@ def oom_line(*logs: Path) -> str | None:
 
 
 def run_peer(run: Path, gpus: int, peer_args: list[str], timeout: float,
-             checkpointing_fallback: bool = False) -> dict[str, Any] | str:
+             checkpointing_fallback: bool = False, checkpointing: bool = False) -> dict[str, Any] | str:
     """The peer's JSON line (its clock, bench/peer_clock.py) with `gradient_checkpointing` saying how it
     ran, or an error string. With `checkpointing_fallback`, a run that fails for lack of GPU memory is
-    started again with gradient checkpointing inside the same `timeout` (`fallback_reason` says why)."""
+    started again with gradient checkpointing inside the same `timeout` (`fallback_reason` says why);
+    with `checkpointing`, the one run has it from the start."""
     deadline = time.monotonic() + timeout
-    result, oom = _attempt(run, gpus, peer_args, deadline, checkpointing=False)
-    if oom is None or not checkpointing_fallback:
+    result, oom = _attempt(run, gpus, peer_args, deadline, checkpointing=checkpointing)
+    if oom is None or checkpointing or not checkpointing_fallback:
         return result
     reason = f"out of GPU memory without gradient checkpointing: {oom}"
     print(f"peer: {reason}; starting again with gradient checkpointing", flush=True)
