@@ -32,20 +32,23 @@ CONFIG = {
 }
 
 
-def _fp8_run(path, recipe: str):
-    run = write_run(path, {**CONFIG, "train": {**CONFIG["train"], "fp8_recipe": recipe}}, processes=1)
+def _fp8_run(path, recipe: str, fast_accum: bool):
+    train = {**CONFIG["train"], "fp8_recipe": recipe, "fp8_fast_accum": fast_accum}
+    run = write_run(path, {**CONFIG, "train": train}, processes=1)
     yaml = run / "accelerate.yaml"
     yaml.write_text(yaml.read_text().replace("mixed_precision: 'no'", "mixed_precision: 'bf16'"))
     return run
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_fp8_resume_is_bitwise_and_exports_a_plain_model(tmp_path, recipe: str):
-    reference = _fp8_run(tmp_path / "reference", recipe)
+@pytest.mark.parametrize(("recipe", "fast_accum"), [("tensorwise", False), ("tensorwise", True), ("rowwise", False)])
+def test_fp8_resume_is_bitwise_and_exports_a_plain_model(tmp_path, recipe: str, fast_accum: bool):
+    reference = _fp8_run(tmp_path / "reference", recipe, fast_accum)
     assert run_training(reference, DETERMINISTIC_ENV, timeout=400) == 0, read_log(reference)
-    assert f"FP8 ({recipe} scaling): 14 linear layers of 2 decoder layers in float8" in read_log(reference)
+    accumulation = "fast" if fast_accum else "fp32"
+    assert (f"FP8 ({recipe} scaling, {accumulation} forward accumulation): 14 linear layers of 2 decoder layers "
+            "in float8") in read_log(reference)
 
-    run = _fp8_run(tmp_path / "run", recipe)
+    run = _fp8_run(tmp_path / "run", recipe, fast_accum)
     first = run_training(run, {**DETERMINISTIC_ENV, STOP_AT_STEP_ENV: str(STOP_AT)}, timeout=400)
     assert first != 0 and "exitcode  : 75" in read_log(run), read_log(run)
     assert (run / "checkpoints" / f"step-{STOP_AT:08d}" / MARKER).is_file(), read_log(run)
