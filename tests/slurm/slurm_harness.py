@@ -20,6 +20,10 @@ NOT_UP_REASON = "local SLURM cluster not up: run tests/slurm/cluster.sh up"
 FINISHED_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 )
+# How often the tests ask SLURM about jobs (`scontrol show job`, `scontrol show hostnames`). Each ask is a
+# process and an RPC: asked at every tick (4 jobs, 0.05 s apart) they took a good part of the 2-core host
+# from the training they wait for. What must react fast (a local file: the training's step) keeps its tick.
+STATE_POLL_S = 1.0
 # `Key=value` pairs of `scontrol -o` output; values may contain spaces (e.g. Reason=...), so a value
 # runs until the next ` Key=`.
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z:/_]+)=(.*?)(?=\s+[A-Za-z:/_]+=|\s*$)")
@@ -93,6 +97,22 @@ def submit(script: str | Path, *sbatch_args: str, cwd: str | Path | None = None)
     """sbatch a script file and return the job id."""
     proc = _run("sbatch", "--parsable", *sbatch_args, str(script), cwd=cwd)
     return int(proc.stdout.strip().split(";")[0])
+
+
+class PollThrottle:
+    """For a loop that ticks faster than it may ask SLURM: `due()` is True at most once per `every_s`
+    (the first call is), so the loop asks only on those ticks."""
+
+    def __init__(self, every_s: float = STATE_POLL_S):
+        self.every_s = every_s
+        self._next = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.every_s
+        return True
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> object:
