@@ -144,7 +144,8 @@ def wait_state(job_id: int, states: Iterable[str] | str, timeout: float = 120) -
         return None
 
     try:
-        return wait_until(reached, timeout, f"job {job_id} to reach {sorted(wanted)}")  # type: ignore[return-value]
+        return wait_until(reached, timeout, f"job {job_id} to reach {sorted(wanted)}",  # type: ignore[return-value]
+                          interval=STATE_POLL_S)
     except TimeoutError as err:
         raise TimeoutError(f"{err}; now {_summary(last)}") from None
 
@@ -163,7 +164,7 @@ def wait_all_finished(job_ids: Iterable[int], timeout: float) -> dict[int, dict[
         return not pending
 
     try:
-        wait_until(all_done, timeout, f"jobs {pending} to finish", interval=0.5)
+        wait_until(all_done, timeout, f"jobs {pending} to finish", interval=STATE_POLL_S)
     except TimeoutError as err:
         raise TimeoutError(f"{err}; now " + "; ".join(_summary(show_job(j)) for j in pending)) from None
     return done
