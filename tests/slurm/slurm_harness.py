@@ -20,6 +20,10 @@ NOT_UP_REASON = "local SLURM cluster not up: run tests/slurm/cluster.sh up"
 FINISHED_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 )
+# How often the tests ask SLURM about jobs (`scontrol show job`, `scontrol show hostnames`). Each ask is a
+# process and an RPC: asked at every tick (4 jobs, 0.05 s apart) they took a good part of the 2-core host
+# from the training they wait for. What must react fast (a local file: the training's step) keeps its tick.
+STATE_POLL_S = 1.0
 # `Key=value` pairs of `scontrol -o` output; values may contain spaces (e.g. Reason=...), so a value
 # runs until the next ` Key=`.
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z:/_]+)=(.*?)(?=\s+[A-Za-z:/_]+=|\s*$)")
@@ -95,6 +99,22 @@ def submit(script: str | Path, *sbatch_args: str, cwd: str | Path | None = None)
     return int(proc.stdout.strip().split(";")[0])
 
 
+class PollThrottle:
+    """For a loop that ticks faster than it may ask SLURM: `due()` is True at most once per `every_s`
+    (the first call is), so the loop asks only on those ticks."""
+
+    def __init__(self, every_s: float = STATE_POLL_S):
+        self.every_s = every_s
+        self._next = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.every_s
+        return True
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> object:
     """Poll `predicate` until it returns something truthy; raise TimeoutError naming `what`."""
     deadline = time.monotonic() + timeout
@@ -124,7 +144,8 @@ def wait_state(job_id: int, states: Iterable[str] | str, timeout: float = 120) -
         return None
 
     try:
-        return wait_until(reached, timeout, f"job {job_id} to reach {sorted(wanted)}")  # type: ignore[return-value]
+        return wait_until(reached, timeout, f"job {job_id} to reach {sorted(wanted)}",  # type: ignore[return-value]
+                          interval=STATE_POLL_S)
     except TimeoutError as err:
         raise TimeoutError(f"{err}; now {_summary(last)}") from None
 
@@ -143,7 +164,7 @@ def wait_all_finished(job_ids: Iterable[int], timeout: float) -> dict[int, dict[
         return not pending
 
     try:
-        wait_until(all_done, timeout, f"jobs {pending} to finish", interval=0.5)
+        wait_until(all_done, timeout, f"jobs {pending} to finish", interval=STATE_POLL_S)
     except TimeoutError as err:
         raise TimeoutError(f"{err}; now " + "; ".join(_summary(show_job(j)) for j in pending)) from None
     return done

@@ -91,24 +91,16 @@ def during_save(records: list[dict], run_dir: Path) -> bool:
     return saving or (records[-1]["step"] % SAVE_STEPS == 0 and len(records) > 1)
 
 
-# How often until_finished asks SLURM whether a job has finished. Each `scontrol show job` is a process
-# and an RPC: asked at every tick (4 jobs, 0.05 s apart) they took a good part of the 2-core host from
-# the training they wait for. Ticks (the triggers) keep their own interval.
-STATE_POLL_S = 1.0
-
-
 def until_finished(runs: list[Run], tick: Callable[[Run], None], timeout_s: float, interval_s: float = 0.05,
                    enough: Callable[[], bool] | None = None) -> None:
-    """Call `tick` on each unfinished run, over and over, until every job has finished (run.job set),
-    or until `enough()` says so."""
+    """Call `tick` on each unfinished run every `interval_s`, over and over, until every job has finished
+    (run.job set; SLURM is asked at most once per sh.STATE_POLL_S), or until `enough()` says so."""
     deadline = time.monotonic() + timeout_s
     pending = {run.job_id: run for run in runs if not run.job}
-    next_poll = 0.0
+    state_polls = sh.PollThrottle()
     while pending and not (enough and enough()):
         assert time.monotonic() < deadline, f"jobs still running after {timeout_s:.0f} s: {sorted(pending)}"
-        poll = time.monotonic() >= next_poll
-        if poll:
-            next_poll = time.monotonic() + STATE_POLL_S
+        poll = state_polls.due()
         for run in list(pending.values()):
             tick(run)
             fields = sh.show_job(run.job_id) if poll else {}

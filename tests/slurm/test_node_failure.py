@@ -120,8 +120,11 @@ def runs() -> Iterator[tuple[dict[str, Run], dict[str, tuple[str, float]]]]:
         faults = {"kill-rank": signal_rank(signal.SIGKILL), "stop-rank": signal_rank(signal.SIGSTOP)}
         drive(phase1, faults, fired, enough=lambda: all(moved_on(run) for run in phase1))
         started.append(launch("dead-node", root, PROFILE, *common))
+        # The steps are read at every tick; SLURM is asked whether the node is free at most once per
+        # sh.STATE_POLL_S, and the kill follows a fresh "free" answer in the same tick.
+        node_asks = sh.PollThrottle()
         drive(started, {**faults, "dead-node": kill_node}, fired,
-              guard=lambda run: run.name != "dead-node" or not held_by_others(run, started))
+              guard=lambda run: run.name != "dead-node" or (node_asks.due() and not held_by_others(run, started)))
     finally:
         for run in started:
             if not run.job:

@@ -21,7 +21,6 @@ import pytest
 
 from launcher import api
 from tests.slurm import slurm_harness as sh
-from tests.slurm.test_e2e_train import STATE_POLL_S
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -112,13 +111,11 @@ def runs(tmp_path_factory) -> dict[str, Run]:
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + SUITE_TIMEOUT_S
     pending = {run.job_id: run for run in started}
-    next_poll = 0.0
+    state_polls = sh.PollThrottle()
     try:
         while pending:
             assert time.monotonic() < deadline, f"still running after {SUITE_TIMEOUT_S} s: {sorted(pending)}"
-            poll = time.monotonic() >= next_poll  # job states once a second (STATE_POLL_S), actions every tick
-            if poll:
-                next_poll = time.monotonic() + STATE_POLL_S
+            poll = state_polls.due()  # job states at most once per sh.STATE_POLL_S, actions every tick
             for run in list(pending.values()):
                 act(run)
                 fields = sh.show_job(run.job_id) if poll else {}
