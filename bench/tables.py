@@ -66,7 +66,8 @@ def qlora_8b() -> str:
 TWO_GPU = "h100/two-gpu-2026-11-26"
 FOUR_GPU = "h100/four-gpu-2026-11-26"
 FOUR_GPU_FIXED = "h100/four-gpu-2026-11-27"  # after the fixed-length packed rows
-PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c")
+PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c", "h200/parity-2026-11-27d")
+TWO_H200 = "h200/two-gpu-2026-11-27"
 STEPS_8B = ("h100/four-gpu-2026-11-27b", "h100/four-gpu-2026-11-27c")  # the stall hunt: each 8B run's steps
 
 
@@ -210,6 +211,43 @@ def steps_8b_4gpu() -> str:
                       "steps over 1.5 × median"], rows)
 
 
+def _rate(side: dict) -> float:
+    return side["real_tokens_per_s"] / side["gpu_count"]
+
+
+def fp8_8b_2gpu() -> str:
+    """FP8 with fast and with fp32 forward accumulation, each against the bf16 run of the same call."""
+    fast, exact = (_load(f"{TWO_H200}/multi-2gpu-{tag}.json")["fp8_8b"] for tag in ("fp8", "fp8-fullacc"))
+    runs = [("ours, bf16", fast["bf16"]), ("ours, FP8 tensorwise, fast accumulation", fast["fp8"]),
+            ("ours, FP8 tensorwise, fp32 accumulation (`train.fp8_fast_accum = false`)", exact["fp8"])]
+    rows = [[label, str(side["steps"]), f"{_rate(side):,.0f}", _pct(side["mfu"]), f"{side['peak_mem_gib']:.1f}",
+             f"{side['real_tokens_per_s'] / fast['bf16']['real_tokens_per_s']:.2f}×"] for label, side in runs]
+    return _markdown(["run (2 × H200)", "steps timed", "real tokens/s per GPU", "MFU vs the bf16 peak", "peak GiB",
+                      "vs our bf16"], rows)
+
+
+def parity_fullacc() -> str:
+    """The session's FP8 accumulation parity file: each side's runs, mean and the comparison gpu_parity made."""
+    r = _load("h200/parity-2026-11-27d/parity-llama3.2-1b-fp8-fullacc-repeats.json")
+    judged = {c["side"]: c for c in r["comparisons"]}
+    rows = [[side, ", ".join(f"{v:.4f}" for v in eval_losses(result)), f"{result['eval_loss']:.4f}",
+             f"{judged[side]['eval_loss_ratio']:.4f}" if side in judged else "–",
+             f"{result['real_tokens_per_s']:,.0f}"] for side, result in r["sides"].items()]
+    return _markdown(["side (1B, 2 × H200)", "eval loss of each run", "mean", "mean / mean of ours", "real tokens/s"], rows)
+
+
+def full_8b_2gpu() -> str:
+    """Ours against TRL + FSDP2 in one call, and ours at twice the tokens per GPU (another call)."""
+    r, big = _load(f"{TWO_H200}/multi-2gpu-8b-full-ac.json"), _load(f"{TWO_H200}/multi-2gpu-8b-full-t16k.json")
+    runs = [("peer-trl", r["tokens_per_gpu"], r["8b_full_peer"]), ("ours", r["tokens_per_gpu"], r["8b_full"]),
+            ("ours (another call)", big["tokens_per_gpu"], big["8b_full"])]
+    rows = [[label, f"{tokens:,}", str(side["steps"]), f"{_rate(side):,.0f}", _pct(side["mfu"]),
+             f"{side['peak_mem_gib']:.1f}", "yes" if side["gradient_checkpointing"] else "no"] for label, tokens, side in runs]
+    rows.append(["ours / peer (same call), real tokens/s", "", "", f"{r['ratio_vs_peer']:.2f}×", "", "", ""])
+    return _markdown(["side (2 × H200)", "tokens per GPU per step", "steps timed", "real tokens/s per GPU",
+                      "MFU (real tokens / wall time)", "peak GiB", "activation checkpointing"], rows)
+
+
 def resume_4gpu_zero3() -> str:
     return _resume(FOUR_GPU_FIXED, 4)
 
@@ -244,36 +282,37 @@ def parity_runs() -> str:
         for side, result in r["sides"].items():
             c = judged.get(side)
             packs = {"ours": "our packs", "bfd": "its own BFD packs"}.get(_trl_packs(side, result) or "", "")
-            rows.append([f"`{name.split('/', 1)[1]}`", f"{r.get('warmup_ratio', 0.03):g}", f"{side} {packs}".strip(),
+            rows.append([f"`{name}`", f"{r.get('warmup_ratio', 0.03):g}", f"{side} {packs}".strip(),
                          f"{result['eval_loss']:.4f}" if "eval_loss" in result else result.get("error", "–"),
                          c["reference"] if c else "–", f"{c['eval_loss_ratio']:.4f}" if c else "–",
                          ("yes" if c["within_target"] else "NO") if c else "–",
                          f"{result['real_tokens_per_s']:,.0f}" if result.get("real_tokens_per_s") else "–"])
-    return _markdown(["file (bench/results/h100/…)", "warm-up", "side", "eval loss", "vs", "ratio", "within 1%",
+    return _markdown(["file (bench/results/…)", "warm-up", "side", "eval loss", "vs", "ratio", "within 1%",
                       "real tokens/s"], rows)
 
 
 def parity_spread() -> str:
-    """Per warm-up: every run of `ours` (the same settings, each on its own GPU) and its spread, beside the
-    other sides' runs and each one's ratio to the mean of ours."""
-    by_config: dict[float, dict[str, list[float]]] = {}
+    """Per GPU model and warm-up: every run of `ours` (the same settings, each on its own GPU) and its spread,
+    beside the other sides' runs and each one's ratio to the mean of ours."""
+    by_config: dict[tuple[str, float], dict[str, list[float]]] = {}
     for _, r in _parity_files():
-        runs = by_config.setdefault(r.get("warmup_ratio", 0.03), {})
+        gpu = r["provenance"]["gpus"][0].removeprefix("NVIDIA ")
+        runs = by_config.setdefault((gpu, r.get("warmup_ratio", 0.03)), {})
         for side, result in r["sides"].items():
             label = "trl (its own BFD packs)" if side == "trl" and _trl_packs(side, result) == "bfd" else side
             runs.setdefault(label, []).extend(eval_losses(result))
     rows = []
-    for warmup, runs in by_config.items():
+    for (gpu, warmup), runs in by_config.items():
         ours = runs["ours"]
         mean = sum(ours) / len(ours)
         for side, values in runs.items():
             apart = spread(values)
             side_mean = sum(values) / len(values)
             error = 2 * statistics.stdev(values) / len(values) ** 0.5 / mean if len(values) > 1 else None
-            rows.append([f"{warmup:g}", side, ", ".join(f"{v:.4f}" for v in values),
+            rows.append([gpu, f"{warmup:g}", side, ", ".join(f"{v:.4f}" for v in values),
                          f"{apart * 100:.1f}%" if apart is not None else "–", f"{side_mean / mean:.4f}",
                          f"± {error:.4f}" if error is not None else "–"])
-    return _markdown(["warm-up", "side", "eval loss of each run", "spread (max − min) / mean", "mean / mean of ours",
+    return _markdown(["GPU", "warm-up", "side", "eval loss of each run", "spread (max − min) / mean", "mean / mean of ours",
                       "± 2 standard errors of that mean"], rows)
 
 
@@ -294,6 +333,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "resume-4gpu": resume_4gpu, "full-8b-4gpu": full_8b_4gpu, "lora-70b-4gpu": lora_70b_4gpu,
     "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
     "lora-8b-2gpu": lora_8b_2gpu, "steps-8b-4gpu": steps_8b_4gpu, "parity-runs": parity_runs, "parity-spread": parity_spread,
+    "fp8-8b-2gpu": fp8_8b_2gpu, "parity-fullacc": parity_fullacc, "full-8b-2gpu": full_8b_2gpu,
 }
 
 
