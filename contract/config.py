@@ -139,7 +139,7 @@ class TrainSection:
                       "(a scale per row: slower, and no closer to bf16 in our H100 parity runs)")
     fp8_fast_accum: bool = documented(
         False, "--precision fp8: true = the forward GEMMs accumulate in the tensor cores' reduced precision "
-               "(torchao's default; 1.4% worse eval loss than bf16 in our parity runs, ~1% faster at 8B); "
+               "(torchao's default; 1.4% worse eval loss than bf16 in our parity runs, 0.7% faster at 8B); "
                "false = fp32 accumulation, as the backward GEMMs")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")

@@ -6,9 +6,11 @@ gradients) with dynamic scales and runs its three matmuls on the FP8 tensor core
 lm_head (with the fused loss) stay as they are, so checkpoints, the export and parameter names are
 the stock model's. Recipes (`train.fp8_recipe`): "tensorwise", one scale per tensor (fastest), or
 "rowwise", a scale per row, finer in principle; on H100s it was slower than bf16 at 1B and learned no
-closer to bf16 in the parity benchmark (BENCHMARKS.md, 2026-11-27). `train.fp8_fast_accum` = false runs
-the forward GEMM with fp32 accumulation too (torchao accumulates it in the tensor cores' reduced
-precision by default, whose error grows with the inner dimension: DeepSeek-V3's report, section 3.3).
+closer to bf16 in the parity benchmark (BENCHMARKS.md, 2026-11-27). The forward GEMM accumulates in
+fp32 like the two backward ones (`train.fp8_fast_accum` = false, the default). torchao's recipes
+accumulate it in the tensor cores' reduced precision, whose error grows with the inner dimension
+(DeepSeek-V3's report, section 3.3): in the parity benchmark that learned 1.4% worse than bf16, fp32
+accumulation within 1%, for 0.7% of FP8's speed at 8B (BENCHMARKS.md, 2 x H200).
 
 Applied by train/engine/model.py before FSDP2 wraps the model (Accelerate's prepare), as torchtitan
 does; layers whose dimensions are not multiples of 16 (the FP8 GEMMs' alignment) stay bf16, and the
