@@ -304,16 +304,28 @@ def parity_spread() -> str:
     rows = []
     for (gpu, warmup), runs in by_config.items():
         ours = runs["ours"]
-        mean = sum(ours) / len(ours)
+        mean = statistics.fmean(ours)
         for side, values in runs.items():
-            apart = spread(values)
-            side_mean = sum(values) / len(values)
-            error = 2 * statistics.stdev(values) / len(values) ** 0.5 / mean if len(values) > 1 else None
+            apart, ratio = spread(values), statistics.fmean(values) / mean
             rows.append([gpu, f"{warmup:g}", side, ", ".join(f"{v:.4f}" for v in values),
-                         f"{apart * 100:.1f}%" if apart is not None else "–", f"{side_mean / mean:.4f}",
-                         f"± {error:.4f}" if error is not None else "–"])
+                         f"{apart * 100:.1f}%" if apart is not None else "–", f"{ratio:.4f}",
+                         _two_standard_errors(values), _two_standard_errors(values, ours) if side != "ours" else "–"])
     return _markdown(["GPU", "warm-up", "side", "eval loss of each run", "spread (max − min) / mean", "mean / mean of ours",
-                      "± 2 standard errors of that mean"], rows)
+                      "± 2 standard errors of that mean (relative)", "± 2 standard errors of the ratio"], rows)
+
+
+def _two_standard_errors(values: list[float], reference: list[float] | None = None) -> str:
+    """Two standard errors of the mean of `values` relative to it; with `reference`, of the ratio of the two
+    means (relative errors added in quadrature, times the ratio). "–" where a side has a single run."""
+    def relative(runs: list[float]) -> float:
+        return statistics.stdev(runs) / len(runs) ** 0.5 / statistics.fmean(runs)
+
+    if len(values) < 2 or (reference is not None and len(reference) < 2):
+        return "–"
+    if reference is None:
+        return f"± {2 * relative(values):.4f}"
+    ratio = statistics.fmean(values) / statistics.fmean(reference)
+    return f"± {2 * ratio * (relative(values) ** 2 + relative(reference) ** 2) ** 0.5:.4f}"
 
 
 def cli_latency() -> str:
