@@ -345,6 +345,12 @@ def bench_8b_mfu(args: argparse.Namespace, ckpt: Path, data: Path, result: dict,
     rows.append(("8B FSDP2 no-ckpt + compile: peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
 
 
+def bf16_baseline(path: Path) -> dict | None:
+    """Our bf16 run in an earlier file of the call: phase 8b-peer's ours, or phase 8b-fp8's bf16 side."""
+    earlier = json.loads(path.read_text())
+    return earlier.get("8b_full") or earlier.get("fp8_8b", {}).get("bf16")
+
+
 def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:
     """8B full fine-tuning, our bf16 path and --precision fp8 (torchao float8 linears, --fp8-recipe) in the
     same call, otherwise identical and as phase 8b-peer runs ours: random weights drawn per shard (no
@@ -356,9 +362,8 @@ def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list)
 
     runs = {}
     arch = shape("llama3-8b")
-    if args.fp8_baseline:  # phase 8b-peer's run of ours, earlier in the same call: the same settings, bf16
-        earlier = json.loads(args.fp8_baseline.read_text())
-        baseline = earlier.get("8b_full") or earlier.get("fp8_8b", {}).get("bf16")
+    if args.fp8_baseline:  # a bf16 run of ours earlier in the same call, with the same settings
+        baseline = bf16_baseline(args.fp8_baseline)
         if baseline is None:
             rows.append(("8B bf16", f"no run of ours in {args.fp8_baseline}"))
             return

@@ -82,3 +82,32 @@ def test_a_run_of_ours_cut_short_keeps_the_windows_it_logged(tmp_path: Path) -> 
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     cut = multi_full.failed(run, "timeout 215 s")
     assert [(w["step"], w["seconds"]) for w in cut["windows"]] == [(1, 2.0), (2, 2.0), (3, 2.0)]
+
+
+@pytest.mark.slow
+def test_checkpointing_runs_ours_with_activation_checkpointing_and_records_it(tmp_path: Path) -> None:
+    """--checkpointing8b-full (8B on two 80 GB GPUs) renders ours with gradient checkpointing on and the record says so."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_multi", "--gpus", "2", "--only", "8b-peer", "--out", str(out),
+                           "--results", str(results), "--steps8b-full", "6", "--tokens8b-full", "1024", "--sides8b-full",
+                           "ours", "--no-save8b-full", "--checkpointing8b-full"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**_without_allocator_setting(), "BENCH_CPU_SMOKE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((results / "multi-2gpu-8b-full.json").read_text())
+    assert record["8b_full"]["gradient_checkpointing"] is True and "8b_full_peer" not in record, record.keys()
+    assert "gradient_checkpointing = true" in (out / "run-8b-full" / "train.toml").read_text()
+
+
+def test_the_fp8_phase_takes_bf16_from_an_earlier_file_and_overrides_the_fp8_run_alone(tmp_path: Path) -> None:
+    """An FP8 variant (fp32 accumulation) is compared with the bf16 run of an earlier 8b-fp8 or 8b-peer file of the
+    same call; --fp8-set reaches only the FP8 run."""
+    from bench import gpu_multi
+
+    fp8_file, peer_file, neither = tmp_path / "fp8.json", tmp_path / "peer.json", tmp_path / "none.json"
+    fp8_file.write_text(json.dumps({"fp8_8b": {"bf16": {"real_tokens_per_s": 1.0}, "fp8": {}}}))
+    peer_file.write_text(json.dumps({"8b_full": {"real_tokens_per_s": 2.0}}))
+    neither.write_text(json.dumps({"8b_full_error": "timeout"}))
+    assert [gpu_multi.bf16_baseline(f) for f in (fp8_file, peer_file, neither)] == [
+        {"real_tokens_per_s": 1.0}, {"real_tokens_per_s": 2.0}, None]
+    args = gpu_multi.parse_args(["--only", "8b-fp8", "--fp8-set", "train.fp8_fast_accum=false", "--fp8-set", "train.seed=1"])
+    assert args.fp8_set == ["train.fp8_fast_accum=false", "train.seed=1"]

@@ -84,3 +84,19 @@ def test_merge_refuses_files_of_another_config_or_named_twice(smoke, tmp_path: P
     proc = _parity("--merge", str(path), str(path), "--results", str(tmp_path))
     assert proc.returncode == 2 and "named twice" in proc.stderr, proc.stderr
     assert not (tmp_path / "parity-tiny-merged.json").exists()
+
+
+def test_every_fp8_side_sets_only_keys_the_training_config_has() -> None:
+    """The FP8 sides (recipes, fp32 accumulation) are train.toml settings a typo would otherwise turn into a
+    config error on the GPU machine."""
+    import dataclasses
+
+    from bench.gpu_parity import FP8_SIDES, side_overrides
+    from contract.config import TrainSection
+
+    keys = {field.name for field in dataclasses.fields(TrainSection)}
+    for side in FP8_SIDES:
+        train = side_overrides(side)["train"]
+        assert train["precision"] == "fp8" and set(train) <= keys, side
+    assert side_overrides("ours-fp8-fullacc")["train"]["fp8_fast_accum"] is False
+    assert side_overrides("ours-fp8")["train"]["fp8_fast_accum"] is True  # what its files of 2026-11-26/27 ran
