@@ -73,8 +73,9 @@ def build_parser(launch: bool = True) -> argparse.ArgumentParser:
         extra: dict[str, Any] = {"nargs": "?", "const": "true"} if kind is bool else {}
         if typing.get_origin(kind) is list:
             extra = {"nargs": "+"}
-        group.add_argument(f"--{name}", dest=f"train__{name}", metavar="V", help=field_help(TrainSection, name),
-                           **extra)
+        # argparse expands %-formats in help texts: a description may say "1.4%" as it is
+        help_text = field_help(TrainSection, name).replace("%", "%%")
+        group.add_argument(f"--{name}", dest=f"train__{name}", metavar="V", help=help_text, **extra)
     return parser
 
 
