@@ -141,6 +141,9 @@ class TrainSection:
         False, "--precision fp8: true = the forward GEMMs accumulate in the tensor cores' reduced precision "
                "(torchao's default; 1.4% worse eval loss than bf16 in our parity runs, 0.7% faster at 8B); "
                "false = fp32 accumulation, as the backward GEMMs")
+    fp8_all_gather: bool = documented(
+        False, "--precision fp8, tensorwise: FSDP2 all-gathers the weights in float8 (half the bytes; each rank "
+               "casts its own shard) instead of bf16; off by default: not yet measured on a GPU")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"
@@ -243,6 +246,9 @@ class TrainConfig:
             require(self.model.precision in ("auto", "bf16"), "train.precision",
                     f"fp8 computes everything else in bf16: model.precision must be auto or bf16, "
                     f"not {self.model.precision}")
+            require(self.train.fp8_recipe == "tensorwise" or not self.train.fp8_all_gather, "train.fp8_all_gather",
+                    "the float8 all-gather needs train.fp8_recipe = tensorwise (rowwise scales its rows after "
+                    "the all-gather)")
             require(self.train.fused_mlp is not True, "train.precision",
                     "fp8 runs the MLP's projections as float8 linears: not with train.fused_mlp = true "
                     "(quack's bf16 GEMMs)")

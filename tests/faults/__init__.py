@@ -12,6 +12,7 @@ STOP_AT_STEP_ENV = "SFT_FAULT_STOP_AT_STEP"  # rank 0 writes the stop file after
 SLOW_SAVE_STEP_ENV = "SFT_FAULT_SLOW_SAVE_STEP"  # the save of this step stalls 600 s before its rename
 RAISE_AT_STEP_ENV = "SFT_FAULT_RAISE_AT_STEP"  # every rank raises RuntimeError after this step (a code bug)
 SLOW_STOP_SAVE_ENV = "SFT_FAULT_SLOW_STOP_SAVE_S"  # a save answering a stop request stalls this long
+FP8_ON_CPU_ENV = "SFT_FAULT_FP8_ON_CPU"  # "1": train.precision = "fp8" runs on the CPU (no FP8 GPU here)
 
 
 def fault_env(env: dict[str, str], **faults: int) -> dict[str, str]:

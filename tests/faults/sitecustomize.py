@@ -50,3 +50,10 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_S
     HOOKS.after_step = _learn_stop_file if _SLOW_STOP_SAVE_S else _after_step
     HOOKS.before_checkpoint_publish = (_slow_save if _SLOW_SAVE else _slow_stop_save if _SLOW_STOP_SAVE_S
                                        else None)
+
+if "RANK" in os.environ and os.environ.get("SFT_FAULT_FP8_ON_CPU") == "1":
+    # The one thing CI cannot show: an FP8 GPU. torch runs torch._scaled_mm on the CPU, so every other
+    # part of an FP8 run (torchao's float8 linears, FSDP2, checkpoints, export) is the real one.
+    import train.kernels.float8
+
+    train.kernels.float8.unavailable = lambda device: None

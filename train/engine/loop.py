@@ -32,6 +32,7 @@ from contract.config import TrainConfig
 from contract.protocol import EXIT_REQUEUE, LOGS_DIR, PROFILE_DIR
 from contract.schema import ConfigError
 from contract.sources import Mixture
+from train.kernels import float8
 from train.kernels.attention import setup_attention
 from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
@@ -249,6 +250,7 @@ class Loop:
         self.lora_params = lora_params(self.arch, cfg)  # MFU counts a frozen base at 4·N
         self.recompiles = RecompileWatch()
         self.collector = StepGarbageCollector(cfg.train.gc_every_steps)  # entered around run() by train()
+        self.float8_all_gather = cfg.train.precision == "fp8" and float8.all_gathers_in_float8(model)
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
             watchdog: Watchdog) -> bool:
@@ -258,6 +260,8 @@ class Loop:
         profiler = StepProfiler(self.cfg.train.profile_steps or "", self.acc.is_main_process,
                                Path(self.cfg.run.dir) / LOGS_DIR / PROFILE_DIR)
         self.model.train()
+        if self.float8_all_gather:  # the first step casts with precomputed scales too, resumed or not
+            float8.precompute_scales(self.model)
         while state.step < self.total_steps:
             lr = self.scheduler.get_last_lr()[0]
             profiler.before_step(state.step)
@@ -333,6 +337,8 @@ class Loop:
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = _norm_tensor(self.acc.clip_grad_norm_(self.model.parameters(), max_norm), self.acc.device)
         self.optimizer.step()
+        if self.float8_all_gather:  # the new weights' float8 scales, in one all-reduce for all of them
+            float8.precompute_scales(self.model)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss_mean = self.acc.reduce(loss_sum, reduction="mean")

@@ -166,10 +166,13 @@ def apply_float8(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelera
         blocker = "it needs FSDP2 or one GPU, not DeepSpeed or FSDP1"
     if blocker:
         raise ConfigError(f"train.precision: fp8 cannot be used: {blocker}", "train.precision")
-    count = float8.convert_decoder_linears(decoder_layers(model), cfg.train.fp8_recipe, cfg.train.fp8_fast_accum)
+    all_gather = cfg.train.fp8_all_gather and accelerator.distributed_type == DistributedType.FSDP
+    count = float8.convert_decoder_linears(decoder_layers(model), cfg.train.fp8_recipe, cfg.train.fp8_fast_accum,
+                                           all_gather)
     logger.info("FP8 (%s scaling, %s forward accumulation): %d linear layers of %d decoder layers in float8; "
-                "fused SwiGLU MLP off", cfg.train.fp8_recipe, "fast" if cfg.train.fp8_fast_accum else "fp32",
-                count, len(decoder_layers(model)))
+                "fused SwiGLU MLP off; weights all-gathered in %s", cfg.train.fp8_recipe,
+                "fast" if cfg.train.fp8_fast_accum else "fp32", count, len(decoder_layers(model)),
+                "float8" if all_gather else "bf16")
     if (spec := gpu_spec(cfg.run.gpu_type)) is not None:
         logger.info("%s", mfu_peaks_line(spec))
 

@@ -16,13 +16,22 @@ Applied by train/engine/model.py before FSDP2 wraps the model (Accelerate's prep
 does; layers whose dimensions are not multiples of 16 (the FP8 GEMMs' alignment) stay bf16, and the
 token dimension of a packed micro-batch (any length) is padded inside the GEMMs (`pad_inner_dim`).
 
-FSDP2 all-gathers the weights in bf16 and each layer casts them: torchao's float8 all-gather
-(`enable_fsdp_float8_all_gather`) is not used. Under Accelerate's FSDP2 it broke two things in our
-2-rank check (gloo): Accelerate's rank-0 loading rebuilds the other ranks' parameters from plain
-tensors, dropping torchao's weight wrapper (the ranks' all-gathers then disagree and the job aborts),
-and, with the weights broadcast beforehand instead, a resumed run's first step computed other weight
-gradients than the uninterrupted run's (grad norm 2.31 vs 2.08): no bitwise resume. Without it
-(and with "rowwise", which never all-gathers in float8) the resume is bitwise.
+FSDP2 all-gathers the weights in bf16 and each layer casts them, unless `train.fp8_all_gather`
+(tensorwise only): then torchao's float8 all-gather (`enable_fsdp_float8_all_gather`) casts each
+rank's shard and all-gathers float8 (half the bytes), with the scales of all weights computed in
+one all-reduce at each step boundary (`precompute_scales`, as torchtitan). Off by default: not yet
+measured on a GPU. It needs two repairs under Accelerate's FSDP2, found in a 2-rank gloo check:
+* Accelerate's rank-0 loading (cpu_ram_efficient_loading) assigns the ranks > 0 parameters built
+  from plain tensors (rank 0 keeps torchao's weight wrapper): the ranks' all-gathers disagree and
+  the job hangs or aborts. `keep_weight_wrapper`, a load-state-dict pre-hook, wraps them again.
+* Accelerate maps the optimizer's parameters to the sharded ones by data pointer, which torchao's
+  wrapper reports as 0: every float8 weight mapped to the last one. The tiny model's 13 other float8
+  weights were never updated nor their gradients zeroed (they summed over the steps), the last one
+  was updated 14 times a step; a resumed process starts without those stale gradients, so its first
+  step differed (the earlier "grad norm 2.31 vs 2.08"; here 2.32 vs 2.26). The optimizer's groups
+  are rebuilt from the prepared model (train/engine/optim.py).
+With both, on CPU (fp32) the losses and weights equal those of the bf16 all-gather bit for bit,
+and a resumed run equals an uninterrupted one (tests/train/test_float8_all_gather.py).
 """
 
 from __future__ import annotations
@@ -53,8 +62,10 @@ def convertible(module: torch.nn.Module, fqn: str) -> bool:
     return aligned and fqn.split(".")[-1] != "lm_head"
 
 
-def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_accum: bool) -> int:
-    """Swap the linear layers of each decoder layer for Float8Linear in place; returns how many."""
+def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_accum: bool,
+                            all_gather: bool = False) -> int:
+    """Swap the linear layers of each decoder layer for Float8Linear in place; returns how many.
+    `all_gather`: FSDP2 all-gathers their weights in float8 (tensorwise only)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     from torchao.float8.config import Float8GemmConfig
     from torchao.float8.float8_linear import Float8Linear
@@ -64,7 +75,43 @@ def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_acc
     # torchao's recipes accumulate the forward GEMM in the tensor cores' reduced precision ("fast
     # accumulation"), the two backward GEMMs in fp32; fast_accum=False makes the forward exact as well.
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True,
-                                 gemm_config_output=Float8GemmConfig(use_fast_accum=fast_accum))
+                                 gemm_config_output=Float8GemmConfig(use_fast_accum=fast_accum),
+                                 enable_fsdp_float8_all_gather=all_gather)
     for layer in layers:
         convert_to_float8_training(layer, module_filter_fn=convertible, config=config)
-    return sum(isinstance(m, Float8Linear) for layer in layers for m in layer.modules())
+    converted = [m for layer in layers for m in layer.modules() if isinstance(m, Float8Linear)]
+    if all_gather:
+        for module in converted:
+            module.register_load_state_dict_pre_hook(keep_weight_wrapper)
+    return len(converted)
+
+
+def all_gathers_in_float8(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 all-gathers some of the model's weights in float8 (`train.fp8_all_gather`)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    return any(isinstance(m, Float8Linear) and m.config.enable_fsdp_float8_all_gather for m in model.modules())
+
+
+def precompute_scales(model: torch.nn.Module) -> None:
+    """The float8 all-gather's weight scales, all in one all-reduce (a no-op without it): after each
+    optimizer step, and once before the first step, so every step of a run, resumed or not, casts
+    with a precomputed scale."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def keep_weight_wrapper(module: torch.nn.Module, state_dict: dict, prefix: str, *_: object) -> None:
+    """Load-state-dict pre-hook of a Float8Linear with float8 all-gather: a sharded weight loaded as a
+    plain DTensor gets torchao's wrapper around its shard, so every rank all-gathers it in float8."""
+    from torch.distributed.tensor import DTensor
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    value = state_dict.get(prefix + "weight")
+    if not isinstance(value, DTensor) or isinstance(value._local_tensor, WeightWithDynamicFloat8CastTensor):
+        return
+    shard = WeightWithDynamicFloat8CastTensor(value._local_tensor, module.linear_mm_config,
+                                              module.config.cast_config_weight.target_dtype)
+    state_dict[prefix + "weight"] = DTensor.from_local(shard, value.device_mesh, value.placements, run_check=False,
+                                                       shape=value.shape, stride=value.stride())
