@@ -250,7 +250,7 @@ class Loop:
         self.lora_params = lora_params(self.arch, cfg)  # MFU counts a frozen base at 4·N
         self.recompiles = RecompileWatch()
         self.collector = StepGarbageCollector(cfg.train.gc_every_steps)  # entered around run() by train()
-        self.float8_all_gather = cfg.train.precision == "fp8" and float8.all_gathers_in_float8(model)
+        self.float8_all_gather = float8.all_gathers_in_float8(model)
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
             watchdog: Watchdog) -> bool:

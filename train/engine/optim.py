@@ -35,7 +35,7 @@ def prepare_for_training(accelerator: Accelerator, model: torch.nn.Module, cfg: 
         optimizer = build_optimizer(model, cfg)
         quantized = qlora.before_prepare(accelerator, model) if cfg.lora.quant != "none" else 0
         model, optimizer = accelerator.prepare(model, optimizer)
-        if cfg.train.precision == "fp8" and float8.all_gathers_in_float8(model):
+        if float8.all_gathers_in_float8(model):
             # Accelerate maps the optimizer to the sharded parameters by data pointer, which torchao's
             # float8 weight wrapper reports as 0 (train/kernels/float8.py): rebuild the groups instead.
             sharded_init.regroup(optimizer, build_optimizer(model, cfg))

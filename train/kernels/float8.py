@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 
 import torch
 
@@ -87,9 +88,12 @@ def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_acc
 
 
 def all_gathers_in_float8(model: torch.nn.Module) -> bool:
-    """Whether FSDP2 all-gathers some of the model's weights in float8 (`train.fp8_all_gather`)."""
-    from torchao.float8.float8_linear import Float8Linear
-
+    """Whether FSDP2 all-gathers some of the model's weights in float8 (`train.fp8_all_gather`). False
+    without importing torchao where nothing was converted (a run not in FP8 never loaded it)."""
+    float8_linear = sys.modules.get("torchao.float8.float8_linear")
+    if float8_linear is None:
+        return False
+    Float8Linear = float8_linear.Float8Linear
     return any(isinstance(m, Float8Linear) and m.config.enable_fsdp_float8_all_gather for m in model.modules())
 
 
