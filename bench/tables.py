@@ -59,6 +59,11 @@ def single_1b() -> str:
                                                  ["peer-trl", "peer-trl-compile", "ours"]))
 
 
+def _rate(side: dict) -> float:
+    """Real tokens per second per GPU of one side or run."""
+    return side["real_tokens_per_s"] / side["gpu_count"]
+
+
 def qlora_8b() -> str:
     return _markdown(SINGLE_HEADER, _single_rows("h100/qlora-2026-11-26", EIGHT_B, ["peer-trl-qlora", "ours-qlora"]))
 
@@ -77,7 +82,7 @@ def _llama70b(file: str, mfu_label: str) -> str:
     return _markdown(["file", "steps", "real tokens/s per GPU", mfu_label, "peak GiB allocated",
                       "plan GiB (when run)", "plan error", "loss first → last"],
                      [[f"`{file}`", str(max(int(s) for s in r["losses"])),
-                       f"{r['real_tokens_per_s'] / r['gpu_count']:,.0f}", _pct(r["mfu"]), f"{r['peak_mem_gib']:.1f}",
+                       f"{_rate(r):,.0f}", _pct(r["mfu"]), f"{r['peak_mem_gib']:.1f}",
                        f"{r['plan']['allocated_gib']:.1f}", f"{r['plan_error'] * 100:+.1f}%",
                        f"{losses[0]:.3f} → {losses[-1]:.3f}"]])
 
@@ -105,7 +110,7 @@ def _scaling(folder: str, gpus: int) -> str:
     r = _load(f"{folder}/multi-{gpus}gpu-1b-scaling.json")
     rows = []
     for count, b in r["scaling_1b"].items():
-        rows.append([f"1B, {count} GPU{'s' if count != '1' else ''}", f"{b['real_tokens_per_s'] / b['gpu_count']:,.0f}",
+        rows.append([f"1B, {count} GPU{'s' if count != '1' else ''}", f"{_rate(b):,.0f}",
                      _pct(b["mfu"]), _pct(b["mean_step_mfu"]), f"{b['peak_mem_gib']:.1f}", str(b["steps"])])
     rows.append([f"weak scaling 1 → {gpus}", f"{r['weak_scaling_efficiency'] * 100:.1f}%", "", "", "", ""])
     if "save_1b" in r:
@@ -147,7 +152,7 @@ def resume_4gpu() -> str:
 def _full_8b(folder: str) -> str:
     r = _load(f"{folder}/multi-4gpu-8b-full.json")
     ours, peer = r["8b_full"], r["8b_full_peer"]
-    rows = [[side["path"], str(side["steps"]), f"{side['real_tokens_per_s'] / side['gpu_count']:,.0f}", _pct(side["mfu"]),
+    rows = [[side["path"], str(side["steps"]), f"{_rate(side):,.0f}", _pct(side["mfu"]),
              _pct(side.get("mean_step_mfu")), f"{side['peak_mem_gib']:.1f}", "yes" if side["gradient_checkpointing"] else "no"]
             for side in (peer, ours)]
     rows.append(["ours / peer, real tokens/s", f"{r['ratio_vs_peer']:.2f}×", "", "", "", "", ""])
@@ -170,7 +175,7 @@ def fp8_8b_4gpu() -> str:
     """FP8 against the bf16 run of ours from the same call (its 8b-peer phase), and TRL's bf16 peer."""
     r = _load(f"{FOUR_GPU_FIXED}/multi-4gpu-fp8.json")["fp8_8b"]
     peer = _load(f"{FOUR_GPU_FIXED}/multi-4gpu-8b-full.json")["8b_full_peer"]
-    rows = [[label, str(side["steps"]), f"{side['real_tokens_per_s'] / side['gpu_count']:,.0f}", _pct(side["mfu"]),
+    rows = [[label, str(side["steps"]), f"{_rate(side):,.0f}", _pct(side["mfu"]),
              f"{side['peak_mem_gib']:.1f}", f"{side['real_tokens_per_s'] / r['bf16']['real_tokens_per_s']:.2f}×",
              f"{side['real_tokens_per_s'] / peer['real_tokens_per_s']:.2f}×"]
             for label, side in (("ours, bf16", r["bf16"]), (f"ours, FP8 ({r['recipe']})", r["fp8"]))]
@@ -190,7 +195,7 @@ def _ours_8b_row(name: str, r: dict) -> list[str]:
     gc = "automatic" if "train.gc_every_steps=0" in command else "every 50th step"
     save = f"{ours['save']['seconds']:.1f} s, off the clock" if "save" in ours else "none"
     return [f"`{name}`", r["provenance"]["commit"][:7], ours["alloc_conf"].split(":")[1], gc, save, str(ours["steps"]),
-            f"{ours['real_tokens_per_s'] / ours['gpu_count']:,.0f}", _pct(ours["mfu"]), f"{median:.2f}", slow]
+            f"{_rate(ours):,.0f}", _pct(ours["mfu"]), f"{median:.2f}", slow]
 
 
 def steps_8b_4gpu() -> str:
@@ -200,19 +205,15 @@ def steps_8b_4gpu() -> str:
              for folder in STEPS_8B for path in sorted((RESULTS / folder).glob("multi-4gpu-8b-full*.json"))]
     rows = [_ours_8b_row(name, r) for name, r in files if "8b_full" in r]
     peer_name, peer = next((name, r["8b_full_peer"]) for name, r in files if "8b_full_peer" in r)
-    peer_rate = peer["real_tokens_per_s"] / peer["gpu_count"]
+    peer_rate = _rate(peer)
     rows.append([f"`{peer_name}` (TRL peer)", "", peer["alloc_conf"].split(":")[1], "", "none", str(peer["steps"]),
                  f"{peer_rate:,.0f}", _pct(peer["mfu"]), "", ""])
     last = files[-1][1]["8b_full"]
     rows.append(["last run of ours / this peer (not the same call)", "", "", "", "", "",
-                 f"{last['real_tokens_per_s'] / last['gpu_count'] / peer_rate:.2f}×", "", "", ""])
+                 f"{_rate(last) / peer_rate:.2f}×", "", "", ""])
     return _markdown(["file (bench/results/h100/…)", "commit", "expandable segments", "Python GC", "save",
                       "steps timed", "real tokens/s per GPU", "MFU (real tokens / wall time)", "median step s",
                       "steps over 1.5 × median"], rows)
-
-
-def _rate(side: dict) -> float:
-    return side["real_tokens_per_s"] / side["gpu_count"]
 
 
 def fp8_8b_2gpu() -> str:
@@ -254,7 +255,7 @@ def resume_4gpu_zero3() -> str:
 
 def lora_8b_2gpu() -> str:
     r = _load("h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json")
-    rows = [[side["path"], str(side["steps"]), f"{side['real_tokens_per_s'] / side['gpu_count']:,.0f}",
+    rows = [[side["path"], str(side["steps"]), f"{_rate(side):,.0f}",
              _pct(side["mfu"]), f"{side['peak_mem_gib']:.1f}"] for side in (r["8b_lora_peer"], r["8b_lora"])]
     rows.append(["ours / peer, real tokens/s", f"{r['ratio_vs_peer']:.2f}×", "", "", ""])
     return _markdown(["side (2 × H100)", "steps timed", "real tokens/s per GPU", "MFU (4·N + 6·N_lora)", "peak GiB"],
