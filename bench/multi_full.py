@@ -165,13 +165,13 @@ def failed(run: Path, why: str) -> dict[str, Any]:
     return {"error": why, "windows": windows(metrics) if metrics.is_file() else []}
 
 
-def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any] | str:
+def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any]:
     side = run_peer(args.out / "peer-trl-full", args.gpus, [
         "--data", str(data), "--shape", SHAPE, "--max-length", str(args.tokens8b_full),
         "--max-steps", str(args.steps8b_full), *(["--compile"] if args.peer_compile else [])],
         args.peer_timeout, checkpointing_fallback=True, checkpointing=args.checkpointing8b_full)
-    if isinstance(side, str):
-        return side
+    if isinstance(side, str):  # the peer's own clock: no windows of ours to keep
+        return {"error": side, "windows": []}
     peak = device_peak()[1]
     return {**side, "gpu_count": args.gpus, "peak_flops": peak, "alloc_conf": allocator_setting(""),
             **throughput_numbers(arch, args.lengths, side["real_tokens_per_s"], args.gpus, peak)}
@@ -191,9 +191,7 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
         if side.__name__ not in args.sides8b_full:
             continue
         found = side(args, data, arch)
-        if isinstance(found, str):
-            record[f"{key}_error"] = found
-        elif "error" in found:
+        if "error" in found:
             record[f"{key}_error"] = found["error"]
             if found["windows"]:
                 record[f"{key}_windows_before_error"] = found["windows"]
