@@ -31,6 +31,10 @@ MIN_CAPABILITY, MAX_CAPABILITY = ATTENTION_MIN_CAPABILITY["fa4"], (12, 99)  # Ho
 # that variant mid-run, on one rank: 3.2 s at step 43 of the 8B run on 4 H100s (a pack of 104
 # documents, the longest 96 tokens) while the other ranks waited. The max lengths only size the
 # launch grid, so one floor above every such tile keeps a single variant; the extra tiles exit at once.
+# The floor is applied inside the ops, where the lengths are plain ints: applied in the compiled layer,
+# max(512, max_length_q) became guards on max_length_q (`<= 512`, `max(512, ..) == ..`) that failed at an
+# FX graph cache lookup mid-run: two ranks recompiled their layers at steps 2 and 11 (32 s and 15 s
+# steps, 8B FP8 on 4 H100s, TORCH_LOGS=recompiles in bench/results).
 MIN_LAUNCH_SEQLEN = 512
 
 
@@ -64,8 +68,8 @@ def fa4_varlen_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, H, D], k/v [T, H_kv, D] (GQA native) → out [T, H, D], lse [H, T] (fp32)."""
     out, lse, *_ = _interface()._flash_attn_fwd(
-        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-        softmax_scale=scale, causal=True, return_lse=True,
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=launch_seqlen(max_q),
+        max_seqlen_k=launch_seqlen(max_k), softmax_scale=scale, causal=True, return_lse=True,
     )
     return out, lse
 
@@ -84,7 +88,8 @@ def fa4_varlen_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv, *_ = _interface()._flash_attn_bwd(
         q, k, v, out, dout.contiguous(), lse, scale, True,
-        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, deterministic=deterministic,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=launch_seqlen(max_q), max_seqlen_k=launch_seqlen(max_k),
+        deterministic=deterministic,
     )
     return dq, dk, dv
 
@@ -119,11 +124,11 @@ def fa4_varlen_attention(
 ) -> torch.Tensor:
     """Causal varlen attention over packed documents; [T, H, D] in and out."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    max_q, max_k = launch_seqlen(max_q), launch_seqlen(max_k)
     out, _ = fa4_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale)
     return out
 
 
 def launch_seqlen(max_length: int) -> int:
-    """The max sequence length FA4 is launched with: the real one, floored at MIN_LAUNCH_SEQLEN."""
+    """The max sequence length FA4 is launched with: the real one, floored at MIN_LAUNCH_SEQLEN (only
+    inside the ops, never on a traced length)."""
     return max(int(max_length), MIN_LAUNCH_SEQLEN)
