@@ -369,7 +369,9 @@ def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list)
             return
         runs["auto"] = {k: v for k, v in baseline.items() if k not in ("windows", "recompiles")}
     for precision, port in (("auto", 29630), ("fp8", 29631))[1 if args.fp8_baseline else 0:]:
-        run = args.out / f"run-8b-{precision}"
+        # a run directory per --tag: a second FP8 run in the first's directory appended its records to the
+        # first's metrics.jsonl (a requeued job continues its file), and its results summed both runs
+        run = args.out / f"run-8b-{precision}{'-' + args.tag if args.tag else ''}"
         render(run, "llama3-8b", data, args.gpus, [
             "--max_steps", str(args.steps8b), "--save_steps", "1000000",
             "--gradient_checkpointing", str(args.fp8_checkpointing).lower(), *random_weights(arch, sharded=True),
