@@ -73,6 +73,8 @@ FOUR_GPU = "h100/four-gpu-2026-11-26"
 FOUR_GPU_FIXED = "h100/four-gpu-2026-11-27"  # after the fixed-length packed rows
 PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c", "h200/parity-2026-11-27d")
 TWO_H200 = "h200/two-gpu-2026-11-27"
+FOUR_GPU_RECORD = "h100/four-gpu-2026-11-27d"  # the fourth 4-GPU session's calls on one machine
+FOUR_GPU_T10K = "h100/four-gpu-2026-11-27e"  # its last call, a fresh machine
 STEPS_8B = ("h100/four-gpu-2026-11-27b", "h100/four-gpu-2026-11-27c")  # the stall hunt: each 8B run's steps
 
 
@@ -227,6 +229,23 @@ def fp8_8b_2gpu() -> str:
                       "vs our bf16"], rows)
 
 
+def fp8_8b_4gpu_allgather() -> str:
+    """FP8 against the bf16 run of its call, and FP8 with FSDP2's float8 all-gather in the next call on the same
+    machine against that bf16 run: each run's median step and its steps over 1.5x the median beside the totals."""
+    r, gathered = (_load(f"{FOUR_GPU_RECORD}/multi-4gpu-{tag}.json")["fp8_8b"] for tag in ("fp8", "fp8-allgather"))
+    runs = [("ours, bf16", r["bf16"]), ("ours, FP8 tensorwise, fp32 accumulation", r["fp8"]),
+            ("ours, FP8 + float8 all-gather (`train.fp8_all_gather = true`), next call", gathered["fp8"])]
+    rows = []
+    for label, side in runs:
+        steps = _step_times(side)
+        median = statistics.median(seconds for _, seconds in steps)
+        slow = ", ".join(f"{step}: {seconds:.1f} s" for step, seconds in steps if seconds > 1.5 * median) or "none"
+        rows.append([label, str(side["steps"]), f"{_rate(side):,.0f}", _pct(side["mfu"]), f"{median:.2f}", slow,
+                     f"{side['peak_mem_gib']:.1f}", f"{side['real_tokens_per_s'] / r['bf16']['real_tokens_per_s']:.2f}×"])
+    return _markdown(["run (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU vs the bf16 peak", "median step s",
+                      "steps over 1.5 × median", "peak GiB", "vs our bf16"], rows)
+
+
 def parity_fullacc() -> str:
     """The session's FP8 accumulation parity file: each side's runs, mean and the comparison gpu_parity made."""
     r = _load("h200/parity-2026-11-27d/parity-llama3.2-1b-fp8-fullacc-repeats.json")
@@ -237,29 +256,61 @@ def parity_fullacc() -> str:
     return _markdown(["side (1B, 2 × H200)", "eval loss of each run", "mean", "mean / mean of ours", "real tokens/s"], rows)
 
 
+def _full_8b_runs(gpus: str, runs: list[tuple[str, int, dict]], ratios: list[tuple[str, float]]) -> str:
+    """8B full fine-tune runs (label, tokens per GPU, side) and the ratios that compare them."""
+    rows = [[label, f"{tokens:,}", str(side["steps"]), f"{_rate(side):,.0f}", _pct(side["mfu"]),
+             f"{side['peak_mem_gib']:.1f}", "yes" if side["gradient_checkpointing"] else "no"] for label, tokens, side in runs]
+    rows += [[label, "", "", f"{ratio:.2f}×", "", "", ""] for label, ratio in ratios]
+    return _markdown([f"side ({gpus})", "tokens per GPU per step", "steps timed", "real tokens/s per GPU",
+                      "MFU (real tokens / wall time)", "peak GiB", "activation checkpointing"], rows)
+
+
 def full_8b_2gpu() -> str:
     """Ours against TRL + FSDP2 in one call, and ours at twice the tokens per GPU (another call)."""
     r, big = _load(f"{TWO_H200}/multi-2gpu-8b-full-ac.json"), _load(f"{TWO_H200}/multi-2gpu-8b-full-t16k.json")
     runs = [("peer-trl", r["tokens_per_gpu"], r["8b_full_peer"]), ("ours", r["tokens_per_gpu"], r["8b_full"]),
             ("ours (another call)", big["tokens_per_gpu"], big["8b_full"])]
-    rows = [[label, f"{tokens:,}", str(side["steps"]), f"{_rate(side):,.0f}", _pct(side["mfu"]),
-             f"{side['peak_mem_gib']:.1f}", "yes" if side["gradient_checkpointing"] else "no"] for label, tokens, side in runs]
-    rows.append(["ours / peer (same call), real tokens/s", "", "", f"{r['ratio_vs_peer']:.2f}×", "", "", ""])
-    return _markdown(["side (2 × H200)", "tokens per GPU per step", "steps timed", "real tokens/s per GPU",
-                      "MFU (real tokens / wall time)", "peak GiB", "activation checkpointing"], rows)
+    return _full_8b_runs("2 × H200", runs, [("ours / peer (same call), real tokens/s", r["ratio_vs_peer"])])
+
+
+def full_8b_4gpu_record() -> str:
+    """Ours with one timed save against TRL + FSDP2 in one call; ours at 10,240 tokens per GPU in the next call on
+    that machine and on a fresh machine with the FA4 launch fix; the save; ours against the fastest TRL run yet."""
+    r = _load(f"{FOUR_GPU_RECORD}/multi-4gpu-8b-full.json")
+    near, fresh = (_load(f"{folder}/multi-4gpu-8b-full-t10k.json") for folder in (FOUR_GPU_RECORD, FOUR_GPU_T10K))
+    runs = [("peer-trl", r["tokens_per_gpu"], r["8b_full_peer"]),
+            ("ours, one full save inside the run", r["tokens_per_gpu"], r["8b_full"]),
+            (f"ours, next call ({near['provenance']['commit'][:7]})", near["tokens_per_gpu"], near["8b_full"]),
+            (f"ours, fresh machine ({fresh['provenance']['commit'][:7]})", fresh["tokens_per_gpu"], fresh["8b_full"])]
+    peers = [json.loads(path.read_text()) for path in sorted(RESULTS.glob("h100/four-gpu-*/multi-4gpu-8b-full*.json"))]
+    fastest_peer = max(_rate(p["8b_full_peer"]) for p in peers if "8b_full_peer" in p)
+    save = r["8b_full"]["save"]
+    return _full_8b_runs("4 × H100", runs, [
+        ("ours / peer (same call), real tokens/s", r["ratio_vs_peer"]),
+        ("ours with the save / the fastest TRL run of any call", _rate(r["8b_full"]) / fastest_peer),
+    ]) + f"| ours: the full checkpoint save at step {save['step']} | {save['gb']:.1f} GB in {save['seconds']:.1f} s = " \
+         f"{save['gbps']:.2f} GB/s |  |  |  |  |  |\n"
 
 
 def resume_4gpu_zero3() -> str:
     return _resume(FOUR_GPU_FIXED, 4)
 
 
-def lora_8b_2gpu() -> str:
-    r = _load("h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json")
+def _lora_8b(path: str, gpus: str) -> str:
+    r = _load(path)
     rows = [[side["path"], str(side["steps"]), f"{_rate(side):,.0f}",
              _pct(side["mfu"]), f"{side['peak_mem_gib']:.1f}"] for side in (r["8b_lora_peer"], r["8b_lora"])]
     rows.append(["ours / peer, real tokens/s", f"{r['ratio_vs_peer']:.2f}×", "", "", ""])
-    return _markdown(["side (2 × H100)", "steps timed", "real tokens/s per GPU", "MFU (4·N + 6·N_lora)", "peak GiB"],
+    return _markdown([f"side ({gpus})", "steps timed", "real tokens/s per GPU", "MFU (4·N + 6·N_lora)", "peak GiB"],
                      rows)
+
+
+def lora_8b_2gpu() -> str:
+    return _lora_8b("h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json", "2 × H100")
+
+
+def lora_8b_4gpu() -> str:
+    return _lora_8b(f"{FOUR_GPU_RECORD}/multi-4gpu-8b-lora.json", "4 × H100")
 
 
 def _parity_files() -> list[tuple[str, dict]]:
@@ -347,6 +398,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
     "lora-8b-2gpu": lora_8b_2gpu, "steps-8b-4gpu": steps_8b_4gpu, "parity-runs": parity_runs, "parity-spread": parity_spread,
     "fp8-8b-2gpu": fp8_8b_2gpu, "parity-fullacc": parity_fullacc, "full-8b-2gpu": full_8b_2gpu,
+    "full-8b-4gpu-record": full_8b_4gpu_record, "fp8-8b-4gpu-allgather": fp8_8b_4gpu_allgather, "lora-8b-4gpu": lora_8b_4gpu,
 }
 
 
