@@ -143,7 +143,8 @@ class TrainSection:
                "false = fp32 accumulation, as the backward GEMMs")
     fp8_all_gather: bool = documented(
         False, "--precision fp8, tensorwise: FSDP2 all-gathers the weights in float8 (half the bytes; each rank "
-               "casts its own shard) instead of bf16; off by default: not yet measured on a GPU")
+               "casts its own shard) instead of bf16; off by default: on 4 H100s at 8B no faster per step than "
+               "the bf16 all-gather, with a higher peak")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"
