@@ -1,0 +1,26 @@
+"""Cells and files shared by BENCHMARKS.md's table modules (bench/tables.py, bench/tables_parity.py)."""
+
+from __future__ import annotations
+
+import json
+
+from bench.results_io import RESULTS
+
+
+def load_result(name: str) -> dict:
+    """A results file by its path under bench/results."""
+    return json.loads((RESULTS / name).read_text())
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def percent(value: float | None) -> str:
+    return f"{value * 100:.1f}%" if value is not None else "n/a"
+
+
+def per_gpu_rate(side: dict) -> float:
+    """Real tokens per second per GPU of one side or run."""
+    return side["real_tokens_per_s"] / side["gpu_count"]

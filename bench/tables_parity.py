@@ -1,0 +1,95 @@
+"""BENCHMARKS.md's learning-parity tables (bench/gpu_parity.py's files), part of bench/tables.py's output."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+
+from bench.parity_record import eval_losses, runs_of, spread
+from bench.results_io import RESULTS
+from bench.table_cells import load_result, markdown_table
+
+PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c", "h200/parity-2026-11-27d")
+
+
+def _parity_files() -> list[tuple[str, dict]]:
+    return [(f"{folder}/{path.name}", json.loads(path.read_text()))
+            for folder in PARITY for path in sorted((RESULTS / folder).glob("parity-*.json"))]
+
+
+def _trl_packs(side: str, result: dict) -> str | None:
+    """Whose packs a TRL side trained on ("ours", "bfd"); files from before `packs` was recorded (d70026a)
+    ran TRL's own BFD packing. None for our sides."""
+    if not side.startswith("trl"):
+        return None
+    return runs_of(result)[0].get("packs", "bfd")
+
+
+def parity_runs() -> str:
+    """Every side of every parity file of the session: eval loss and the comparison gpu_parity made."""
+    rows = []
+    for name, r in _parity_files():
+        judged = {c["side"]: c for c in r["comparisons"]}
+        for side, result in r["sides"].items():
+            c = judged.get(side)
+            packs = {"ours": "our packs", "bfd": "its own BFD packs"}.get(_trl_packs(side, result) or "", "")
+            rows.append([f"`{name}`", f"{r.get('warmup_ratio', 0.03):g}", f"{side} {packs}".strip(),
+                         f"{result['eval_loss']:.4f}" if "eval_loss" in result else result.get("error", "–"),
+                         c["reference"] if c else "–", f"{c['eval_loss_ratio']:.4f}" if c else "–",
+                         ("yes" if c["within_target"] else "NO") if c else "–",
+                         f"{result['real_tokens_per_s']:,.0f}" if result.get("real_tokens_per_s") else "–"])
+    return markdown_table(["file (bench/results/…)", "warm-up", "side", "eval loss", "vs", "ratio", "within 1%",
+                      "real tokens/s"], rows)
+
+
+def parity_spread() -> str:
+    """Per GPU model and warm-up: every run of `ours` (the same settings, each on its own GPU) and its spread,
+    beside the other sides' runs and each one's ratio to the mean of ours."""
+    by_config: dict[tuple[str, float], dict[str, list[float]]] = {}
+    for _, r in _parity_files():
+        gpu = r["provenance"]["gpus"][0].removeprefix("NVIDIA ")
+        runs = by_config.setdefault((gpu, r.get("warmup_ratio", 0.03)), {})
+        for side, result in r["sides"].items():
+            label = "trl (its own BFD packs)" if side == "trl" and _trl_packs(side, result) == "bfd" else side
+            runs.setdefault(label, []).extend(eval_losses(result))
+    rows = []
+    for (gpu, warmup), runs in by_config.items():
+        ours = runs["ours"]
+        mean = statistics.fmean(ours)
+        for side, values in runs.items():
+            apart, ratio = spread(values), statistics.fmean(values) / mean
+            rows.append([gpu, f"{warmup:g}", side, ", ".join(f"{v:.4f}" for v in values),
+                         f"{apart * 100:.1f}%" if apart is not None else "–", f"{ratio:.4f}",
+                         _two_standard_errors(values), _two_standard_errors(values, ours) if side != "ours" else "–"])
+    return markdown_table(["GPU", "warm-up", "side", "eval loss of each run", "spread (max − min) / mean", "mean / mean of ours",
+                      "± 2 standard errors of that mean (relative)", "± 2 standard errors of the ratio"], rows)
+
+
+def _two_standard_errors(values: list[float], reference: list[float] | None = None) -> str:
+    """Two standard errors of the mean of `values` relative to it; with `reference`, of the ratio of the two
+    means (relative errors added in quadrature, times the ratio). "–" where a side has a single run."""
+    def relative(runs: list[float]) -> float:
+        return statistics.stdev(runs) / len(runs) ** 0.5 / statistics.fmean(runs)
+
+    if len(values) < 2 or (reference is not None and len(reference) < 2):
+        return "–"
+    if reference is None:
+        return f"± {2 * relative(values):.4f}"
+    ratio = statistics.fmean(values) / statistics.fmean(reference)
+    return f"± {2 * ratio * (relative(values) ** 2 + relative(reference) ** 2) ** 0.5:.4f}"
+
+
+def parity_fullacc() -> str:
+    """The session's FP8 accumulation parity file: each side's runs, mean and the comparison gpu_parity made."""
+    r = load_result("h200/parity-2026-11-27d/parity-llama3.2-1b-fp8-fullacc-repeats.json")
+    judged = {c["side"]: c for c in r["comparisons"]}
+    rows = [[side, ", ".join(f"{v:.4f}" for v in eval_losses(result)), f"{result['eval_loss']:.4f}",
+             f"{judged[side]['eval_loss_ratio']:.4f}" if side in judged else "–",
+             f"{result['real_tokens_per_s']:,.0f}"] for side, result in r["sides"].items()]
+    return markdown_table(["side (1B, 2 × H200)", "eval loss of each run", "mean", "mean / mean of ours", "real tokens/s"], rows)
+
+
+PARITY_TABLES: dict[str, Callable[[], str]] = {
+    "parity-runs": parity_runs, "parity-spread": parity_spread, "parity-fullacc": parity_fullacc,
+}
