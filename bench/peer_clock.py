@@ -14,14 +14,22 @@ from transformers import TrainerCallback
 from bench.results_io import WARMUP_STEPS
 
 
-class _StopAtLastStep(TrainerCallback):
+class _StepClock(TrainerCallback):
+    """Notes the host's time at every step's end (no sync there: the peer runs as it would, so a GPU-side
+    stall shows up a step late at most, a host-side one such as a recompile where it happens), and stops
+    the clock when the last step's GPU work is done."""
+
     def __init__(self, clock: TimedSteps):
         self.clock = clock
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= state.max_steps:
+        last = state.global_step >= state.max_steps
+        if last:
             torch.cuda.synchronize()
-            self.clock.t_end = time.perf_counter()
+        now = time.perf_counter()
+        self.clock.step_ends.append(now)
+        if last:
+            self.clock.t_end = now
 
 
 class TimedSteps:
@@ -32,7 +40,8 @@ class TimedSteps:
         self.real_tokens, self.step_count = 0, 0
         self.t0: float | None = None
         self.t_end: float | None = None
-        self.add_callback(_StopAtLastStep(self))
+        self.step_ends: list[float] = []
+        self.add_callback(_StepClock(self))
 
     def count_real_tokens(self, inputs: dict[str, Any]) -> int:
         raise NotImplementedError
@@ -54,9 +63,15 @@ class TimedSteps:
         return {"path": path, "real_tokens": self.real_tokens, "seconds": seconds,
                 "steps": self.step_count - WARMUP_STEPS, "warmup_steps": WARMUP_STEPS,
                 "real_tokens_per_s": self.real_tokens / seconds,
+                "step_seconds": self.timed_step_seconds(),
                 "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
                 # what the model ran with, read from it (transformers' name: sdpa, flex_attention, ...)
                 "attention": getattr(self.model.config, "_attn_implementation", None) or "not recorded"}
+
+    def timed_step_seconds(self) -> list[float]:
+        """This rank's host seconds of each timed step (from the clock's start, t0, to each step's end)."""
+        ends = self.step_ends[WARMUP_STEPS:]
+        return [end - start for start, end in zip([self.t0, *ends[:-1]], ends)]
 
     def all_ranks(self, result: dict[str, Any]) -> dict[str, Any]:
         """`result` of one rank made the job's: real tokens summed over the ranks (each counted its own
