@@ -10,9 +10,9 @@ Measures, in one call:
      and load time;
   4. 8B FSDP2 training throughput / MFU, a sharded checkpoint save, then a resumed run (resume time);
   5. 1B weak scaling: tokens/s per GPU on 1 GPU vs on all GPUs;
-  6. (phase 8b-fp8) 8B full fine-tuning, --precision fp8 against our bf16 path in the same call, same
-     documents and settings (random weights drawn per shard, FSDP2, compile, no checkpointing,
-     --tokens8b-fp8 tokens/GPU): the speed-up;
+  6. (phase 8b-fp8, bench/multi_fp8.py) 8B full fine-tuning, --precision fp8 against our bf16 path in the
+     same call, same documents and settings (random weights drawn per shard, FSDP2, compile, no
+     checkpointing, --tokens8b-fp8 tokens/GPU): the speed-up;
   7. (phase 8b-peer, bench/multi_full.py) 8B full fine-tuning, ours (random weights, compile, no
      checkpointing, one timed save) against TRL's SFTTrainer under accelerate FSDP2, each side under its
      own time limit: multi-<gpus>gpu-8b-full.json.
@@ -174,7 +174,7 @@ def launch(run_dir: Path, gpus: int, port: int, timeout: float | None = None,
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options of every phase, the lengths of the documents (args.lengths) and the phases to skip
     (args.skip_phases: --only's complement, or --skip plus 8b-peer)."""
-    from bench import multi_full  # it builds on this module
+    from bench import multi_fp8, multi_full  # they build on this module
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", type=int, default=4)
@@ -184,15 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens8b", type=int, default=16384)
     parser.add_argument("--tokens1b", type=int, default=16384)
     parser.add_argument("--tokens8b-mfu", type=int, default=8192)
-    parser.add_argument("--tokens8b-fp8", type=int, default=8192)
-    parser.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"))
-    parser.add_argument("--fp8-checkpointing", action="store_true", help="8b-fp8: activation checkpointing on")
-    parser.add_argument("--fp8-timeout", type=float, default=None, help="8b-fp8: each run's wall-clock limit (s)")
-    parser.add_argument("--fp8-baseline", type=Path, default=None, help="8b-fp8: the bf16 side from this "
-                        "multi-<gpus>gpu-8b-full.json (phase 8b-peer) or multi-<gpus>gpu-<tag>.json (phase 8b-fp8), "
-                        "earlier in the same call with the same settings, instead of a run of its own")
-    parser.add_argument("--fp8-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="8b-fp8: a train.toml override for the FP8 run only, e.g. train.fp8_fast_accum=false")
+    multi_fp8.add_arguments(parser)
     parser.add_argument("--skip", default="", help=f"comma list of phases to skip: {','.join(PHASES)}")
     parser.add_argument("--only", default="", help="comma list of the phases to run; without it every phase "
                         "but 8b-peer (its own call, its own file) runs, less --skip")
@@ -209,7 +201,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
-    from bench import multi_full  # it builds on this module
+    from bench import multi_fp8, multi_full  # they build on this module
 
     args = parse_args()
     skip = args.skip_phases
@@ -237,8 +229,8 @@ def main() -> None:
         bench_scaling(args, data, result, rows)
     if "8b-mfu" not in skip:
         bench_8b_mfu(args, ckpt, data, result, rows)
-    if "8b-fp8" not in skip:
-        bench_8b_fp8(args, data, result, rows)
+    if "8b-fp8" not in skip:  # into this file, under fp8_8b (bench/multi_fp8.py)
+        multi_fp8.bench_8b_fp8(args, data, result, rows)
     if "8b-peer" not in skip:  # its own file, multi-<gpus>gpu-8b-full.json (bench/multi_full.py)
         multi_full.bench_8b_peer(args, data, result["disk_write_gbps"], rows)
 
@@ -343,56 +335,6 @@ def bench_8b_mfu(args: argparse.Namespace, ckpt: Path, data: Path, result: dict,
     rows.append(("8B FSDP2 no-ckpt + compile: MFU (aggregate)", f"{(stats['mfu'] or 0) * 100:.1f}%"))
     rows.append(("8B FSDP2 no-ckpt + compile: mean of per-step MFU", f"{(stats['mean_step_mfu'] or 0) * 100:.1f}%"))
     rows.append(("8B FSDP2 no-ckpt + compile: peak GPU memory", f"{stats['peak_mem_gib']:.1f} GiB"))
-
-
-def bf16_baseline(path: Path) -> dict | None:
-    """Our bf16 run in an earlier file of the call: phase 8b-peer's ours, or phase 8b-fp8's bf16 side."""
-    earlier = json.loads(path.read_text())
-    return earlier.get("8b_full") or earlier.get("fp8_8b", {}).get("bf16")
-
-
-def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list) -> None:
-    """8B full fine-tuning, our bf16 path and --precision fp8 (torchao float8 linears, --fp8-recipe) in the
-    same call, otherwise identical and as phase 8b-peer runs ours: random weights drawn per shard (no
-    checkpoint to write or read), FSDP2, compiled layers, no activation checkpointing unless
-    --fp8-checkpointing, --tokens8b-fp8 tokens per GPU, --steps8b steps, no save (--fp8-baseline: the bf16
-    side is phase 8b-peer's run of ours from this call, whose clock stops for its one save); each run under
-    --fp8-timeout seconds, TORCH_LOGS=recompiles and its per-window timings kept (a stall is visible)."""
-    from bench import multi_full  # it builds on this module
-
-    runs = {}
-    arch = shape("llama3-8b")
-    if args.fp8_baseline:  # a bf16 run of ours earlier in the same call, with the same settings
-        baseline = bf16_baseline(args.fp8_baseline)
-        if baseline is None:
-            rows.append(("8B bf16", f"no run of ours in {args.fp8_baseline}"))
-            return
-        runs["auto"] = {k: v for k, v in baseline.items() if k not in ("windows", "recompiles")}
-    for precision, port in (("auto", 29630), ("fp8", 29631))[1 if args.fp8_baseline else 0:]:
-        # a run directory per --tag: a second FP8 run in the first's directory appended its records to the
-        # first's metrics.jsonl (a requeued job continues its file), and its results summed both runs
-        run = args.out / f"run-8b-{precision}{'-' + args.tag if args.tag else ''}"
-        render(run, "llama3-8b", data, args.gpus, [
-            "--max_steps", str(args.steps8b), "--save_steps", "1000000",
-            "--gradient_checkpointing", str(args.fp8_checkpointing).lower(), *random_weights(arch, sharded=True),
-            "--precision", precision, "--fp8_recipe", args.fp8_recipe,
-            "--set", f"data.tokens_per_micro_batch={args.tokens8b_fp8}",
-            "--set", f"train.compile={str(not CPU_SMOKE).lower()}",
-            *(word for item in (args.fp8_set if precision == "fp8" else []) for word in ("--set", item))])
-        code, text = launch(run, args.gpus, port, args.fp8_timeout, {"TORCH_LOGS": "recompiles"})
-        label = "8B bf16" if precision == "auto" else f"8B FP8 ({args.fp8_recipe})"
-        stats = run_stats(run, code, text, rows, label, arch, args.gpus, args.lengths)
-        if stats is None:
-            result[f"fp8_8b_{precision}_error"] = f"exit {code}"
-            return
-        runs[precision] = dict(stats, tokens_per_micro_batch=args.tokens8b_fp8, gradient_checkpointing=args.fp8_checkpointing,
-                               windows=multi_full.windows(run / "metrics.jsonl"), recompiles=multi_full.recompiles(text))
-        rows.append((f"{label}: tokens/s/GPU, MFU vs bf16 peak, peak GiB",
-                     f"{stats['real_tokens_per_s'] / args.gpus:,.0f}, {(stats['mfu'] or 0) * 100:.1f}%, "
-                     f"{stats['peak_mem_gib']:.1f}"))
-    result["fp8_8b"] = {"bf16": runs["auto"], "fp8": runs["fp8"], "recipe": args.fp8_recipe, "fp8_set": args.fp8_set,
-                        "speedup": runs["fp8"]["real_tokens_per_s"] / runs["auto"]["real_tokens_per_s"]}
-    rows.append(("8B FP8 / bf16 real tokens/s", f"{result['fp8_8b']['speedup']:.2f}x (target >= 1.25x)"))
 
 
 SCALING_STEPS, SCALING_SAVE_AT = 14, 10

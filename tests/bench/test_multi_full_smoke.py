@@ -101,13 +101,13 @@ def test_checkpointing_runs_ours_with_activation_checkpointing_and_records_it(tm
 def test_the_fp8_phase_takes_bf16_from_an_earlier_file_and_overrides_the_fp8_run_alone(tmp_path: Path) -> None:
     """An FP8 variant (fp32 accumulation) is compared with the bf16 run of an earlier 8b-fp8 or 8b-peer file of the
     same call; --fp8-set reaches only the FP8 run."""
-    from bench import gpu_multi
+    from bench import gpu_multi, multi_fp8
 
     fp8_file, peer_file, neither = tmp_path / "fp8.json", tmp_path / "peer.json", tmp_path / "none.json"
     fp8_file.write_text(json.dumps({"fp8_8b": {"bf16": {"real_tokens_per_s": 1.0}, "fp8": {}}}))
     peer_file.write_text(json.dumps({"8b_full": {"real_tokens_per_s": 2.0}}))
     neither.write_text(json.dumps({"8b_full_error": "timeout"}))
-    assert [gpu_multi.bf16_baseline(f) for f in (fp8_file, peer_file, neither)] == [
+    assert [multi_fp8.bf16_baseline(f) for f in (fp8_file, peer_file, neither)] == [
         {"real_tokens_per_s": 1.0}, {"real_tokens_per_s": 2.0}, None]
     args = gpu_multi.parse_args(["--only", "8b-fp8", "--fp8-set", "train.fp8_fast_accum=false", "--fp8-set", "train.seed=1"])
     assert args.fp8_set == ["train.fp8_fast_accum=false", "train.seed=1"]
