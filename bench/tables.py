@@ -25,9 +25,6 @@ BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /tabl
 EIGHT_B = "llama3-8b"
 
 
-
-
-
 def _single_rows(folder: str, shape: str, paths: list[str]) -> list[list[str]]:
     """One row per run of one gpu_single call (a folder), in `paths` order; the ratio is to the
     fastest peer of that call, as gpu_single wrote it (or computed the same way for a peer)."""
@@ -46,8 +43,7 @@ SINGLE_HEADER = ["call (bench/results/…)", "path", "real tokens/s", "MFU", "pe
                  "real tokens counted"]
 def single_1b() -> str:
     return markdown_table(SINGLE_HEADER, _single_rows("h100/single-2026-11-26", "llama3.2-1b",
-                                                 ["peer-trl", "peer-trl-compile", "ours"]))
-
+                                                      ["peer-trl", "peer-trl-compile", "ours"]))
 
 
 def qlora_8b() -> str:
@@ -67,11 +63,11 @@ def _llama70b(file: str, mfu_label: str) -> str:
     r = load_result(file)
     losses = list(r["losses"].values())
     return markdown_table(["file", "steps", "real tokens/s per GPU", mfu_label, "peak GiB allocated",
-                      "plan GiB (when run)", "plan error", "loss first → last"],
-                     [[f"`{file}`", str(max(int(s) for s in r["losses"])),
-                       f"{per_gpu_rate(r):,.0f}", percent(r["mfu"]), f"{r['peak_mem_gib']:.1f}",
-                       f"{r['plan']['allocated_gib']:.1f}", f"{r['plan_error'] * 100:+.1f}%",
-                       f"{losses[0]:.3f} → {losses[-1]:.3f}"]])
+                           "plan GiB (when run)", "plan error", "loss first → last"],
+                          [[f"`{file}`", str(max(int(s) for s in r["losses"])),
+                            f"{per_gpu_rate(r):,.0f}", percent(r["mfu"]), f"{r['peak_mem_gib']:.1f}",
+                            f"{r['plan']['allocated_gib']:.1f}", f"{r['plan_error'] * 100:+.1f}%",
+                            f"{losses[0]:.3f} → {losses[-1]:.3f}"]])
 
 
 def qlora_70b() -> str:
@@ -90,7 +86,7 @@ def qlora_match() -> str:
         rows.append([s["path"], str(len(losses)), f"{losses[0]:.4f} → {losses[-1]:.4f}", f"{r['max_loss_diff']:.1e}",
                      f"{r['max_grad_norm_rel_diff']:.1e}", "met" if r["met"] else "NOT met"])
     return markdown_table(["run", "steps logged", "loss first → last", "max abs. loss diff", "max grad-norm rel. diff",
-                      "≤ 1e-2"], rows)
+                           "≤ 1e-2"], rows)
 
 
 def _scaling(folder: str, gpus: int) -> str:
@@ -106,7 +102,7 @@ def _scaling(folder: str, gpus: int) -> str:
                      f"{s['gb']:.1f} GB in {s['seconds']:.1f} s = {s['gbps']:.2f} GB/s", "", "", "", ""])
     rows.append(["disk write bandwidth (dd, fsync)", f"{r['disk_write_gbps']:.2f} GB/s", "", "", "", ""])
     return markdown_table(["run", "real tokens/s per GPU", "MFU (real tokens / wall time)", "mean of per-step MFU",
-                      "peak GiB", "steps timed"], rows)
+                           "peak GiB", "steps timed"], rows)
 
 
 def _resume(folder: str, gpus: int) -> str:
@@ -117,7 +113,7 @@ def _resume(folder: str, gpus: int) -> str:
                    if row["bitwise"] is False else f"not compared: {row['error'].split(':')[0]}")
         rows.append([row["case"], str(row["sigterm_after_step"]), row.get("stop_checkpoint") or "–", verdict])
     return markdown_table([f"case ({gpus} GPUs)", "SIGTERM once step … was logged", "checkpoint it saved",
-                      "final weights vs uninterrupted"], rows)
+                           "final weights vs uninterrupted"], rows)
 
 
 def two_gpu_scaling() -> str:
@@ -147,7 +143,7 @@ def _full_8b(folder: str) -> str:
     rows.append([f"ours: full checkpoint save at step {save['step']}",
                  f"{save['gb']:.1f} GB in {save['seconds']:.1f} s = {save['gbps']:.2f} GB/s", "", "", "", "", ""])
     return markdown_table(["side (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU (real tokens / wall time)",
-                      "mean of per-step MFU", "peak GiB", "activation checkpointing"], rows)
+                           "mean of per-step MFU", "peak GiB", "activation checkpointing"], rows)
 
 
 def full_8b_4gpu() -> str:
@@ -167,7 +163,7 @@ def fp8_8b_4gpu() -> str:
              f"{side['real_tokens_per_s'] / peer['real_tokens_per_s']:.2f}×"]
             for label, side in (("ours, bf16", r["bf16"]), (f"ours, FP8 ({r['recipe']})", r["fp8"]))]
     return markdown_table(["run (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU vs the bf16 peak", "peak GiB",
-                      "vs our bf16", "vs TRL (bf16) of the call"], rows)
+                           "vs our bf16", "vs TRL (bf16) of the call"], rows)
 
 
 def _step_times(run: dict) -> list[tuple[int, float]]:
@@ -199,8 +195,8 @@ def steps_8b_4gpu() -> str:
     rows.append(["last run of ours / this peer (not the same call)", "", "", "", "", "",
                  f"{per_gpu_rate(last) / peer_rate:.2f}×", "", "", ""])
     return markdown_table(["file (bench/results/h100/…)", "commit", "expandable segments", "Python GC", "save",
-                      "steps timed", "real tokens/s per GPU", "MFU (real tokens / wall time)", "median step s",
-                      "steps over 1.5 × median"], rows)
+                           "steps timed", "real tokens/s per GPU", "MFU (real tokens / wall time)", "median step s",
+                           "steps over 1.5 × median"], rows)
 
 
 def fp8_8b_2gpu() -> str:
@@ -211,7 +207,7 @@ def fp8_8b_2gpu() -> str:
     rows = [[label, str(side["steps"]), f"{per_gpu_rate(side):,.0f}", percent(side["mfu"]), f"{side['peak_mem_gib']:.1f}",
              f"{side['real_tokens_per_s'] / fast['bf16']['real_tokens_per_s']:.2f}×"] for label, side in runs]
     return markdown_table(["run (2 × H200)", "steps timed", "real tokens/s per GPU", "MFU vs the bf16 peak", "peak GiB",
-                      "vs our bf16"], rows)
+                           "vs our bf16"], rows)
 
 
 def fp8_8b_4gpu_allgather() -> str:
@@ -228,7 +224,7 @@ def fp8_8b_4gpu_allgather() -> str:
         rows.append([label, str(side["steps"]), f"{per_gpu_rate(side):,.0f}", percent(side["mfu"]), f"{median:.2f}", slow,
                      f"{side['peak_mem_gib']:.1f}", f"{side['real_tokens_per_s'] / r['bf16']['real_tokens_per_s']:.2f}×"])
     return markdown_table(["run (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU vs the bf16 peak", "median step s",
-                      "steps over 1.5 × median", "peak GiB", "vs our bf16"], rows)
+                           "steps over 1.5 × median", "peak GiB", "vs our bf16"], rows)
 
 
 def _full_8b_runs(gpus: str, runs: list[tuple[str, int, dict]], ratios: list[tuple[str, float]]) -> str:
@@ -237,7 +233,7 @@ def _full_8b_runs(gpus: str, runs: list[tuple[str, int, dict]], ratios: list[tup
              f"{side['peak_mem_gib']:.1f}", "yes" if side["gradient_checkpointing"] else "no"] for label, tokens, side in runs]
     rows += [[label, "", "", f"{ratio:.2f}×", "", "", ""] for label, ratio in ratios]
     return markdown_table([f"side ({gpus})", "tokens per GPU per step", "steps timed", "real tokens/s per GPU",
-                      "MFU (real tokens / wall time)", "peak GiB", "activation checkpointing"], rows)
+                           "MFU (real tokens / wall time)", "peak GiB", "activation checkpointing"], rows)
 
 
 def full_8b_2gpu() -> str:
@@ -277,7 +273,7 @@ def _lora_8b(path: str, gpus: str) -> str:
              percent(side["mfu"]), f"{side['peak_mem_gib']:.1f}"] for side in (r["8b_lora_peer"], r["8b_lora"])]
     rows.append(["ours / peer, real tokens/s", f"{r['ratio_vs_peer']:.2f}×", "", "", ""])
     return markdown_table([f"side ({gpus})", "steps timed", "real tokens/s per GPU", "MFU (4·N + 6·N_lora)", "peak GiB"],
-                     rows)
+                          rows)
 
 
 def lora_8b_2gpu() -> str:

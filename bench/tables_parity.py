@@ -40,7 +40,7 @@ def parity_runs() -> str:
                          ("yes" if c["within_target"] else "NO") if c else "–",
                          f"{result['real_tokens_per_s']:,.0f}" if result.get("real_tokens_per_s") else "–"])
     return markdown_table(["file (bench/results/…)", "warm-up", "side", "eval loss", "vs", "ratio", "within 1%",
-                      "real tokens/s"], rows)
+                           "real tokens/s"], rows)
 
 
 def parity_spread() -> str:
@@ -63,7 +63,7 @@ def parity_spread() -> str:
                          f"{apart * 100:.1f}%" if apart is not None else "–", f"{ratio:.4f}",
                          _two_standard_errors(values), _two_standard_errors(values, ours) if side != "ours" else "–"])
     return markdown_table(["GPU", "warm-up", "side", "eval loss of each run", "spread (max − min) / mean", "mean / mean of ours",
-                      "± 2 standard errors of that mean (relative)", "± 2 standard errors of the ratio"], rows)
+                           "± 2 standard errors of that mean (relative)", "± 2 standard errors of the ratio"], rows)
 
 
 def _two_standard_errors(values: list[float], reference: list[float] | None = None) -> str:
