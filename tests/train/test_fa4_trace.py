@@ -3,7 +3,8 @@
 FA4 launches with the max length floored at MIN_LAUNCH_SEQLEN (one kernel variant for short packs). The
 floor belongs inside the ops: in the traced graph, max(512, max_length_q) became guards on the length that
 failed mid-run and recompiled the layers (train/kernels/fa4.py). The ops cannot run on a CPU, so this
-traces the call with a backend that only keeps the graph."""
+traces the call with a backend that only keeps the graph; where the ops apply the floor is
+tests/train/test_attention.py's test_fa4_is_launched_with_a_floored_max_length."""
 
 from __future__ import annotations
 
@@ -36,6 +37,3 @@ def test_the_compiled_graph_passes_the_max_length_to_fa4_as_its_input_for_every_
     max_q, max_k = call.args[5], call.args[6]
     assert max_q is max_k and max_q.op == "placeholder"  # no max(), no arithmetic a guard could come from
 
-
-def test_the_launch_length_is_floored_inside_the_ops():
-    assert fa4.launch_seqlen(34) == fa4.MIN_LAUNCH_SEQLEN and fa4.launch_seqlen(4000) == 4000
