@@ -170,11 +170,16 @@ def _step_times(run: dict) -> list[tuple[int, float]]:
     return [(w["step"], w["seconds"]) for w in run["windows"] if w["step"] > run["warmup_steps"]]
 
 
+def _median_and_slow(run: dict, digits: int) -> tuple[float, str]:
+    """A run's median timed step (s) and its steps over 1.5 x that median ("step: seconds", or "none")."""
+    steps = _step_times(run)
+    median = statistics.median(seconds for _, seconds in steps)
+    return median, ", ".join(f"{step}: {seconds:.{digits}f} s" for step, seconds in steps if seconds > 1.5 * median) or "none"
+
+
 def _ours_8b_row(name: str, r: dict) -> list[str]:
     ours, command = r["8b_full"], " ".join(r["provenance"]["command"])
-    steps = _step_times(ours)
-    median = statistics.median(seconds for _, seconds in steps)
-    slow = ", ".join(f"{step}: {seconds:.2f} s" for step, seconds in steps if seconds > 1.5 * median) or "none"
+    median, slow = _median_and_slow(ours, 2)
     gc = "automatic" if "train.gc_every_steps=0" in command else "every 50th step"
     save = f"{ours['save']['seconds']:.1f} s, off the clock" if "save" in ours else "none"
     return [f"`{name}`", r["provenance"]["commit"][:7], ours["alloc_conf"].split(":")[1], gc, save, str(ours["steps"]),
@@ -218,20 +223,20 @@ def fp8_8b_4gpu_allgather() -> str:
             ("ours, FP8 + float8 all-gather (`train.fp8_all_gather = true`), next call", gathered["fp8"])]
     rows = []
     for label, side in runs:
-        steps = _step_times(side)
-        median = statistics.median(seconds for _, seconds in steps)
-        slow = ", ".join(f"{step}: {seconds:.1f} s" for step, seconds in steps if seconds > 1.5 * median) or "none"
+        median, slow = _median_and_slow(side, 1)
         rows.append([label, str(side["steps"]), f"{per_gpu_rate(side):,.0f}", percent(side["mfu"]), f"{median:.2f}", slow,
                      f"{side['peak_mem_gib']:.1f}", f"{side['real_tokens_per_s'] / r['bf16']['real_tokens_per_s']:.2f}×"])
     return markdown_table(["run (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU vs the bf16 peak", "median step s",
                            "steps over 1.5 × median", "peak GiB", "vs our bf16"], rows)
 
 
-def _full_8b_runs(gpus: str, runs: list[tuple[str, int, dict]], ratios: list[tuple[str, float]]) -> str:
-    """8B full fine-tune runs (label, tokens per GPU, side) and the ratios that compare them."""
+def _full_8b_runs(gpus: str, runs: list[tuple[str, int, dict]], ratios: list[tuple[str, float]],
+                  notes: tuple[tuple[str, str], ...] = ()) -> str:
+    """8B full fine-tune runs (label, tokens per GPU, side), the ratios that compare them, then notes (label, text)."""
     rows = [[label, f"{tokens:,}", str(side["steps"]), f"{per_gpu_rate(side):,.0f}", percent(side["mfu"]),
              f"{side['peak_mem_gib']:.1f}", "yes" if side["gradient_checkpointing"] else "no"] for label, tokens, side in runs]
     rows += [[label, "", "", f"{ratio:.2f}×", "", "", ""] for label, ratio in ratios]
+    rows += [[label, text, "", "", "", "", ""] for label, text in notes]
     return markdown_table([f"side ({gpus})", "tokens per GPU per step", "steps timed", "real tokens/s per GPU",
                            "MFU (real tokens / wall time)", "peak GiB", "activation checkpointing"], rows)
 
@@ -259,8 +264,8 @@ def full_8b_4gpu_record() -> str:
     return _full_8b_runs("4 × H100", runs, [
         ("ours / peer (same call), real tokens/s", r["ratio_vs_peer"]),
         ("ours with the save / the fastest TRL run of any call", per_gpu_rate(r["8b_full"]) / fastest_peer),
-    ]) + f"| ours: the full checkpoint save at step {save['step']} | {save['gb']:.1f} GB in {save['seconds']:.1f} s = " \
-         f"{save['gbps']:.2f} GB/s |  |  |  |  |  |\n"
+    ], notes=((f"ours: the full checkpoint save at step {save['step']}",
+               f"{save['gb']:.1f} GB in {save['seconds']:.1f} s = {save['gbps']:.2f} GB/s"),))
 
 
 def resume_4gpu_zero3() -> str:
