@@ -51,6 +51,11 @@ def shape(name: str) -> dict:
     return TINY if CPU_SMOKE else SHAPES[name]
 
 
+def tagged(args: argparse.Namespace) -> str:
+    """The suffix --tag puts on a results file and a run directory: '-<tag>', or '' without a tag."""
+    return f"-{args.tag}" if args.tag else ""
+
+
 def toml_inline(table: dict) -> str:
     return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + "}"
 PROFILE_TOML = """
@@ -235,7 +240,7 @@ def main() -> None:
         multi_full.bench_8b_peer(args, data, result["disk_write_gbps"], rows)
 
     if args.results and not set(PHASES) - {"8b-peer"} <= skip:  # 8b-peer writes a file of its own
-        write_result(args.results / f"multi-{args.gpus}gpu{'-' + args.tag if args.tag else ''}.json", result)
+        write_result(args.results / f"multi-{args.gpus}gpu{tagged(args)}.json", result)
     print("\n| measurement | value |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value} |")

@@ -57,7 +57,7 @@ def bench_8b_fp8(args: argparse.Namespace, data: Path, result: dict, rows: list)
     for precision, port in (("auto", 29630), ("fp8", 29631))[1 if args.fp8_baseline else 0:]:
         # a run directory per --tag: a second FP8 run in the first's directory appended its records to the
         # first's metrics.jsonl (a requeued job continues its file), and its results summed both runs
-        run = args.out / f"run-8b-{precision}{'-' + args.tag if args.tag else ''}"
+        run = args.out / f"run-8b-{precision}{gpu_multi.tagged(args)}"
         gpu_multi.render(run, "llama3-8b", data, args.gpus, [
             "--max_steps", str(args.steps8b), "--save_steps", "1000000",
             "--gradient_checkpointing", str(args.fp8_checkpointing).lower(),

@@ -206,7 +206,7 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
 
 def result_name(args: argparse.Namespace) -> str:
     """multi-<gpus>gpu-8b-full.json, -<tag> before .json with gpu_multi's --tag (an A/B writes one file a side)."""
-    return f"multi-{args.gpus}gpu-8b-full{'-' + args.tag if args.tag else ''}.json"
+    return f"multi-{args.gpus}gpu-8b-full{gpu_multi.tagged(args)}.json"
 
 
 def summarize(record: dict[str, Any]) -> None:
