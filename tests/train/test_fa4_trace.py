@@ -36,4 +36,3 @@ def test_the_compiled_graph_passes_the_max_length_to_fa4_as_its_input_for_every_
     (call,) = [n for n in graphs[0].graph.nodes if n.target is torch.ops.sft.fa4_varlen_fwd.default]
     max_q, max_k = call.args[5], call.args[6]
     assert max_q is max_k and max_q.op == "placeholder"  # no max(), no arithmetic a guard could come from
-
