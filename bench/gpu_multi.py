@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.gpu_single import TINY, device_peak, steady_state
 from bench.gpu_strategies import TIMED_OUT, run_logged
-from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
+from bench.results_io import throughput_numbers, write_result
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,7 +261,7 @@ def run_stats(run: Path, code: int, text: str, rows: list, label: str, arch: dic
     stats.update(gpu_count=gpus, peak_flops=peak,
                  **throughput_numbers(arch, lengths, stats["real_tokens_per_s"], gpus, peak))
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    mfus = [r["mfu"] for r in records if r.get("mfu") and r["step"] > WARMUP_STEPS]
+    mfus = [r["mfu"] for r in records if r.get("mfu") and r["step"] > stats["warmup_steps"]]
     stats["mean_step_mfu"] = sum(mfus) / len(mfus) if mfus else None
     return stats
 

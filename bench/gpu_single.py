@@ -28,7 +28,7 @@ from typing import Any
 import tomli_w
 
 from bench.gpu_strategies import TIMED_OUT, run_logged
-from bench.results_io import WARMUP_STEPS, document_lengths, throughput_numbers, write_result
+from bench.results_io import WARMUP_STEPS, clock_start, document_lengths, throughput_numbers, write_result
 from bench.synthetic import SHAPES, write_token_jsonl
 from contract.gpus import gpu_type_from_device_name, lookup
 from contract.protocol import LOGS_DIR, PROFILE_DIR
@@ -106,16 +106,17 @@ def save_train_toml(cfg: TrainConfig, run_dir: Path, overrides: dict[str, dict[s
 
 
 def steady_state(metrics: Path) -> dict[str, Any]:
-    """Aggregate the logged windows after the first WARMUP_STEPS optimizer steps: real tokens and
-    wall seconds summed over the windows (an aggregate, not a mean of per-window rates)."""
+    """Aggregate the logged windows after the warm-up (results_io.clock_start): real tokens and wall
+    seconds summed over the windows (an aggregate, not a mean of per-window rates)."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
     # (previous record, current record): the current window's duration is the elapsed_s difference.
-    timed = [(prev, cur) for prev, cur in zip(steps, steps[1:]) if prev["step"] >= WARMUP_STEPS]
+    start = clock_start(r["step"] for r in steps)
+    timed = [(prev, cur) for prev, cur in zip(steps, steps[1:]) if prev["step"] >= start]
     seconds = sum(cur["elapsed_s"] - prev["elapsed_s"] for prev, cur in timed)
     tokens = round(sum(cur["tokens_per_s"] * (cur["elapsed_s"] - prev["elapsed_s"]) for prev, cur in timed))
     return {
-        "real_tokens": tokens, "seconds": seconds, "warmup_steps": WARMUP_STEPS,
+        "real_tokens": tokens, "seconds": seconds, "warmup_steps": start,
         "real_tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         "peak_mem_gib": max((r.get("peak_mem_gib") or 0.0) for r in steps),
         "steps": timed[-1][1]["step"] - timed[0][0]["step"] if timed else 0,

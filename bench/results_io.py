@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from bench.synthetic import sample_lengths
 from contract.shape import ModelShape
@@ -36,6 +36,14 @@ PROVENANCE_KEYS = ("commit", "dirty", "command", "python", "date_utc", "gpus", "
 # Optimizer steps every side of a comparison skips before its clock starts (CUDA context,
 # torch.compile, allocator warm-up): the same number for ours and for every peer.
 WARMUP_STEPS = 4
+
+
+def clock_start(logged_steps: Iterable[int]) -> int:
+    """The logged step a run's clock starts at: the first at or past WARMUP_STEPS. A run that logs every
+    N > 1 steps (train.logging_steps) ends its warm-up at a window's end: logging every 10 steps, at step 10."""
+    return min((step for step in logged_steps if step >= WARMUP_STEPS), default=WARMUP_STEPS)
+
+
 MAX_DOC_TOKENS = 4096  # bench/synthetic.py's longest document (clipped to the micro-batch budget)
 
 

@@ -16,7 +16,7 @@ import re
 import statistics
 from collections.abc import Callable
 
-from bench.results_io import RESULTS, ROOT
+from bench.results_io import RESULTS, ROOT, clock_start
 from bench.table_cells import load_result, markdown_table, per_gpu_rate, percent
 from bench.tables_parity import PARITY_TABLES
 
@@ -167,7 +167,8 @@ def fp8_8b_4gpu() -> str:
 
 
 def _step_times(run: dict) -> list[tuple[int, float]]:
-    return [(w["step"], w["seconds"]) for w in run["windows"] if w["step"] > run["warmup_steps"]]
+    start = clock_start(w["step"] for w in run["windows"])
+    return [(w["step"], w["seconds"]) for w in run["windows"] if w["step"] > start]
 
 
 def _median_and_slow(run: dict, digits: int) -> tuple[float, str]:

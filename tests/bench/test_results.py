@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu_single import PEERS, VARIANTS
-from bench.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, document_lengths, throughput_numbers
+from bench.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, document_lengths, throughput_numbers
 from bench.synthetic import SHAPES, sample_lengths
 
 FILES = sorted(RESULTS.rglob("*.json"))
@@ -176,14 +176,17 @@ def check_8b_full(r: dict, arch: dict, lengths: list[int], name: str) -> None:
     the save's seconds booked on their own, the top-level fields taken from the sides."""
     if ours := r.get("8b_full"):
         _check_run_block(ours, arch, lengths, f"{name}: 8b_full")
-        timed = [w for w in ours["windows"] if w["step"] > ours["warmup_steps"]]
+        start = clock_start(w["step"] for w in ours["windows"])  # logging every N steps: the first window past warm-up
+        timed = [w for w in ours["windows"] if w["step"] > start]
         _close(ours["seconds"], sum(w["seconds"] for w in timed), "seconds over the timed windows", name)
-        assert ours["steps"] == timed[-1]["step"] - ours["warmup_steps"] == r["steps"], f"{name}: steps"
-        mfus = [w["mfu"] for w in timed if w["mfu"]]
+        assert ours["steps"] == timed[-1]["step"] - start == r["steps"], f"{name}: steps"
+        # The per-window mean over the windows past the recorded warm-up: until 2026-11-27 that was 4 even when
+        # the clock started later (the log10 file's mean holds its compile window), since then the clock's start.
+        mfus = [w["mfu"] for w in ours["windows"] if w["step"] > ours["warmup_steps"] and w["mfu"]]
         _close(ours["mean_step_mfu"], statistics.fmean(mfus) if mfus else None, "mean_step_mfu", name)
         assert (r["mfu"], r["mean_step_mfu"]) == (ours["mfu"], ours["mean_step_mfu"]), f"{name}: top-level mfu"
         if save := ours.get("save"):
-            assert ours["warmup_steps"] < save["step"] < r["max_steps"], f"{name}: the save is not inside the clock"
+            assert start < save["step"] < r["max_steps"], f"{name}: the save is not inside the clock"
             with_save = ours["with_save"]
             _close(with_save["seconds"], ours["seconds"] + save["seconds"], "with_save seconds", name)
             _close(with_save["real_tokens_per_s"], ours["real_tokens"] / with_save["seconds"], "with_save rate", name)
@@ -229,7 +232,7 @@ QLORA = [p for p in FILES if _kind(p) in ("qlora", "lora")]
 
 def _check_raw_counts(block: dict, name: str) -> None:
     _close(block["real_tokens_per_s"], block["real_tokens"] / block["seconds"], "real_tokens_per_s", name)
-    assert block["warmup_steps"] == WARMUP_STEPS and block["real_tokens"] > 0, f"{name}: warm-up or tokens"
+    assert block["warmup_steps"] >= WARMUP_STEPS and block["real_tokens"] > 0, f"{name}: warm-up or tokens"
 
 
 @pytest.mark.parametrize("path", QLORA, ids=_id)
