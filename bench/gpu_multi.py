@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_single import TINY, device_peak, steady_state
-from bench.gpu_strategies import TIMED_OUT, run_logged
+from bench.processes import TIMED_OUT, run_logged
 from bench.results_io import throughput_numbers, write_result
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from bench import gpu_multi
 from bench.gpu_single import RUN_TIMEOUT_S, device_peak
-from bench.gpu_strategies import TIMED_OUT
+from bench.processes import TIMED_OUT
 from bench.peer_fsdp import run_peer
 from bench.results_io import throughput_numbers, write_result
 from bench.synthetic import sample_lengths, write_token_jsonl

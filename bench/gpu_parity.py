@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from bench.arithmetic import write_corpus
-from bench.gpu_strategies import TIMED_OUT, run_logged
-from bench.gpu_single import ROOT, RUN_TIMEOUT_S, TINY, save_train_toml, steady_state
+from bench.processes import TIMED_OUT, run_logged
+from bench.gpu_single import RUN_TIMEOUT_S, TINY, save_train_toml, steady_state
 from bench.parity_record import comparisons, loss_table, merge, plot, run_name, side_entry, summary_lines
 from bench.results_io import write_result
 from bench.synthetic import SHAPES

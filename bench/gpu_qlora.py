@@ -38,7 +38,7 @@ from typing import Any
 
 from bench import gpu_single
 from bench.gpu_multi import toml_inline, write_run_dir
-from bench.gpu_strategies import TIMED_OUT, run_logged
+from bench.processes import TIMED_OUT, run_logged
 from bench.results_io import document_lengths, throughput_numbers, write_result
 from bench.synthetic import LLAMA_1B, write_token_jsonl
 from contract.config import LoraSection

@@ -30,6 +30,7 @@ from typing import Any
 
 from bench import gpu_multi
 from bench import gpu_strategies as strategies
+from bench import processes
 from bench.results_io import write_result
 from bench.strategy_checks import CaseError, compare_exports, last_error_line
 from contract import protocol
@@ -57,7 +58,7 @@ def start(name: str, args: argparse.Namespace, run_dir: Path, log: Path) -> subp
     launch = gpu_multi.write_run_dir(command_line(name, args, run_dir))
     command = train_command(launch, protocol.free_port(), protocol.local_attempt_name(time.time()))
     out = log.open("a")
-    return subprocess.Popen(command, cwd=strategies.REPO, env=strategies.child_env(), stdout=out,
+    return subprocess.Popen(command, cwd=strategies.REPO, env=processes.child_env(), stdout=out,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -72,9 +73,9 @@ def wait(proc: subprocess.Popen, timeout: float) -> int:
     try:
         return proc.wait(timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
-        strategies.signal_job(proc, signal.SIGKILL)
+        processes.signal_job(proc, signal.SIGKILL)
         proc.wait()
-        return strategies.TIMED_OUT
+        return processes.TIMED_OUT
 
 
 def interrupt_at(proc: subprocess.Popen, run_dir: Path, at_step: int, deadline: float) -> int | None:
@@ -82,7 +83,7 @@ def interrupt_at(proc: subprocess.Popen, run_dir: Path, at_step: int, deadline: 
     while proc.poll() is None and time.monotonic() < deadline:
         seen = last_step(run_dir)
         if seen >= at_step:
-            strategies.signal_job(proc, signal.SIGTERM)
+            processes.signal_job(proc, signal.SIGTERM)
             return seen
         time.sleep(0.05)
     return None

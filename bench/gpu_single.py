@@ -27,7 +27,7 @@ from typing import Any
 
 import tomli_w
 
-from bench.gpu_strategies import TIMED_OUT, run_logged
+from bench.processes import TIMED_OUT, run_logged
 from bench.results_io import WARMUP_STEPS, clock_start, document_lengths, throughput_numbers, write_result
 from bench.synthetic import SHAPES, write_token_jsonl
 from contract.gpus import gpu_type_from_device_name, lookup

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,7 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.results_io import write_result  # after the sys.path line: runnable as a script
+from bench.processes import run_logged  # after the sys.path line: runnable as a script
+from bench.results_io import write_result
 from bench.strategy_checks import (
     CaseError,
     compare_exports,
@@ -64,7 +63,6 @@ STRATEGIES = ("fsdp", "fsdp1", "zero2", "zero3")
 GPU_ARCH = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4,
             "intermediate_size": 2816}
 CPU_ARCH: dict[str, int] = {}  # the tiny preset as it is
-TIMED_OUT = 124  # run_logged's exit code for a command it killed at its timeout (as timeout(1))
 GPU_PROFILE = """[profiles.gpus]
 gpus_per_node = {gpus}
 gpu_type = "{gpu_type}"
@@ -140,45 +138,6 @@ def cli_args(case: Case, args: argparse.Namespace, output: Path) -> list[str]:
     for item in sets:
         cmd += ["--set", item]
     return cmd
-
-
-def child_env() -> dict[str, str]:
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return {**os.environ, "PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-            "WANDB_MODE": "disabled",
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 4)))}
-
-
-def signal_job(proc: subprocess.Popen, sig: signal.Signals) -> None:
-    """`sig` to the launcher and every process below it (the workers live in sessions of their own)."""
-    import psutil
-
-    parent = psutil.Process(proc.pid)
-    for p in [parent, *parent.children(recursive=True)]:
-        try:
-            p.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
-
-
-def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None,
-               errors: Path | None = None) -> int:
-    """Run cmd (in the repository, with `env`, default child_env()) in a session of its own, output to
-    log (stderr too, unless `errors` names its own file); on timeout it and every process below it
-    are killed (torchrun's and `accelerate launch`'s workers start sessions of their own: a
-    process-group kill would leave them on the GPUs). Returns the exit code, TIMED_OUT on timeout."""
-    with contextlib.ExitStack() as files:
-        out = files.enter_context(open(log, "w"))
-        err = files.enter_context(open(errors, "w")) if errors else subprocess.STDOUT
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env() if env is None else env, stdout=out, stderr=err,
-                                start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            signal_job(proc, signal.SIGKILL)
-            proc.wait()
-            out.write(f"\n[bench] killed after {timeout:.0f} s, with every process below it\n")
-            return TIMED_OUT
 
 
 def render(case: Case, args: argparse.Namespace, run_dir: Path, log: Path) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 
 from bench import gpu_multi
 from bench.gpu_single import device_peak
-from bench.gpu_strategies import TIMED_OUT
+from bench.processes import TIMED_OUT
 from bench.peer_fsdp import run_peer
 from bench.results_io import WARMUP_STEPS, throughput_numbers, write_result
 from contract import protocol

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_strategies import TIMED_OUT, run_logged
+from bench.processes import TIMED_OUT, run_logged
 from contract.protocol import free_port
 
 # What an out-of-memory failure of a CUDA rank prints (torch.OutOfMemoryError's message).

@@ -1,4 +1,4 @@
-"""bench/gpu_strategies.py's run_logged, which every bench script that starts training runs its children
+"""bench/processes.py: run_logged, which every bench script that starts training runs its children
 with (gpu_single, gpu_qlora, gpu_strategies): a timeout kills the whole process tree, workers that
 started sessions of their own included (as torchrun's and `accelerate launch`'s do)."""
 
@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from bench.gpu_strategies import TIMED_OUT, run_logged
+from bench.processes import TIMED_OUT, run_logged
 
 
 def _alive(pid: int) -> bool:
