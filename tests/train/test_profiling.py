@@ -78,3 +78,23 @@ def test_each_step_apart_shows_gpu_busy_idle_and_the_allocators_host_time():
     assert slow["sync_ms"] == 2.0
     text = format_steps([fast, slow])
     assert "step 31: 1000.0 ms on the host, GPU busy 700.0 ms" in text and "allocator calls 150.0 ms (1 calls)" in text
+
+
+def test_the_compute_streams_waits_are_booked_to_the_step_whose_kernel_ends_them():
+    """A collective on its own stream keeps the GPU busy while no compute kernel runs: that wait is shown, with the
+    kernels on either side, and the wait before a step's first kernel is that step's (the host was late)."""
+    def pair(name, ts, dur, corr):
+        return [{"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": float(corr), "dur": 1.0,
+                 "args": {"correlation": corr}},
+                {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}]
+
+    events = [{"cat": "user_annotation", "name": "sft optimizer step 7", "ts": 0.0, "dur": 5.0},
+              {"cat": "user_annotation", "name": "sft optimizer step 8", "ts": 5.0, "dur": 5.0},
+              *pair("nvjet_a", 100.0, 1_000.0, 1), *pair("ncclDevKernel_AllGather", 1_100.0, 3_000.0, 2),
+              *pair("triton_b", 3_100.0, 1_000.0, 3),  # 2 ms after nvjet_a, the all-gather running
+              *pair("nvjet_c", 16_100.0, 1_000.0, 6)]  # step 8's first kernel, 12 ms after step 7's last
+    first, second = step_breakdown(events)
+    assert first["compute_idle_ms"] == 2.0 and first["compute_gaps"] == [(2.0, "nvjet_a", "triton_b")]
+    assert first["gpu_busy_ms"] == 4.0  # the all-gather fills the wait: busy alone would not show it
+    assert second["compute_idle_ms"] == 12.0 and second["compute_gaps"] == [(12.0, "triton_b", "nvjet_c")]
+    assert "no compute kernel for 12.0 ms (longest: 12.0 ms after triton_b before nvjet_c)" in format_steps([second])

@@ -6,7 +6,8 @@ optimizer, loss, communication, compiled elementwise, ...). Memsets and the unna
 attributed to the operator that launched them (the trace links each kernel to its CPU op by "External
 id"), which is how a stray `zeros` in a kernel library shows up. And each step apart: its host wall time,
 the GPU's busy time, and the host's time in allocator and synchronizing calls, so a slow step beside a
-fast one says whether the GPU computed more or waited.
+fast one says whether the GPU computed more or waited; and how long no kernel but FSDP's collectives ran,
+with the longest such gaps and the kernels on either side (a GPU waiting for its host at a step's start).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
 ALLOCATOR_CALLS = ("cudaMalloc", "cudaFree", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease",
                    "cuMemSetAccess", "cuMemAddressReserve", "cuMemAddressFree")
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+GAPS_SHOWN = 3  # a step's longest waits of the compute stream, in the log
 
 
 def step_breakdown(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,16 +110,41 @@ def step_breakdown(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif name in SYNC_CALLS:
             rows[index]["sync_ms"] += ms
     launches.pop(None, None)
+    compute: list[tuple[float, float, str, int]] = []  # (start, end, name, step index) of all but communication
     for event in events:
         index = launches.get(event.get("args", {}).get("correlation"))
         if event.get("cat") in GPU_CATEGORIES and index is not None:
             kind = kernel_kind(event["name"]) if event["cat"] == "kernel" else event["cat"].removeprefix("gpu_")
+            end = event["ts"] + float(event.get("dur", 0.0))
             rows[index]["gpu_ms"][kind] += float(event.get("dur", 0.0)) / 1e3
-            rows[index]["intervals"].append((event["ts"], event["ts"] + float(event.get("dur", 0.0))))
+            rows[index]["intervals"].append((event["ts"], end))
+            if kind != "communication":
+                compute.append((event["ts"], end, event["name"], index))
     for row in rows:
         row["gpu_busy_ms"] = _union_us(row.pop("intervals")) / 1e3
         row["gpu_ms"] = dict(sorted(row["gpu_ms"].items(), key=lambda kv: -kv[1]))
+        row["compute_idle_ms"], row["compute_gaps"] = 0.0, []
+    _book_compute_gaps(compute, rows)
     return rows
+
+
+def _book_compute_gaps(compute: list[tuple[float, float, str, int]], rows: list[dict[str, Any]]) -> None:
+    """The time no kernel but communication ran, from the profile's first compute kernel on: each gap is the
+    step's of the kernel that ends it, so the wait at a step's start (the GPU done, the host still preparing
+    the step, e.g. after a host sync) is the step's own. Why: GPU busy counts FSDP's collectives on their own
+    streams, which hide a compute stream that waits. Per step: the idle total and its GAPS_SHOWN longest gaps
+    (ms, the kernel before, the kernel after)."""
+    reach, before = None, ""
+    for start, end, name, index in sorted(compute):
+        if reach is not None and start > reach:
+            gap = (start - reach) / 1e3
+            rows[index]["compute_idle_ms"] += gap
+            rows[index]["compute_gaps"].append((gap, before, name))
+        if reach is None or end > reach:
+            reach, before = end, name
+    for row in rows:
+        row["compute_gaps"] = sorted(row["compute_gaps"], reverse=True)[:GAPS_SHOWN]
+
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -134,9 +161,11 @@ def format_steps(rows: list[dict[str, Any]]) -> str:
     lines = []
     for row in rows:
         kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in row["gpu_ms"].items()) or "none"
+        gaps = "; ".join(f"{ms:.1f} ms after {prev[:50]} before {nxt[:50]}" for ms, prev, nxt in row["compute_gaps"])
         lines.append(f"step {row['step']}: {row['wall_ms']:.1f} ms on the host, GPU busy {row['gpu_busy_ms']:.1f} ms "
                      f"(kernels ms: {kinds}); host in allocator calls {row['allocator_ms']:.1f} ms "
-                     f"({row['allocator_calls']} calls), in synchronizing calls {row['sync_ms']:.1f} ms")
+                     f"({row['allocator_calls']} calls), in synchronizing calls {row['sync_ms']:.1f} ms; "
+                     f"no compute kernel for {row['compute_idle_ms']:.1f} ms" + (f" (longest: {gaps})" if gaps else ""))
     return "\n".join(lines)
 
 
