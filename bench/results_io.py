@@ -22,8 +22,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from bench.synthetic import sample_lengths
 from contract.shape import ModelShape

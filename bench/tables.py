@@ -273,7 +273,8 @@ def full_8b_4gpu_record() -> str:
 def _ours_set(r: dict, key: str, default: str) -> str:
     """A train.toml value our run was given on the bench's command line (--ours-set KEY=VALUE), else `default`."""
     command = r["provenance"]["command"]
-    values = [arg.split("=", 1)[1] for flag, arg in zip(command, command[1:]) if flag == "--ours-set" and arg.startswith(key + "=")]
+    values = [arg.split("=", 1)[1] for flag, arg in zip(command, command[1:])
+              if flag == "--ours-set" and arg.startswith(key + "=")]
     return values[-1] if values else default
 
 
