@@ -73,6 +73,13 @@ def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def run_worker(worker: Path, run_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """A worker script (tests/train/workers/) on run_dir's processes, started as the launcher starts training."""
+    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                           str(run_dir / "accelerate.yaml"), str(worker), str(run_dir)],
+                          cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=timeout)
+
+
 def run_training(run_dir: Path, extra_env: dict[str, str] | None = None, timeout: float = 240,
                  log_name: str = "train.log") -> int:
     """Run to completion; the combined output goes to run_dir/log_name (printed on failure by callers)."""

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
-from tests.train.run_helpers import REPO, launch_env, metrics, read_log, run_training, write_run
+from tests.train.run_helpers import REPO, metrics, read_log, run_training, run_worker, write_run
 
 WORKER = REPO / "tests" / "train" / "workers" / "fsdp2_accumulation.py"
 TRAIN = {"max_steps": 4, "logging_steps": 1, "warmup_ratio": 0.0}
@@ -24,9 +22,7 @@ TRAIN = {"max_steps": 4, "logging_steps": 1, "warmup_ratio": 0.0}
 @pytest.mark.slow
 def test_fsdp2_accumulation_reduce_scatters_every_micro_batch_and_trains_as_one_process(tmp_path):
     two = write_run(tmp_path / "two", {"train": {**TRAIN, "gradient_accumulation_steps": 2}})
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                           str(two / "accelerate.yaml"), str(WORKER), str(two)],
-                          cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=240)
+    proc = run_worker(WORKER, two)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for rank in range(2):
         records = json.loads((two / f"gradients-rank{rank}.json").read_text())

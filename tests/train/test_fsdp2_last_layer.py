@@ -8,12 +8,10 @@ last layer holds gathered weights, every other layer is back to its shards; afte
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.train.run_helpers import REPO, launch_env, write_run
+from tests.train.run_helpers import REPO, run_worker, write_run
 
 WORKER = REPO / "tests" / "train" / "workers" / "fsdp2_last_layer.py"
 
@@ -21,9 +19,7 @@ WORKER = REPO / "tests" / "train" / "workers" / "fsdp2_last_layer.py"
 @pytest.mark.slow
 def test_only_the_last_layer_stays_gathered_from_its_forward_to_its_backward(tmp_path):
     run = write_run(tmp_path / "run", {"train": {"max_steps": 2, "logging_steps": 1, "gradient_accumulation_steps": 2}})
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                           str(run / "accelerate.yaml"), str(WORKER), str(run)],
-                          cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=240)
+    proc = run_worker(WORKER, run)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for rank in range(2):
         records = json.loads((run / f"gathered-rank{rank}.json").read_text())

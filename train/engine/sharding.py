@@ -88,8 +88,9 @@ def keep_last_layer_gathered(model: torch.nn.Module) -> bool:
     and NCCL runs them one after the other: every GPU waited for the reduce-scatter before the first layer's
     backward could start (at 8B on 4 H100s the reduce-scatter took 2.7 ms a step in bf16 and 9.3 ms in FP8, and
     the all-gather after it 1.6 ms: bench/results/h100/four-gpu-2026-11-27f/profile-8b-*-steps.txt). Kept, that
-    layer's backward starts at once, beside the reduce-scatter. Costs one layer's bf16 weights through the loss; the planner counts it
-    (launcher/plan/peak.py). Its state dict stays sharded: FSDP2 reshards before every state_dict()."""
+    layer's backward starts at once, beside the reduce-scatter. Costs one layer's bf16 weights through the loss;
+    the planner counts it (launcher/plan/peak.py). Its state dict stays sharded: FSDP2 reshards before every
+    state_dict()."""
     from torch.distributed.fsdp import FSDPModule
 
     layers = decoder_layers(model)

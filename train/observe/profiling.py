@@ -146,7 +146,6 @@ def _book_compute_gaps(compute: list[tuple[float, float, str, int]], rows: list[
         row["compute_gaps"] = sorted(row["compute_gaps"], reverse=True)[:GAPS_SHOWN]
 
 
-
 def _union_us(intervals: list[tuple[float, float]]) -> float:
     """Length of the union of [start, end) intervals: GPU time with overlapping streams counted once."""
     total, reach = 0.0, float("-inf")
