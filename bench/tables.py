@@ -167,9 +167,14 @@ def fp8_8b_4gpu() -> str:
                            "vs our bf16", "vs TRL (bf16) of the call"], rows)
 
 
+def _timed_windows(windows: list[dict]) -> list[dict]:
+    """The logged windows on the run's clock: those after the first record past the warm-up."""
+    start = clock_start(w["step"] for w in windows)
+    return [w for w in windows if w["step"] > start]
+
+
 def _step_times(run: dict) -> list[tuple[int, float]]:
-    start = clock_start(w["step"] for w in run["windows"])
-    return [(w["step"], w["seconds"]) for w in run["windows"] if w["step"] > start]
+    return [(w["step"], w["seconds"]) for w in _timed_windows(run["windows"])]
 
 
 def _median_and_slow(run: dict, digits: int) -> tuple[float, str]:
@@ -279,7 +284,7 @@ def _ours_set(r: dict, key: str, default: str) -> str:
 
 
 def _window_mfus(windows: list[dict]) -> str:
-    timed = [w["mfu"] for w in windows if w["step"] > clock_start(w["step"] for w in windows)]
+    timed = [w["mfu"] for w in _timed_windows(windows)]
     return f"{percent(min(timed))}–{percent(max(timed))} over {len(timed)} windows" if timed else "none timed"
 
 

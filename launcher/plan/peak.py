@@ -58,8 +58,10 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
         root = lm_head * (2 if (fsdp1 and not shape.tied) else 1)
         dequantized = dequantize_buffer(shape, opts, low)
         layers_bwd = 2 * layer + layer_grad + (root if fsdp1 else 0) + dequantized
-        return {"forward": root + (layer if not fsdp1 else 0) + dequantized,
-                "head_backward": root + lm_grad + (layer if not fsdp1 else 0), "layers_backward": layers_bwd}
+        # FSDP2: one decoder layer gathered: the current one in forward, the last one from the loss into backward
+        one_layer = 0 if fsdp1 else layer
+        return {"forward": root + one_layer + dequantized, "head_backward": root + lm_grad + one_layer,
+                "layers_backward": layers_bwd}
     buckets = 2 * low * zero_reduce_bucket_size(d)
     if spec.zero_stage == 3:
         # Gathered weights stay resident until stage3_max_live_parameters of them are (a whole small

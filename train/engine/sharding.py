@@ -81,9 +81,9 @@ def shard_on_cpu(accelerator: Accelerator) -> None:
     logger.info("CPU host: sharding with FSDP2 over %s (%d ranks)", state.backend, accelerator.num_processes)
 
 
-def keep_last_layer_gathered(model: torch.nn.Module) -> bool:
+def keep_last_layer_gathered(model: torch.nn.Module) -> None:
     """FSDP2: the last decoder layer keeps its gathered weights from its forward into its backward (torchtitan's
-    default); True when set. Why: backward starts with two collectives on the one NCCL communicator, lm_head's
+    default; nothing to do without FSDP2). Why: backward starts with two collectives on the one NCCL communicator, lm_head's
     reduce-scatter (its gradient comes out of the fused loss at once) and the all-gather of that last layer,
     and NCCL runs them one after the other: every GPU waited for the reduce-scatter before the first layer's
     backward could start (at 8B on 4 H100s the reduce-scatter took 2.7 ms a step in bf16 and 9.3 ms in FP8, and
@@ -94,10 +94,8 @@ def keep_last_layer_gathered(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     layers = decoder_layers(model)
-    if not layers or not isinstance(layers[-1], FSDPModule):
-        return False
-    layers[-1].set_reshard_after_forward(False)
-    return True
+    if layers and isinstance(layers[-1], FSDPModule):
+        layers[-1].set_reshard_after_forward(False)
 
 
 def release_process_group(accelerator: Accelerator, code: int) -> int:
