@@ -16,7 +16,6 @@ import torch
 
 from contract.config import TrainConfig
 from train.engine import qlora, sharded_init
-from train.engine.sharding import keep_last_layer_gathered
 from train.kernels import float8
 
 if TYPE_CHECKING:
@@ -43,7 +42,6 @@ def prepare_for_training(accelerator: Accelerator, model: torch.nn.Module, cfg: 
     if quantized:
         qlora.check_quantized(model, quantized)
         qlora.keep_built_weights_on_load(model)
-    keep_last_layer_gathered(model)
     # On the prepared optimizer: DeepSpeed regroups the parameters (and with optimizer offload
     # Accelerate swaps in DeepSpeedCPUAdam), so the schedule must drive the groups that really step.
     # Not prepare()d itself: AcceleratedScheduler would step it once per process.
