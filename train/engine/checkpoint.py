@@ -94,6 +94,17 @@ def remove_stale(root: Path, accelerator: Accelerator) -> None:
     accelerator.wait_for_everyone()
 
 
+def release_cached_gpu_memory() -> None:
+    """Give the caching allocator's free blocks back to the card before a save.
+
+    The save's planning collectives (DCP's gather_object to rank 0) open NCCL point-to-point
+    connections on first use, whose buffers NCCL allocates outside PyTorch's allocator. After the
+    steps of 8B at 10,240 tokens per GPU on 4 H100s the allocator held 77.5 GiB of the 80 GB card,
+    and rank 0's gather failed with "NCCL Error 1: unhandled cuda error"."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, keep: int) -> Path:
     """Collective: every rank calls it. Returns the complete checkpoint dir.
 
@@ -108,6 +119,7 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
+    release_cached_gpu_memory()
     accelerator.wait_for_everyone()
     try:
         accelerator.save_state(str(tmp))
