@@ -10,8 +10,7 @@ it by the shard degree P), adapted to what the stacks we render really allocate:
   with no separate bf16 copy. `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)` makes the
   all-gathered (unsharded) layer weights and the unsharded gradients bf16: those are the per-layer
   communication buffers. Accelerate puts [final norm, lm_head (+ tied embedding)] in their own unit
-  with `reshard_after_forward=False`, so lm_head stays unsharded from the loss to the start of backward,
-  as does the last decoder layer (train/engine/sharding.py: keep_last_layer_gathered).
+  with `reshard_after_forward=False`, so lm_head stays unsharded from the loss to the start of backward.
 * DeepSpeed ZeRO-2/3 with bf16: bf16 params (2 B; full copy in ZeRO-2), bf16 gradient partitions
   (`grad_accum_dtype` defaults to the model dtype), fp32 master (4 B) + moments (8 B) partitions.
 * LoRA: the frozen base stays in its loaded dtype (bf16, 2 B, sharded like the params; fp32 under

@@ -40,8 +40,7 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     FSDP2/FSDP1: the current layer's all-gathered bf16 weights plus the prefetched next layer (2 x
     layer), plus the unsharded bf16 gradient of the layer being reduce-scattered; lm_head (the tail
     unit, or the FSDP1 root flat param, which also holds an untied embedding) stays unsharded from the
-    loss into backward, and under FSDP2 so does the last decoder layer (train/engine/sharding.py:
-    keep_last_layer_gathered). ZeRO-3 gathers like FSDP and reduces through two `reduce_bucket_size` buffers
+    loss into backward. ZeRO-3 gathers like FSDP and reduces through two `reduce_bucket_size` buffers
     (Accelerate's "auto" = hidden^2); ZeRO-2 holds full bf16 params already, so only gradient buckets.
     DDP (autocast): bf16 casts of every matmul weight are saved for backward; multi-GPU DDP also keeps a
     gradient bucket copy (gradient_as_bucket_view=False).
@@ -58,9 +57,7 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
         root = lm_head * (2 if (fsdp1 and not shape.tied) else 1)
         dequantized = dequantize_buffer(shape, opts, low)
         layers_bwd = 2 * layer + layer_grad + (root if fsdp1 else 0) + dequantized
-        # FSDP2: one decoder layer gathered: the current one in forward, the last one from the loss into backward
-        one_layer = 0 if fsdp1 else layer
-        return {"forward": root + one_layer + dequantized, "head_backward": root + lm_grad + one_layer,
+        return {"forward": root + (layer if not fsdp1 else 0) + dequantized, "head_backward": root + lm_grad,
                 "layers_backward": layers_bwd}
     buckets = 2 * low * zero_reduce_bucket_size(d)
     if spec.zero_stage == 3:

@@ -28,7 +28,6 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from contract.protocol import EXIT_OK, EXIT_REQUEUE
 from train.engine.model import mixed_precision
-from train.kernels.perf import decoder_layers
 
 logger = logging.getLogger(__name__)
 
@@ -79,23 +78,6 @@ def shard_on_cpu(accelerator: Accelerator) -> None:
     # As AcceleratorState does on GPU: every later AcceleratorState() copies PartialState's type.
     PartialState().distributed_type = DistributedType.FSDP
     logger.info("CPU host: sharding with FSDP2 over %s (%d ranks)", state.backend, accelerator.num_processes)
-
-
-def keep_last_layer_gathered(model: torch.nn.Module) -> None:
-    """FSDP2: the last decoder layer keeps its gathered weights from its forward into its backward (torchtitan's
-    default; nothing to do without FSDP2). Why: backward starts with two collectives on the one NCCL communicator, lm_head's
-    reduce-scatter (its gradient comes out of the fused loss at once) and the all-gather of that last layer,
-    and NCCL runs them one after the other: every GPU waited for the reduce-scatter before the first layer's
-    backward could start (at 8B on 4 H100s the reduce-scatter took 2.7 ms a step in bf16 and 9.3 ms in FP8, and
-    the all-gather after it 1.6 ms: bench/results/h100/four-gpu-2026-11-27f/profile-8b-*-steps.txt). Kept, that
-    layer's backward starts at once, beside the reduce-scatter. Costs one layer's bf16 weights through the loss;
-    the planner counts it (launcher/plan/peak.py). Its state dict stays sharded: FSDP2 reshards before every
-    state_dict()."""
-    from torch.distributed.fsdp import FSDPModule
-
-    layers = decoder_layers(model)
-    if layers and isinstance(layers[-1], FSDPModule):
-        layers[-1].set_reshard_after_forward(False)
 
 
 def release_process_group(accelerator: Accelerator, code: int) -> int:
