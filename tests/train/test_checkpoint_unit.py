@@ -88,3 +88,23 @@ def test_materialize_optimizer_state_creates_moments_and_changes_no_weight():
     assert set(optimizer.state[model.weight]) >= {"exp_avg", "exp_avg_sq", "step"}
     assert model.bias not in optimizer.state and model.weight.grad is None
     assert optimizer.param_groups[0]["lr"] == 0.1
+
+
+def test_a_save_gives_the_allocators_free_gpu_memory_back_first(tmp_path, monkeypatch):
+    """The save's first NCCL gather allocates outside PyTorch's allocator; on a full card it failed
+    (8B at 10,240 tokens per GPU on 4 H100s, bench/results/h100/four-gpu-2026-11-27g/save-crash-machine0.log).
+    What runs here is the order: the cache is released before Accelerate's save starts. The release itself
+    (torch.cuda.empty_cache) needs a GPU; it is a no-op on CPU."""
+    from accelerate import Accelerator
+
+    from train.engine import checkpoint
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    calls = []
+    monkeypatch.setattr(checkpoint, "release_cached_gpu_memory", lambda: calls.append("release"))
+    save_state = accelerator.save_state
+    monkeypatch.setattr(accelerator, "save_state", lambda path: (calls.append("save"), save_state(path))[1])
+    saved = checkpoint.save_checkpoint(accelerator, tmp_path, checkpoint.TrainState(step=3), keep=2)
+    assert calls == ["release", "save"]
+    assert (saved / MARKER).exists()
