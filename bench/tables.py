@@ -57,6 +57,7 @@ TWO_H200 = "h200/two-gpu-2026-11-27"
 FOUR_GPU_RECORD = "h100/four-gpu-2026-11-27d"  # the fourth 4-GPU session's calls on one machine
 FOUR_GPU_T10K = "h100/four-gpu-2026-11-27e"  # its last call, a fresh machine
 FOUR_GPU_SYNC = "h100/four-gpu-2026-11-27f"  # the fifth 4-GPU session: accumulation and the metrics interval
+FOUR_GPU_SAVE = ("h100/four-gpu-2026-11-27g", "h100/four-gpu-2026-11-27h")  # the sixth: the save at 10,240 tokens/GPU
 STEPS_8B = ("h100/four-gpu-2026-11-27b", "h100/four-gpu-2026-11-27c")  # the stall hunt: each 8B run's steps
 
 
@@ -311,6 +312,25 @@ def mfu_8b_4gpu_settings() -> str:
                            "MFU (real tokens / wall time)"], rows)
 
 
+def save_8b_4gpu() -> str:
+    """8B at 10,240 tokens per GPU with the save inside the run, by commit: each timed window's MFU with the allocator's
+    retries so far (cumulative), the save, and how the run ended."""
+    files = [f"{FOUR_GPU_SAVE[0]}/multi-4gpu-8b-full-log10-t10240-{name}.json" for name in ("lastlayer", "save")] + [
+        f"{FOUR_GPU_SAVE[1]}/multi-4gpu-8b-full-log10-t10240-save.json"]
+    rows = []
+    for path in files:
+        r = load_result(path)
+        ours = r.get("8b_full")
+        windows = ours["windows"] if ours else r["8b_full_windows_before_error"]
+        cells = ", ".join(f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']})" for w in _timed_windows(windows))
+        save = (f"step {ours['save']['step']}: {ours['save']['gb']:.1f} GB in {ours['save']['seconds']:.1f} s" if ours
+                else "none recorded")
+        ended = f"{ours['steps']} steps timed, {percent(ours['mfu'])}" if ours else r["8b_full_error"]
+        rows.append([f"`{path}`", r["provenance"]["commit"][:7], cells, save, ended])
+    return markdown_table(["file (bench/results/…)", "commit", "window ending at step: MFU (allocator retries so far)",
+                           "save", "end"], rows)
+
+
 def resume_4gpu_zero3() -> str:
     return _resume(FOUR_GPU_FIXED, 4)
 
@@ -350,7 +370,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
     "lora-8b-2gpu": lora_8b_2gpu, "steps-8b-4gpu": steps_8b_4gpu, "fp8-8b-2gpu": fp8_8b_2gpu, "full-8b-2gpu": full_8b_2gpu,
     "full-8b-4gpu-record": full_8b_4gpu_record, "fp8-8b-4gpu-allgather": fp8_8b_4gpu_allgather, "lora-8b-4gpu": lora_8b_4gpu,
-    "mfu-8b-4gpu-settings": mfu_8b_4gpu_settings, **PARITY_TABLES,
+    "mfu-8b-4gpu-settings": mfu_8b_4gpu_settings, "save-8b-4gpu": save_8b_4gpu, **PARITY_TABLES,
 }
 
 
