@@ -145,6 +145,10 @@ class TrainSection:
         False, "--precision fp8, tensorwise: FSDP2 all-gathers the weights in float8 (half the bytes; each rank "
                "casts its own shard) instead of bf16; off by default: on 4 H100s at 8B no faster per step than "
                "the bf16 all-gather, with a higher peak")
+    cpu_object_collectives: bool = documented(
+        False, "FSDP on GPUs: the process group also gets gloo for CPU tensors (cuda:nccl,cpu:gloo), so the "
+               "checkpoint's planning collectives and barriers run on the CPU, not through NCCL buffers on the "
+               "card; off by default: not yet measured on a GPU")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
         return EXIT_FAILURE
     try:
-        accelerator = build_accelerator(cfg.model.precision, cfg.run.collective_timeout_s)
+        accelerator = build_accelerator(cfg.model.precision, cfg.run.collective_timeout_s,
+                                        cfg.train.cpu_object_collectives)
         return release_process_group(accelerator, train(cfg, accelerator))
     except ConfigError as err:
         return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))

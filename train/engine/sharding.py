@@ -32,20 +32,38 @@ from train.engine.model import mixed_precision
 logger = logging.getLogger(__name__)
 
 
-def build_accelerator(precision: str, collective_timeout_s: int | None = None) -> Accelerator:
+# FSDP on GPUs with train.cpu_object_collectives: object collectives (DCP's gather/scatter of the save and load
+# plans, barriers) pick the CPU backend of a group that has one (torch's _get_object_coll_device). Through NCCL
+# they need point-to-point buffers that NCCL allocates on the card at their first use, the first save: at 8B
+# with 10,240 tokens per GPU on 4 H100s that failed on a card the allocator had filled, and once the allocator
+# had given its cache back, the steps after the save ran into allocator retries (BENCHMARKS.md, sixth session).
+CPU_OBJECT_BACKEND = "cuda:nccl,cpu:gloo"  # as Accelerate itself creates it for FSDP with CPU offload
+
+
+def build_accelerator(precision: str, collective_timeout_s: int | None = None,
+                      cpu_object_collectives: bool = False) -> Accelerator:
     """The Accelerator for this process: FSDP2 (GPU or CPU/gloo), DeepSpeed or DDP as launched.
-    With `collective_timeout_s`, a collective that waits longer gives up (train/main.py: exit 76)."""
+    With `collective_timeout_s`, a collective that waits longer gives up (train/main.py: exit 76);
+    with `cpu_object_collectives`, an FSDP job on GPUs adds gloo to its process group (CPU_OBJECT_BACKEND)."""
     on_cpu = not torch.cuda.is_available()
-    if collective_timeout_s:
-        init_process_group(on_cpu, collective_timeout_s)
+    backend = process_group_backend(cpu_object_collectives, on_cpu, _launched_with_fsdp())
+    if collective_timeout_s or backend:
+        init_process_group(on_cpu, collective_timeout_s, backend)
     accelerator = Accelerator(cpu=on_cpu, mixed_precision=mixed_precision(precision))
     if on_cpu and accelerator.distributed_type == DistributedType.MULTI_CPU and _launched_with_fsdp():
         shard_on_cpu(accelerator)
     return accelerator
 
 
-def init_process_group(on_cpu: bool, timeout_s: int) -> None:
-    """Create the process group with this timeout before Accelerator() does (it then reuses it).
+def process_group_backend(cpu_object_collectives: bool, on_cpu: bool, fsdp: bool) -> str | None:
+    """CPU_OBJECT_BACKEND for an FSDP job on GPUs that asks for it; None (Accelerate's choice) otherwise:
+    on CPU the group is gloo already, and DeepSpeed builds its own from one backend name."""
+    return CPU_OBJECT_BACKEND if cpu_object_collectives and fsdp and not on_cpu else None
+
+
+def init_process_group(on_cpu: bool, timeout_s: int | None, backend: str | None = None) -> None:
+    """Create the process group (this timeout, this backend; None: torch's and Accelerate's defaults)
+    before Accelerator() does (it then reuses it).
 
     Not through ``Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=...)])``: Accelerate
     1.15's ``to_kwargs`` keeps only the values that differ from the class defaults (backend nccl,
@@ -58,7 +76,10 @@ def init_process_group(on_cpu: bool, timeout_s: int) -> None:
     # and writes the record and stack dump that a torn-down process cannot. The NCCL heartbeat monitor
     # (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) watches torch's own watchdog thread, not peers: left as is.
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    PartialState(cpu=on_cpu, timeout=timedelta(seconds=timeout_s))
+    options: dict[str, object] = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    if backend:
+        options["backend"] = backend
+    PartialState(cpu=on_cpu, **options)
 
 
 def _launched_with_fsdp() -> bool:
