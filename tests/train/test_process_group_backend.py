@@ -21,10 +21,6 @@ def test_only_fsdp_on_gpus_gets_the_mixed_group_and_only_when_asked(asked, on_cp
     assert process_group_backend(asked, on_cpu, fsdp) == expected
 
 
-def test_the_mixed_group_sends_cpu_tensors_to_gloo_and_cuda_tensors_to_nccl():
-    assert dict(pair.split(":") for pair in CPU_OBJECT_BACKEND.split(",")) == {"cuda": "nccl", "cpu": "gloo"}
-
-
 def test_the_key_is_off_by_default_and_read_from_the_train_section(tmp_path):
     assert TrainConfig().train.cpu_object_collectives is False
     toml = tmp_path / "train.toml"
