@@ -26,7 +26,6 @@ Prints a table last.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import re
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_single import TINY, device_peak, steady_state
-from bench.processes import TIMED_OUT, run_logged
+from bench.processes import TIMED_OUT, run_machines
 from bench.results_io import throughput_numbers, write_result
 from bench.synthetic import SHAPES, sample_lengths, write_token_jsonl
 
@@ -157,21 +156,20 @@ def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -
 def launch(run_dir: Path, gpus: int, port: int, timeout: float | None = None,
            env: dict[str, str] | None = None) -> tuple[int, str]:
     """2 machines x gpus/2 processes on this host (or 1 x 1), with os.environ updated by `env`; returns
-    (exit code, combined log). Past `timeout` seconds every process of the job is killed (run_logged)
-    and the code is TIMED_OUT."""
+    (exit code, combined log). A machine that fails takes the other down with it, and past `timeout` seconds
+    every process of the job is killed and the code is TIMED_OUT (run_machines)."""
     machines = 2 if gpus > 1 else 1
     per = gpus // machines
-    with concurrent.futures.ThreadPoolExecutor(max_workers=machines) as pool:
-        futures = []
-        for rank in range(machines):
-            machine_env = {**os.environ, **(env or {})}
-            if not CPU_SMOKE:
-                machine_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(rank * per + i) for i in range(per))
-            cmd = ["accelerate", "launch", "--config_file", str(run_dir / "accelerate.yaml"), "--num_machines",
-                   str(machines), "--machine_rank", str(rank), "--num_processes", str(gpus), "--main_process_ip",
-                   "127.0.0.1", "--main_process_port", str(port), "-m", "train", "--config", str(run_dir / "train.toml")]
-            futures.append(pool.submit(run_logged, cmd, run_dir / f"machine{rank}.log", timeout, machine_env))
-        codes = [f.result() for f in futures]
+    jobs = []
+    for rank in range(machines):
+        machine_env = {**os.environ, **(env or {})}
+        if not CPU_SMOKE:
+            machine_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(rank * per + i) for i in range(per))
+        cmd = ["accelerate", "launch", "--config_file", str(run_dir / "accelerate.yaml"), "--num_machines",
+               str(machines), "--machine_rank", str(rank), "--num_processes", str(gpus), "--main_process_ip",
+               "127.0.0.1", "--main_process_port", str(port), "-m", "train", "--config", str(run_dir / "train.toml")]
+        jobs.append((cmd, run_dir / f"machine{rank}.log", machine_env))
+    codes = run_machines(jobs, timeout)
     text = "".join((run_dir / f"machine{r}.log").read_text() for r in range(machines))
     return (TIMED_OUT if TIMED_OUT in codes else max(codes)), text
 

@@ -7,10 +7,12 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TIMED_OUT = 124  # run_logged's exit code for a command it killed at its timeout (as timeout(1))
+POLL_S = 0.5  # how often run_machines looks at the machines of a job
 
 
 def child_env() -> dict[str, str]:
@@ -46,7 +48,38 @@ def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | 
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            signal_job(proc, signal.SIGKILL)
-            proc.wait()
-            out.write(f"\n[bench] killed after {timeout:.0f} s, with every process below it\n")
+            _kill(proc, out, f"killed after {timeout:.0f} s")
             return TIMED_OUT
+
+
+def run_machines(jobs: list[tuple[list[str], Path, dict[str, str]]], timeout: float | None) -> list[int]:
+    """The machines of one job, each (command, log, env) run as run_logged runs one, all at once, and ended
+    as `srun --kill-on-bad-exit` ends a job: once one exits with an error every other is killed with every
+    process below it. Its peers would otherwise wait in their collectives until the timeout (8B on 4 H100s,
+    a save that failed on one machine: the other waited 6 minutes of the lease). Returns each machine's code:
+    TIMED_OUT for those killed at `timeout`, the kill's negative signal number for those killed for a peer."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with contextlib.ExitStack() as files:
+        outs = [files.enter_context(open(log, "w")) for _, log, _ in jobs]
+        procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                 for (cmd, _, env), out in zip(jobs, outs)]
+        while any(proc.poll() is None for proc in procs):
+            failed = [i for i, proc in enumerate(procs) if proc.returncode not in (None, 0)]
+            if failed:
+                why = f"killed: machine {failed[0]} exited with {procs[failed[0]].returncode}"
+            elif deadline is not None and time.monotonic() > deadline:
+                why = f"killed after {timeout:.0f} s"
+            else:
+                time.sleep(POLL_S)
+                continue
+            running = [i for i, proc in enumerate(procs) if proc.poll() is None]
+            for i in running:
+                _kill(procs[i], outs[i], why)
+            return [TIMED_OUT if i in running and not failed else proc.returncode for i, proc in enumerate(procs)]
+        return [proc.returncode for proc in procs]
+
+
+def _kill(proc: subprocess.Popen, out, why: str) -> None:
+    signal_job(proc, signal.SIGKILL)
+    proc.wait()
+    out.write(f"\n[bench] {why}, with every process below it\n")
