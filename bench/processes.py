@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TIMED_OUT = 124  # run_logged's exit code for a command it killed at its timeout (as timeout(1))
-POLL_S = 0.5  # how often run_machines looks at the machines of a job
+POLL_S = 0.5  # how often a run looks at its processes
 
 
 def child_env() -> dict[str, str]:
@@ -40,16 +40,7 @@ def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | 
     log (stderr too, unless `errors` names its own file); on timeout it and every process below it
     are killed (torchrun's and `accelerate launch`'s workers start sessions of their own: a
     process-group kill would leave them on the GPUs). Returns the exit code, TIMED_OUT on timeout."""
-    with contextlib.ExitStack() as files:
-        out = files.enter_context(open(log, "w"))
-        err = files.enter_context(open(errors, "w")) if errors else subprocess.STDOUT
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env() if env is None else env, stdout=out, stderr=err,
-                                start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc, out, f"killed after {timeout:.0f} s")
-            return TIMED_OUT
+    return _run_together([(cmd, log, child_env() if env is None else env, errors)], timeout)[0]
 
 
 def run_machines(jobs: list[tuple[list[str], Path, dict[str, str]]], timeout: float | None) -> list[int]:
@@ -58,11 +49,18 @@ def run_machines(jobs: list[tuple[list[str], Path, dict[str, str]]], timeout: fl
     process below it. Its peers would otherwise wait in their collectives until the timeout (8B on 4 H100s,
     a save that failed on one machine: the other waited 6 minutes of the lease). Returns each machine's code:
     TIMED_OUT for those killed at `timeout`, the kill's negative signal number for those killed for a peer."""
+    return _run_together([(cmd, log, env, None) for cmd, log, env in jobs], timeout)
+
+
+def _run_together(jobs: list[tuple[list[str], Path, dict[str, str], Path | None]], timeout: float | None) -> list[int]:
+    """Each (command, log, env, stderr file or None: into the log) in a session of its own, all at once; once
+    one fails or `timeout` passes, the others are killed with their process trees (run_machines' codes)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     with contextlib.ExitStack() as files:
-        outs = [files.enter_context(open(log, "w")) for _, log, _ in jobs]
-        procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-                 for (cmd, _, env), out in zip(jobs, outs)]
+        outs = [files.enter_context(open(log, "w")) for _, log, _, _ in jobs]
+        errs = [files.enter_context(open(errors, "w")) if errors else subprocess.STDOUT for *_, errors in jobs]
+        procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, start_new_session=True)
+                 for (cmd, _, env, _), out, err in zip(jobs, outs, errs)]
         while any(proc.poll() is None for proc in procs):
             failed = [i for i, proc in enumerate(procs) if proc.returncode not in (None, 0)]
             if failed:
