@@ -24,3 +24,8 @@ def percent(value: float | None) -> str:
 def per_gpu_rate(side: dict) -> float:
     """Real tokens per second per GPU of one side or run."""
     return side["real_tokens_per_s"] / side["gpu_count"]
+
+
+def save_cell(save: dict) -> str:
+    """A checkpoint save of a results file: its size and seconds."""
+    return f"{save['gb']:.1f} GB in {save['seconds']:.1f} s"

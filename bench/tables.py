@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable
 
 from bench.results_io import RESULTS, ROOT, clock_start
-from bench.table_cells import load_result, markdown_table, per_gpu_rate, percent
+from bench.table_cells import load_result, markdown_table, per_gpu_rate, percent, save_cell
 from bench.tables_parity import PARITY_TABLES
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -101,7 +101,7 @@ def _scaling(folder: str, gpus: int) -> str:
     if "save_1b" in r:
         s = r["save_1b"]
         rows.append([f"full checkpoint save at step {s['step']} of the {gpus}-GPU run",
-                     f"{s['gb']:.1f} GB in {s['seconds']:.1f} s = {s['gbps']:.2f} GB/s", "", "", "", ""])
+                     f"{save_cell(s)} = {s['gbps']:.2f} GB/s", "", "", "", ""])
     rows.append(["disk write bandwidth (dd, fsync)", f"{r['disk_write_gbps']:.2f} GB/s", "", "", "", ""])
     return markdown_table(["run", "real tokens/s per GPU", "MFU (real tokens / wall time)", "mean of per-step MFU",
                            "peak GiB", "steps timed"], rows)
@@ -143,7 +143,7 @@ def _full_8b(folder: str) -> str:
     rows.append(["ours / peer, real tokens/s", f"{r['ratio_vs_peer']:.2f}×", "", "", "", "", ""])
     save = ours["save"]
     rows.append([f"ours: full checkpoint save at step {save['step']}",
-                 f"{save['gb']:.1f} GB in {save['seconds']:.1f} s = {save['gbps']:.2f} GB/s", "", "", "", "", ""])
+                 f"{save_cell(save)} = {save['gbps']:.2f} GB/s", "", "", "", "", ""])
     return markdown_table(["side (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU (real tokens / wall time)",
                            "mean of per-step MFU", "peak GiB", "activation checkpointing"], rows)
 
@@ -273,7 +273,7 @@ def full_8b_4gpu_record() -> str:
         ("ours / peer (same call), real tokens/s", r["ratio_vs_peer"]),
         ("ours with the save / the fastest TRL run of any call", per_gpu_rate(r["8b_full"]) / fastest_peer),
     ], notes=((f"ours: the full checkpoint save at step {save['step']}",
-               f"{save['gb']:.1f} GB in {save['seconds']:.1f} s = {save['gbps']:.2f} GB/s"),))
+               f"{save_cell(save)} = {save['gbps']:.2f} GB/s"),))
 
 
 def _ours_set(r: dict, key: str, default: str) -> str:
@@ -300,7 +300,7 @@ def mfu_8b_4gpu_settings() -> str:
         r = load_result(path)
         ours = r.get("8b_full")
         save = "none" if "--no-save8b-full" in r["provenance"]["command"] else (
-            f"{ours['save']['gb']:.1f} GB in {ours['save']['seconds']:.1f} s" if ours else "cut during or after it")
+            save_cell(ours['save']) if ours else "cut during or after it")
         settings = [f"`{path}`", f"{r['tokens_per_gpu']:,}", _ours_set(r, "train.gradient_accumulation_steps", "1"),
                     _ours_set(r, "train.logging_steps", "1"), save]
         if ours:
@@ -323,7 +323,7 @@ def save_8b_4gpu() -> str:
         ours = r.get("8b_full")
         windows = ours["windows"] if ours else r["8b_full_windows_before_error"]
         cells = ", ".join(f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']})" for w in _timed_windows(windows))
-        save = (f"step {ours['save']['step']}: {ours['save']['gb']:.1f} GB in {ours['save']['seconds']:.1f} s" if ours
+        save = (f"step {ours['save']['step']}: {save_cell(ours['save'])}" if ours
                 else "none recorded")
         ended = f"{ours['steps']} steps timed, {percent(ours['mfu'])}" if ours else r["8b_full_error"]
         rows.append([f"`{path}`", r["provenance"]["commit"][:7], cells, save, ended])
