@@ -30,6 +30,7 @@ SINGLE_KEYS = {  # everything bench/gpu_single.py has written, ours and peers
 OTHER_KEYS = {
     "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
     "mlp": {"device", "shape", "tokens", "rows", "provenance"},
+    "fp8layer": {"device", "shape", "tokens", "rows", "provenance"},  # bench/gpu_fp8_layer.py --json
     "attention": {"device", "shape", "tokens", "docs", "rows", "provenance"},
     "strategies": {"environment", "args", "results", "provenance"},
     "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/gpu_gemm_tune.py --json

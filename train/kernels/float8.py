@@ -63,21 +63,28 @@ def convertible(module: torch.nn.Module, fqn: str) -> bool:
     return aligned and fqn.split(".")[-1] != "lm_head"
 
 
-def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_accum: bool,
-                            all_gather: bool = False) -> int:
-    """Swap the linear layers of each decoder layer for Float8Linear in place; returns how many.
-    `all_gather`: FSDP2 all-gathers their weights in float8 (tensorwise only)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+def float8_config(recipe: str, fast_accum: bool, all_gather: bool = False):
+    """torchao's Float8LinearConfig for `recipe` as training runs it."""
+    from torchao.float8 import Float8LinearConfig
     from torchao.float8.config import Float8GemmConfig
-    from torchao.float8.float8_linear import Float8Linear
 
     # Packed micro-batches hold any number of tokens; the weight gradient's FP8 GEMM contracts over them
     # and needs a multiple of 16 (measured: 2,430 tokens failed): torchao pads that inner dimension.
     # torchao's recipes accumulate the forward GEMM in the tensor cores' reduced precision ("fast
     # accumulation"), the two backward GEMMs in fp32; fast_accum=False makes the forward exact as well.
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True,
-                                 gemm_config_output=Float8GemmConfig(use_fast_accum=fast_accum),
-                                 enable_fsdp_float8_all_gather=all_gather)
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True,
+                               gemm_config_output=Float8GemmConfig(use_fast_accum=fast_accum),
+                               enable_fsdp_float8_all_gather=all_gather)
+
+
+def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_accum: bool,
+                            all_gather: bool = False) -> int:
+    """Swap the linear layers of each decoder layer for Float8Linear in place; returns how many.
+    `all_gather`: FSDP2 all-gathers their weights in float8 (tensorwise only)."""
+    from torchao.float8 import convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+
+    config = float8_config(recipe, fast_accum, all_gather)
     for layer in layers:
         convert_to_float8_training(layer, module_filter_fn=convertible, config=config)
     converted = [m for layer in layers for m in layer.modules() if isinstance(m, Float8Linear)]
