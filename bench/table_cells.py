@@ -1,10 +1,11 @@
-"""Cells and files shared by BENCHMARKS.md's table modules (bench/tables.py, bench/tables_parity.py)."""
+"""Cells and files shared by BENCHMARKS.md's table modules (bench/tables.py, bench/tables_parity.py,
+bench/tables_save.py)."""
 
 from __future__ import annotations
 
 import json
 
-from bench.results_io import RESULTS
+from bench.results_io import RESULTS, clock_start
 
 
 def load_result(name: str) -> dict:
@@ -29,3 +30,9 @@ def per_gpu_rate(side: dict) -> float:
 def save_cell(save: dict) -> str:
     """A checkpoint save of a results file: its size and seconds."""
     return f"{save['gb']:.1f} GB in {save['seconds']:.1f} s"
+
+
+def timed_windows(windows: list[dict]) -> list[dict]:
+    """The logged windows on the run's clock: those after the first record past the warm-up."""
+    start = clock_start(w["step"] for w in windows)
+    return [w for w in windows if w["step"] > start]

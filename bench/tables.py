@@ -16,9 +16,10 @@ import re
 import statistics
 from collections.abc import Callable
 
-from bench.results_io import RESULTS, ROOT, clock_start
-from bench.table_cells import load_result, markdown_table, per_gpu_rate, percent, save_cell
+from bench.results_io import RESULTS, ROOT
+from bench.table_cells import load_result, markdown_table, per_gpu_rate, percent, save_cell, timed_windows
 from bench.tables_parity import PARITY_TABLES
+from bench.tables_save import FOUR_GPU_T10K, SAVE_TABLES
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -55,9 +56,6 @@ FOUR_GPU = "h100/four-gpu-2026-11-26"
 FOUR_GPU_FIXED = "h100/four-gpu-2026-11-27"  # after the fixed-length packed rows
 TWO_H200 = "h200/two-gpu-2026-11-27"
 FOUR_GPU_RECORD = "h100/four-gpu-2026-11-27d"  # the fourth 4-GPU session's calls on one machine
-FOUR_GPU_T10K = "h100/four-gpu-2026-11-27e"  # its last call, a fresh machine
-FOUR_GPU_SYNC = "h100/four-gpu-2026-11-27f"  # the fifth 4-GPU session: accumulation and the metrics interval
-FOUR_GPU_SAVE = ("h100/four-gpu-2026-11-27g", "h100/four-gpu-2026-11-27h")  # the sixth: the save at 10,240 tokens/GPU
 STEPS_8B = ("h100/four-gpu-2026-11-27b", "h100/four-gpu-2026-11-27c")  # the stall hunt: each 8B run's steps
 
 
@@ -168,14 +166,8 @@ def fp8_8b_4gpu() -> str:
                            "vs our bf16", "vs TRL (bf16) of the call"], rows)
 
 
-def _timed_windows(windows: list[dict]) -> list[dict]:
-    """The logged windows on the run's clock: those after the first record past the warm-up."""
-    start = clock_start(w["step"] for w in windows)
-    return [w for w in windows if w["step"] > start]
-
-
 def _step_times(run: dict) -> list[tuple[int, float]]:
-    return [(w["step"], w["seconds"]) for w in _timed_windows(run["windows"])]
+    return [(w["step"], w["seconds"]) for w in timed_windows(run["windows"])]
 
 
 def _median_and_slow(run: dict, digits: int) -> tuple[float, str]:
@@ -276,61 +268,6 @@ def full_8b_4gpu_record() -> str:
                f"{save_cell(save)} = {save['gbps']:.2f} GB/s"),))
 
 
-def _ours_set(r: dict, key: str, default: str) -> str:
-    """A train.toml value our run was given on the bench's command line (--ours-set KEY=VALUE), else `default`."""
-    command = r["provenance"]["command"]
-    values = [arg.split("=", 1)[1] for flag, arg in zip(command, command[1:])
-              if flag == "--ours-set" and arg.startswith(key + "=")]
-    return values[-1] if values else default
-
-
-def _window_mfus(windows: list[dict]) -> str:
-    timed = [w["mfu"] for w in _timed_windows(windows)]
-    return f"{percent(min(timed))}–{percent(max(timed))} over {len(timed)} windows" if timed else "none timed"
-
-
-def mfu_8b_4gpu_settings() -> str:
-    """Ours at 8B on 4 GPUs by micro-batches per step and metrics interval (the previous session's best run first): each
-    run's aggregate, or the windows a run cut by its time limit logged before (each window's own MFU)."""
-    files = [f"{FOUR_GPU_T10K}/multi-4gpu-8b-full-t10k.json"] + [
-        f"{FOUR_GPU_SYNC}/multi-4gpu-8b-full-{name}.json"
-        for name in ("ga2-t9216", "log4-t10240", "log10-t10240", "log10-t10240-nosave")]
-    rows = []
-    for path in files:
-        r = load_result(path)
-        ours = r.get("8b_full")
-        save = "none" if "--no-save8b-full" in r["provenance"]["command"] else (
-            save_cell(ours['save']) if ours else "cut during or after it")
-        settings = [f"`{path}`", f"{r['tokens_per_gpu']:,}", _ours_set(r, "train.gradient_accumulation_steps", "1"),
-                    _ours_set(r, "train.logging_steps", "1"), save]
-        if ours:
-            rows.append(settings + [str(ours["steps"]), f"{per_gpu_rate(ours):,.0f}", percent(ours["mfu"])])
-        else:
-            rows.append(settings + [f"none ({r['8b_full_error']})", "", _window_mfus(r["8b_full_windows_before_error"])])
-    return markdown_table(["file (bench/results/…)", "tokens per micro-batch", "micro-batches per step",
-                           "metrics record every (steps)", "save inside the run", "steps timed", "real tokens/s per GPU",
-                           "MFU (real tokens / wall time)"], rows)
-
-
-def save_8b_4gpu() -> str:
-    """8B at 10,240 tokens per GPU with the save inside the run, by commit: each timed window's MFU with the allocator's
-    retries so far (cumulative), the save, and how the run ended."""
-    files = [f"{FOUR_GPU_SAVE[0]}/multi-4gpu-8b-full-log10-t10240-{name}.json" for name in ("lastlayer", "save")] + [
-        f"{FOUR_GPU_SAVE[1]}/multi-4gpu-8b-full-log10-t10240-save.json"]
-    rows = []
-    for path in files:
-        r = load_result(path)
-        ours = r.get("8b_full")
-        windows = ours["windows"] if ours else r["8b_full_windows_before_error"]
-        cells = ", ".join(f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']})" for w in _timed_windows(windows))
-        save = (f"step {ours['save']['step']}: {save_cell(ours['save'])}" if ours
-                else "none recorded")
-        ended = f"{ours['steps']} steps timed, {percent(ours['mfu'])}" if ours else r["8b_full_error"]
-        rows.append([f"`{path}`", r["provenance"]["commit"][:7], cells, save, ended])
-    return markdown_table(["file (bench/results/…)", "commit", "window ending at step: MFU (allocator retries so far)",
-                           "save", "end"], rows)
-
-
 def resume_4gpu_zero3() -> str:
     return _resume(FOUR_GPU_FIXED, 4)
 
@@ -370,7 +307,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
     "lora-8b-2gpu": lora_8b_2gpu, "steps-8b-4gpu": steps_8b_4gpu, "fp8-8b-2gpu": fp8_8b_2gpu, "full-8b-2gpu": full_8b_2gpu,
     "full-8b-4gpu-record": full_8b_4gpu_record, "fp8-8b-4gpu-allgather": fp8_8b_4gpu_allgather, "lora-8b-4gpu": lora_8b_4gpu,
-    "mfu-8b-4gpu-settings": mfu_8b_4gpu_settings, "save-8b-4gpu": save_8b_4gpu, **PARITY_TABLES,
+    **SAVE_TABLES, **PARITY_TABLES,
 }
 
 

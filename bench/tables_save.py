@@ -1,0 +1,72 @@
+"""BENCHMARKS.md's tables of 8B on 4 GPUs with a save inside the run (bench/multi_full.py's files, issue #29), part
+of bench/tables.py's output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.table_cells import load_result, markdown_table, per_gpu_rate, percent, save_cell, timed_windows
+
+FOUR_GPU_T10K = "h100/four-gpu-2026-11-27e"  # the fourth 4-GPU session's last call, a fresh machine
+FOUR_GPU_SYNC = "h100/four-gpu-2026-11-27f"  # the fifth 4-GPU session: accumulation and the metrics interval
+FOUR_GPU_SAVE = ("h100/four-gpu-2026-11-27g", "h100/four-gpu-2026-11-27h")  # the sixth: the save at 10,240 tokens/GPU
+
+
+def _ours_set(r: dict, key: str, default: str) -> str:
+    """A train.toml value our run was given on the bench's command line (--ours-set KEY=VALUE), else `default`."""
+    command = r["provenance"]["command"]
+    values = [arg.split("=", 1)[1] for flag, arg in zip(command, command[1:])
+              if flag == "--ours-set" and arg.startswith(key + "=")]
+    return values[-1] if values else default
+
+
+def _window_mfus(windows: list[dict]) -> str:
+    timed = [w["mfu"] for w in timed_windows(windows)]
+    return f"{percent(min(timed))}–{percent(max(timed))} over {len(timed)} windows" if timed else "none timed"
+
+
+def mfu_8b_4gpu_settings() -> str:
+    """Ours at 8B on 4 GPUs by micro-batches per step and metrics interval (the previous session's best run first): each
+    run's aggregate, or the windows a run cut by its time limit logged before (each window's own MFU)."""
+    files = [f"{FOUR_GPU_T10K}/multi-4gpu-8b-full-t10k.json"] + [
+        f"{FOUR_GPU_SYNC}/multi-4gpu-8b-full-{name}.json"
+        for name in ("ga2-t9216", "log4-t10240", "log10-t10240", "log10-t10240-nosave")]
+    rows = []
+    for path in files:
+        r = load_result(path)
+        ours = r.get("8b_full")
+        save = "none" if "--no-save8b-full" in r["provenance"]["command"] else (
+            save_cell(ours['save']) if ours else "cut during or after it")
+        settings = [f"`{path}`", f"{r['tokens_per_gpu']:,}", _ours_set(r, "train.gradient_accumulation_steps", "1"),
+                    _ours_set(r, "train.logging_steps", "1"), save]
+        if ours:
+            rows.append(settings + [str(ours["steps"]), f"{per_gpu_rate(ours):,.0f}", percent(ours["mfu"])])
+        else:
+            rows.append(settings + [f"none ({r['8b_full_error']})", "", _window_mfus(r["8b_full_windows_before_error"])])
+    return markdown_table(["file (bench/results/…)", "tokens per micro-batch", "micro-batches per step",
+                           "metrics record every (steps)", "save inside the run", "steps timed", "real tokens/s per GPU",
+                           "MFU (real tokens / wall time)"], rows)
+
+
+def save_8b_4gpu() -> str:
+    """8B at 10,240 tokens per GPU with the save inside the run, by commit: each timed window's MFU with the allocator's
+    retries so far (cumulative), the save, and how the run ended."""
+    files = [f"{FOUR_GPU_SAVE[0]}/multi-4gpu-8b-full-log10-t10240-{name}.json" for name in ("lastlayer", "save")] + [
+        f"{FOUR_GPU_SAVE[1]}/multi-4gpu-8b-full-log10-t10240-save.json"]
+    rows = []
+    for path in files:
+        r = load_result(path)
+        ours = r.get("8b_full")
+        windows = ours["windows"] if ours else r["8b_full_windows_before_error"]
+        cells = ", ".join(f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']})" for w in timed_windows(windows))
+        save = (f"step {ours['save']['step']}: {save_cell(ours['save'])}" if ours
+                else "none recorded")
+        ended = f"{ours['steps']} steps timed, {percent(ours['mfu'])}" if ours else r["8b_full_error"]
+        rows.append([f"`{path}`", r["provenance"]["commit"][:7], cells, save, ended])
+    return markdown_table(["file (bench/results/…)", "commit", "window ending at step: MFU (allocator retries so far)",
+                           "save", "end"], rows)
+
+
+SAVE_TABLES: dict[str, Callable[[], str]] = {
+    "mfu-8b-4gpu-settings": mfu_8b_4gpu_settings, "save-8b-4gpu": save_8b_4gpu,
+}
