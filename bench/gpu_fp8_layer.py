@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import time
 from pathlib import Path
 
@@ -43,7 +42,6 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     # the transposed float8 copies the weight-gradient GEMMs read are pointwise kernels with a transpose
     "fp8-nd": ("tensorwise", "all", {"triton.prefer_nd_tiling": True}),
     "fp8-nd-tr": ("tensorwise", "all", {"triton.prefer_nd_tiling": True, "triton.tile_reductions": True}),
-    "fp8-gwhp": ("tensorwise-gwhp", "all", {}),  # the weight-gradient GEMMs in bf16: no transposed copies
 }
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 
@@ -60,13 +58,7 @@ def build_layer(arch: dict, variant: str) -> torch.nn.Module:
     if which:
         from torchao.float8 import convert_to_float8_training
 
-        fp8_config = float8.float8_config(recipe.removesuffix("-gwhp"), fast_accum=False)  # the default
-        if recipe.endswith("-gwhp"):
-            from torchao.float8.config import CastConfig, ScalingType
-
-            bf16 = CastConfig(scaling_type=ScalingType.DISABLED)
-            fp8_config = dataclasses.replace(fp8_config, cast_config_input_for_grad_weight=bf16,
-                                             cast_config_grad_output_for_grad_weight=bf16)
+        fp8_config = float8.float8_config(recipe, fast_accum=False)  # train.fp8_fast_accum's default
         keep = {"mlp": lambda fqn: fqn.split(".")[-1] in MLP_LINEARS,
                 "attn": lambda fqn: fqn.split(".")[-1] not in MLP_LINEARS}.get(which, lambda fqn: True)
         convert_to_float8_training(layer, config=fp8_config,

@@ -1,4 +1,5 @@
-"""BENCHMARKS.md's learning-parity tables (bench/gpu_parity.py's files), part of bench/tables.py's output."""
+"""BENCHMARKS.md's tables of issue #27: learning parity (bench/gpu_parity.py's files) and FP8 in one decoder layer
+(bench/gpu_fp8_layer.py's), part of bench/tables.py's output."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from bench.parity_record import eval_losses, runs_of, spread
 from bench.results_io import RESULTS
 from bench.table_cells import load_result, markdown_table
 
+FP8_LAYER = ("h100/single-2026-11-27/fp8layer-8b.json", "h100/single-2026-11-27/fp8layer-8b-b.json",
+             "h100/single-2026-11-27/fp8layer-8b-t16k.json")
 PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c", "h200/parity-2026-11-27d")
 
 
@@ -90,6 +93,25 @@ def parity_fullacc() -> str:
     return markdown_table(["side (1B, 2 × H200)", "eval loss of each run", "mean", "mean / mean of ours", "real tokens/s"], rows)
 
 
+def fp8_layer_8b() -> str:
+    """One 8B decoder layer per variant: its median time, against the bf16 default of the same call, and its kernel
+    time by kind over one profiled call; a variant that failed shows its error."""
+    rows = []
+    for path in FP8_LAYER:
+        r = load_result(path)
+        base = next(row["ms"] for row in r["rows"] if row["variant"] == "bf16-fused")
+        for row in r["rows"]:
+            cells = [f"`{path.split('/', 1)[1]}`", f"{r['tokens']:,}", row["variant"]]
+            if "error" in row:
+                rows.append(cells + [row["error"].split(":")[0], "", "", "", "", ""])
+                continue
+            kinds = [row["kernel_ms"].get(kind, 0) for kind in ("matmul", "compiled", "attention", "other")]
+            rows.append(cells + [f"{row['ms']:.2f}", f"{base / row['ms']:.2f}×", *(f"{ms:.2f}" for ms in kinds)])
+    return markdown_table(["file (bench/results/h100/…)", "tokens", "variant", "layer ms (fwd + bwd)",
+                           "bf16-fused ms / this", "matmul ms", "compiled ms", "attention ms", "other ms"], rows)
+
+
 PARITY_TABLES: dict[str, Callable[[], str]] = {
     "parity-runs": parity_runs, "parity-spread": parity_spread, "parity-fullacc": parity_fullacc,
+    "fp8-layer-8b": fp8_layer_8b,
 }

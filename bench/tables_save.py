@@ -10,6 +10,8 @@ from bench.table_cells import load_result, markdown_table, per_gpu_rate, percent
 FOUR_GPU_T10K = "h100/four-gpu-2026-11-27e"  # the fourth 4-GPU session's last call, a fresh machine
 FOUR_GPU_SYNC = "h100/four-gpu-2026-11-27f"  # the fifth 4-GPU session: accumulation and the metrics interval
 FOUR_GPU_SAVE = ("h100/four-gpu-2026-11-27g", "h100/four-gpu-2026-11-27h")  # the sixth: the save at 10,240 tokens/GPU
+FOUR_GPU_GLOO = "h100/four-gpu-2026-11-27i"  # the seventh: the save's object collectives over gloo
+TWO_GPU_GLOO = "h100/two-gpu-2026-11-27b"  # the same session on 2 GPUs, over NCCL and over gloo
 
 
 def _ours_set(r: dict, key: str, default: str) -> str:
@@ -48,25 +50,46 @@ def mfu_8b_4gpu_settings() -> str:
                            "MFU (real tokens / wall time)"], rows)
 
 
+def _save_run_cells(path: str) -> list[str]:
+    """One run with the save inside: file, commit, each timed window's MFU with the allocator's retries so far
+    (cumulative), the save, and how the run ended."""
+    r = load_result(path)
+    ours = r.get("8b_full")
+    windows = ours["windows"] if ours else r["8b_full_windows_before_error"]
+    cells = ", ".join(f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']})" for w in timed_windows(windows))
+    save = f"step {ours['save']['step']}: {save_cell(ours['save'])}" if ours else "none recorded"
+    ended = f"{ours['steps']} steps timed, {percent(ours['mfu'])}" if ours else r["8b_full_error"]
+    return [f"`{path}`", r["provenance"]["commit"][:7], cells, save, ended]
+
+
+WINDOWS_HEADER = ["window ending at step: MFU (allocator retries so far)", "save", "end"]
+
+
 def save_8b_4gpu() -> str:
-    """8B at 10,240 tokens per GPU with the save inside the run, by commit: each timed window's MFU with the allocator's
-    retries so far (cumulative), the save, and how the run ended."""
+    """8B at 10,240 tokens per GPU with the save inside the run, by commit."""
     files = [f"{FOUR_GPU_SAVE[0]}/multi-4gpu-8b-full-log10-t10240-{name}.json" for name in ("lastlayer", "save")] + [
         f"{FOUR_GPU_SAVE[1]}/multi-4gpu-8b-full-log10-t10240-save.json"]
+    rows = [_save_run_cells(path) for path in files]
+    return markdown_table(["file (bench/results/…)", "commit", *WINDOWS_HEADER], rows)
+
+
+def save_8b_gloo() -> str:
+    """The save inside an 8B run with DCP's object collectives over NCCL (the process group as Accelerate makes it)
+    and over gloo (`train.cpu_object_collectives`): 4 GPUs at 10,240 tokens per GPU, then 2 GPUs at 2,560."""
+    files = [f"{FOUR_GPU_SAVE[1]}/multi-4gpu-8b-full-log10-t10240-save.json",
+             f"{FOUR_GPU_GLOO}/multi-4gpu-8b-full-log10-t10240-cpuobj.json",
+             *(f"{TWO_GPU_GLOO}/multi-2gpu-8b-full-2gpu-{over}obj.json" for over in ("nccl", "cpu"))]
     rows = []
     for path in files:
         r = load_result(path)
-        ours = r.get("8b_full")
-        windows = ours["windows"] if ours else r["8b_full_windows_before_error"]
-        cells = ", ".join(f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']})" for w in timed_windows(windows))
-        save = (f"step {ours['save']['step']}: {save_cell(ours['save'])}" if ours
-                else "none recorded")
-        ended = f"{ours['steps']} steps timed, {percent(ours['mfu'])}" if ours else r["8b_full_error"]
-        rows.append([f"`{path}`", r["provenance"]["commit"][:7], cells, save, ended])
-    return markdown_table(["file (bench/results/…)", "commit", "window ending at step: MFU (allocator retries so far)",
-                           "save", "end"], rows)
+        over = "gloo" if _ours_set(r, "train.cpu_object_collectives", "false") == "true" else "NCCL"
+        file, commit, *rest = _save_run_cells(path)
+        gpus = f"{r['gpu_count']} × {path.split('/')[0].upper()}"
+        rows.append([file, commit, gpus, f"{r['tokens_per_gpu']:,}", over, f"{r['disk_write_gbps']:.2f}", *rest])
+    return markdown_table(["file (bench/results/…)", "commit", "GPUs", "tokens per GPU", "DCP's object collectives",
+                           "disk GB/s (measured first)", *WINDOWS_HEADER], rows)
 
 
 SAVE_TABLES: dict[str, Callable[[], str]] = {
-    "mfu-8b-4gpu-settings": mfu_8b_4gpu_settings, "save-8b-4gpu": save_8b_4gpu,
+    "mfu-8b-4gpu-settings": mfu_8b_4gpu_settings, "save-8b-4gpu": save_8b_4gpu, "save-8b-gloo": save_8b_gloo,
 }

@@ -32,11 +32,12 @@ from train.engine.model import mixed_precision
 logger = logging.getLogger(__name__)
 
 
-# FSDP on GPUs with train.cpu_object_collectives: object collectives (DCP's gather/scatter of the save and load
-# plans, barriers) pick the CPU backend of a group that has one (torch's _get_object_coll_device). Through NCCL
-# they need point-to-point buffers that NCCL allocates on the card at their first use, the first save: at 8B
-# with 10,240 tokens per GPU on 4 H100s that failed on a card the allocator had filled, and once the allocator
-# had given its cache back, the steps after the save ran into allocator retries (BENCHMARKS.md, sixth session).
+# FSDP on GPUs with train.cpu_object_collectives (the default): object collectives (DCP's gather/scatter of the
+# save and load plans, barriers) pick the CPU backend of a group that has one (torch's _get_object_coll_device).
+# Through NCCL they need point-to-point buffers that NCCL allocates on the card at their first use, the first
+# save: at 8B with 10,240 tokens per GPU on 4 H100s that failed on a card the allocator had filled, and once the
+# allocator had given its cache back, the steps after the save ran into allocator retries at 25-33% MFU (sixth
+# session); over gloo they stayed at 47.7-50.0% without a retry (BENCHMARKS.md, seventh session).
 CPU_OBJECT_BACKEND = "cuda:nccl,cpu:gloo"  # as Accelerate itself creates it for FSDP with CPU offload
 
 
