@@ -100,7 +100,9 @@ def release_cached_gpu_memory() -> None:
     The save's planning collectives (DCP's gather_object to rank 0) open NCCL point-to-point
     connections on first use, whose buffers NCCL allocates outside PyTorch's allocator. After the
     steps of 8B at 10,240 tokens per GPU on 4 H100s the allocator held 77.5 GiB of the 80 GB card,
-    and rank 0's gather failed with "NCCL Error 1: unhandled cuda error"."""
+    and rank 0's gather failed with "NCCL Error 1: unhandled cuda error". Since then those collectives
+    run over gloo by default (train.cpu_object_collectives) and open no NCCL connection; the release
+    stays for a job that turns that off, and ran in the measured gloo run too."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 

@@ -12,6 +12,11 @@ accumulate it in the tensor cores' reduced precision, whose error grows with the
 (DeepSeek-V3's report, section 3.3): in the parity benchmark that learned 1.4% worse than bf16, fp32
 accumulation within 1%, for 0.7% of FP8's speed at 8B (BENCHMARKS.md, 2 x H200).
 
+Where FP8's time goes, in one 8B decoder layer on an H100 (bench/gpu_fp8_layer.py, BENCHMARKS.md):
+its GEMMs are 1.8x faster than bf16's, but torchao's amax reductions and casts, compiled, take about
+5 of the layer's 18 ms, so the layer gains 1.15-1.22x and a whole step less (1.13x at 8B on 4 H100s).
+No inductor setting, recipe or subset of the linears did better.
+
 Applied by train/engine/model.py before FSDP2 wraps the model (Accelerate's prepare), as torchtitan
 does; layers whose dimensions are not multiples of 16 (the FP8 GEMMs' alignment) stay bf16, and the
 token dimension of a packed micro-batch (any length) is padded inside the GEMMs (`pad_inner_dim`).
