@@ -69,8 +69,8 @@ def build_layer(arch: dict, variant: str) -> torch.nn.Module:
 
 
 def make_inputs(arch: dict, tokens: int) -> tuple:
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     g = torch.Generator(device="cuda").manual_seed(0)
     hidden = torch.randn(1, tokens, arch["hidden_size"], device="cuda", generator=g, dtype=torch.bfloat16)

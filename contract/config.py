@@ -148,8 +148,8 @@ class TrainSection:
     cpu_object_collectives: bool = documented(
         True, "FSDP on GPUs: the process group also gets gloo for CPU tensors (cuda:nccl,cpu:gloo), so the "
               "checkpoint's planning collectives and barriers run on the CPU, not through NCCL buffers on the "
-              "card (at 8B on 4 H100s near full memory, through NCCL the steps after a save ran at half speed); "
-              "false = NCCL for everything, Accelerate's own group")
+              "card (at 8B on 4 H100s near full memory, through NCCL the steps after a save fell from 50% MFU "
+              "to 25-33%); false = NCCL for everything, Accelerate's own group")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"
