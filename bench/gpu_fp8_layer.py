@@ -44,6 +44,7 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "fp8-nd-tr": ("tensorwise", "all", {"triton.prefer_nd_tiling": True, "triton.tile_reductions": True}),
 }
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
+COMPILED = "compiled elementwise"  # train/observe/profiling.py's kind of the triton kernels torch.compile writes
 
 
 def build_layer(arch: dict, variant: str) -> torch.nn.Module:
@@ -90,8 +91,11 @@ def step(forward, hidden, positions, cos_sin, dout) -> None:
 
 
 def kernel_kinds(run) -> tuple[dict[str, float], list[tuple[str, float]]]:
-    """Kernel milliseconds of one call by kind, and its five largest compiled (triton) kernels."""
+    """Kernel milliseconds of one call by kind (the kinds of training's profile, train/observe/profiling.py),
+    and its five largest compiled (triton) kernels."""
     from torch.profiler import ProfilerActivity, profile
+
+    from train.observe.profiling import kernel_kind
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -103,13 +107,10 @@ def kernel_kinds(run) -> tuple[dict[str, float], list[tuple[str, float]]]:
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         ms = event.device_time / 1e3
-        name = event.name
-        kind = ("compiled" if name.startswith("triton") else
-                "attention" if "flash" in name.lower() or "fmha" in name.lower() or "attention" in name.lower() else
-                "matmul" if any(k in name.lower() for k in ("gemm", "nvjet", "sm90", "cutlass", "matmul")) else "other")
+        kind = kernel_kind(event.name)
         kinds[kind] += ms
-        if kind == "compiled":
-            triton[name[:60]] += ms
+        if kind == COMPILED:
+            triton[event.name[:60]] += ms
     return dict(kinds), sorted(triton.items(), key=lambda kv: -kv[1])[:5]
 
 
@@ -168,7 +169,7 @@ def report(args: argparse.Namespace, arch: dict, rows: list[dict]) -> None:
         k = row["kernel_ms"]
         ratio = f"{base / row['ms']:.2f}x" if base else "-"
         print(f"{row['variant']:16} {row['ms']:7.3f} {row['ms'] * layers:9.1f} {ratio:>13} {k.get('matmul', 0):7.2f} "
-              f"{k.get('compiled', 0):9.2f} {k.get('attention', 0):6.2f} {k.get('other', 0):6.2f} "
+              f"{k.get(COMPILED, 0):9.2f} {k.get('attention', 0):6.2f} {k.get('other', 0):6.2f} "
               f"{row['peak_gib']:8.2f} {row['first_call_s']:7.1f}")
     if args.json:
         write_result(args.json, {"device": torch.cuda.get_device_name(), "shape": args.shape,

@@ -50,10 +50,9 @@ def mfu_8b_4gpu_settings() -> str:
                            "MFU (real tokens / wall time)"], rows)
 
 
-def _save_run_cells(path: str) -> list[str]:
-    """One run with the save inside: file, commit, each timed window's MFU with the allocator's retries so far
-    (cumulative), the save, and how the run ended."""
-    r = load_result(path)
+def _save_run_cells(path: str, r: dict) -> list[str]:
+    """One run with the save inside (results file `path`, loaded: `r`): file, commit, each timed window's MFU with
+    the allocator's retries so far (cumulative), the save, and how the run ended."""
     ours = r.get("8b_full")
     windows = ours["windows"] if ours else r["8b_full_windows_before_error"]
     cells = ", ".join(f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']})" for w in timed_windows(windows))
@@ -69,7 +68,7 @@ def save_8b_4gpu() -> str:
     """8B at 10,240 tokens per GPU with the save inside the run, by commit."""
     files = [f"{FOUR_GPU_SAVE[0]}/multi-4gpu-8b-full-log10-t10240-{name}.json" for name in ("lastlayer", "save")] + [
         f"{FOUR_GPU_SAVE[1]}/multi-4gpu-8b-full-log10-t10240-save.json"]
-    rows = [_save_run_cells(path) for path in files]
+    rows = [_save_run_cells(path, load_result(path)) for path in files]
     return markdown_table(["file (bench/results/…)", "commit", *WINDOWS_HEADER], rows)
 
 
@@ -83,7 +82,7 @@ def save_8b_gloo() -> str:
     for path in files:
         r = load_result(path)
         over = "gloo" if _ours_set(r, "train.cpu_object_collectives", "false") == "true" else "NCCL"
-        file, commit, *rest = _save_run_cells(path)
+        file, commit, *rest = _save_run_cells(path, r)
         gpus = f"{r['gpu_count']} × {path.split('/')[0].upper()}"
         rows.append([file, commit, gpus, f"{r['tokens_per_gpu']:,}", over, f"{r['disk_write_gbps']:.2f}", *rest])
     return markdown_table(["file (bench/results/…)", "commit", "GPUs", "tokens per GPU", "DCP's object collectives",
