@@ -90,7 +90,7 @@ def test_materialize_optimizer_state_creates_moments_and_changes_no_weight():
     assert optimizer.param_groups[0]["lr"] == 0.1
 
 
-def test_a_save_gives_the_allocators_free_gpu_memory_back_first(tmp_path, monkeypatch):
+def test_a_save_asks_to_give_the_allocators_free_gpu_memory_back_first(tmp_path, monkeypatch):
     """The save's first NCCL gather allocates outside PyTorch's allocator; on a full card it failed
     (8B at 10,240 tokens per GPU on 4 H100s, bench/results/h100/four-gpu-2026-11-27g/save-crash-machine0.log).
     What runs here is the order: the cache is released before Accelerate's save starts. The release itself
@@ -108,3 +108,22 @@ def test_a_save_gives_the_allocators_free_gpu_memory_back_first(tmp_path, monkey
     saved = checkpoint.save_checkpoint(accelerator, tmp_path, checkpoint.TrainState(step=3), keep=2)
     assert calls == ["release", "save"]
     assert (saved / MARKER).exists()
+
+
+def test_the_cache_is_released_only_when_the_saves_object_collectives_run_over_nccl(tmp_path, monkeypatch):
+    """Over gloo (train.cpu_object_collectives, the default) the save takes no GPU memory, and a release
+    would only make the allocator grow again after it. The GPU is faked (none here); the group is real."""
+    import torch.distributed as dist
+
+    from train.engine import checkpoint
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not checkpoint.object_collectives_on_gpu()  # no process group: nothing to release for
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert not checkpoint.object_collectives_on_gpu()
+        assert "gloo" in dist.Backend("cuda:nccl,cpu:gloo")  # the mixed group's name, as get_backend gives it
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: dist.Backend("nccl"))
+        assert checkpoint.object_collectives_on_gpu()
+    finally:
+        dist.destroy_process_group()

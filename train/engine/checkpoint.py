@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
@@ -95,16 +96,23 @@ def remove_stale(root: Path, accelerator: Accelerator) -> None:
 
 
 def release_cached_gpu_memory() -> None:
-    """Give the caching allocator's free blocks back to the card before a save.
+    """Give the caching allocator's free blocks back to the card before a save whose object collectives
+    go through NCCL (`object_collectives_on_gpu`).
 
-    The save's planning collectives (DCP's gather_object to rank 0) open NCCL point-to-point
-    connections on first use, whose buffers NCCL allocates outside PyTorch's allocator. After the
-    steps of 8B at 10,240 tokens per GPU on 4 H100s the allocator held 77.5 GiB of the 80 GB card,
-    and rank 0's gather failed with "NCCL Error 1: unhandled cuda error". Since then those collectives
-    run over gloo by default (train.cpu_object_collectives) and open no NCCL connection; the release
-    stays for a job that turns that off, and ran in the measured gloo run too."""
-    if torch.cuda.is_available():
+    Those collectives (DCP's gather_object of the plans to rank 0) open NCCL point-to-point connections
+    on first use, whose buffers NCCL allocates outside PyTorch's allocator. After the steps of 8B at
+    10,240 tokens per GPU on 4 H100s the allocator held 77.5 GiB of the 80 GB card, and rank 0's gather
+    failed with "NCCL Error 1: unhandled cuda error". Over gloo (train.cpu_object_collectives, the
+    default) they take no GPU memory, and a release would only make the allocator grow again in the
+    steps after the save, so it is skipped there."""
+    if object_collectives_on_gpu():
         torch.cuda.empty_cache()
+
+
+def object_collectives_on_gpu() -> bool:
+    """Whether the default group's object collectives run over NCCL: on GPUs, in a group without gloo
+    (torch's _get_object_coll_device picks a group's CPU backend when it has one)."""
+    return torch.cuda.is_available() and dist.is_initialized() and "gloo" not in dist.get_backend()
 
 
 def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, keep: int) -> Path:
