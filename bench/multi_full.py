@@ -87,15 +87,15 @@ def save_step(steps: int) -> int:
 
 def windows(metrics: Path) -> list[dict[str, Any]]:
     """Each logged window's step, duration, throughput, MFU, compiled-graph count, the allocator's state
-    (peak reserved GiB, free-and-retry passes so far: memory pressure shows there) and the seconds Python's
-    garbage collection took in it, from metrics.jsonl."""
+    (peak reserved GiB, free-and-retry passes so far: memory pressure shows there), the seconds Python's
+    garbage collection took in it and its slowest step (number, seconds), from metrics.jsonl."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
     previous = [0.0] + [r["elapsed_s"] for r in steps[:-1]]
     return [{"step": r["step"], "seconds": r["elapsed_s"] - before, "tokens_per_s": r["tokens_per_s"],
              "mfu": r.get("mfu"), "compiled_graphs": r.get("compiled_graphs", 0),
              "peak_reserved_gib": r.get("peak_reserved_gib"), "alloc_retries": r.get("alloc_retries"),
-             "gc_s": r.get("gc_s")}
+             "gc_s": r.get("gc_s"), "slowest_step": r.get("slowest_step"), "slowest_step_s": r.get("slowest_step_s")}
             for r, before in zip(steps, previous)]
 
 

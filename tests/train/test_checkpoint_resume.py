@@ -98,7 +98,9 @@ def test_reference_run_trains_logs_and_exports(reference):
     assert "world size 2 (DistributedType.FSDP)" in read_log(reference)
     records = [r for r in metrics(reference) if "loss" in r]
     assert records[-1]["loss"] < records[0]["loss"] - 1.0
-    assert {"tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "packing_efficiency", "restart", "gc_s"} <= set(records[0])
+    assert {"tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "packing_efficiency", "restart", "gc_s",
+            "slowest_step", "slowest_step_s"} <= set(records[0])
+    assert all(r["step"] - 5 < r["slowest_step"] <= r["step"] and r["slowest_step_s"] > 0 for r in records)  # every 5
     assert sum(r["gc_s"] for r in records) > 0  # the collections at steps 10, 20 and 30
     assert records[0]["mfu"] is None  # CPU: no peak FLOP/s, no guess
     assert metrics(reference)[-1]["event"] == "done"

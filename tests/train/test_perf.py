@@ -84,6 +84,31 @@ def test_garbage_is_collected_at_step_boundaries_only_and_timed():
     assert gc.isenabled()
 
 
+def test_a_collection_in_a_saves_pause_starts_the_count_again_and_a_resumed_run_counts_from_its_start():
+    """The loop collects right after a save (training is paused there anyway); the next collection then
+    comes N steps after it, not at the next multiple of N. A run resumed at step 7 counts from step 7."""
+    import gc
+
+    from train.kernels.perf import StepGarbageCollector
+
+    def collections_at(steps: range, save_at: int | None) -> list[int]:
+        collected = []
+        collector = StepGarbageCollector(every_steps=5)
+        with collector:
+            for step in steps:
+                before = gc.get_stats()[1]["collections"]
+                collector.after_step(step)
+                if step == save_at:
+                    collector.collect(step)
+                if gc.get_stats()[1]["collections"] > before:
+                    collected.append(step)
+        return collected
+
+    assert collections_at(range(1, 16), save_at=None) == [5, 10, 15]
+    assert collections_at(range(1, 16), save_at=7) == [5, 7, 12]
+    assert collections_at(range(8, 20), save_at=None) == [12, 17]
+
+
 def test_gc_every_steps_0_leaves_pythons_automatic_collection_and_times_it():
     import gc
 
@@ -97,3 +122,24 @@ def test_gc_every_steps_0_leaves_pythons_automatic_collection_and_times_it():
         gc.collect(0)  # stands for an automatic collection: the callback times it the same way
         assert collector.take_seconds() > 0
     assert len(gc.callbacks) == callbacks
+
+
+def test_the_step_clock_names_each_windows_slowest_step_and_leaves_pauses_out():
+    """On the CPU the host clock times a step; a pause between spans (a save after a settle) is no step's."""
+    import time
+
+    from train.observe.metrics import StepClock
+
+    clock = StepClock()
+    assert not clock.cuda  # CPU here: the host clock; on a GPU, events on the compute stream
+    for step, seconds in ((1, 0.01), (2, 0.05), (3, 0.01)):
+        clock.before_step()
+        time.sleep(seconds)
+        clock.after_step(step)
+    clock.settle()
+    time.sleep(0.2)  # a save: not part of step 4
+    clock.before_step()
+    time.sleep(0.02)
+    clock.after_step(4)
+    clock.settle()
+    assert clock.slowest_step == 2 and 0.05 <= clock.slowest_s < 0.2

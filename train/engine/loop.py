@@ -38,7 +38,8 @@ from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoi
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.engine.export import export_model
 from train.engine.hooks import HOOKS
-from train.observe.metrics import MetricsSink, Stopwatch, attended_length, lora_params, peak_flops_per_gpu, step_record
+from train.observe.metrics import (MetricsSink, Stopwatch, Window, attended_length, lora_params, peak_flops_per_gpu,
+                                   step_record)
 from train.engine.model import build_model, log_model_ready, log_placement
 from train.engine.optim import prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
@@ -93,39 +94,6 @@ class Batches:
         the filler is never one of them."""
         cap = self.row_length
         return [min(self.lengths[i], cap) if cap else self.lengths[i] for i in indices]
-
-
-@dataclass
-class Window:
-    """Sums over the optimizer steps since the last log line.
-
-    Each step leaves its numbers as one device tensor in `pending`; `settle` reads them all with a
-    single host sync at log / save time, so no step waits for the GPU (the CPU runs ahead and the
-    GPU never idles while the next micro-batch is prepared).
-    """
-
-    pending: list[torch.Tensor] = field(default_factory=list)  # per step: loss, tokens, Σn², slots, grad norm
-    loss: float = 0.0
-    steps: int = 0
-    tokens: int = 0
-    doc_len_sq: float = 0.0
-    slots: int = 0
-    seconds: float = 0.0
-    grad_norm: float = 0.0
-
-    def settle(self, state: TrainState) -> None:
-        if not self.pending:
-            return
-        rows = torch.stack(self.pending).tolist()  # the one host sync
-        self.pending.clear()
-        for loss, tokens, doc_len_sq, slots, grad_norm in rows:
-            self.loss += loss
-            self.steps += 1
-            self.tokens += int(tokens)
-            self.doc_len_sq += doc_len_sq
-            self.slots += int(slots)
-            self.grad_norm = grad_norm
-            state.tokens_seen += int(tokens)
 
 
 def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
@@ -265,7 +233,9 @@ class Loop:
         while state.step < self.total_steps:
             lr = self.scheduler.get_last_lr()[0]
             profiler.before_step(state.step)
+            window.clock.before_step()
             self.step(state, window)
+            window.clock.after_step(state.step)
             profiler.after_step(state.step - 1)
             self.collector.after_step(state.step)  # inside the window's clock: its pause is training time
             sink.advance()
@@ -291,14 +261,15 @@ class Loop:
                 self._settle(state, window, watch)
                 with watchdog.paused():
                     save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
-                watch.lap()  # saving is not training throughput
+                self.collector.collect(state.step)  # in the pause the save took anyway
+                watch.lap()  # saving (and its collection) is not training throughput
         self._settle(state, window, watch)
         return False
 
     @staticmethod
     def _settle(state: TrainState, window: Window, watch: Stopwatch) -> None:
         """Wait for the GPU (one sync), then book the wall time since the last lap as training time."""
-        window.settle(state)
+        state.tokens_seen += window.settle()
         seconds = watch.lap()
         window.seconds += seconds
         state.elapsed_s += seconds
@@ -352,7 +323,8 @@ class Loop:
             seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
             packing_efficiency=window.tokens / window.slots if window.slots else 0.0, elapsed_s=state.elapsed_s,
             compiled_graphs=self.recompiles.check(state.step), lora_params=self.lora_params,
-            gc_s=self.collector.take_seconds())
+            gc_s=self.collector.take_seconds(), slowest_step=window.clock.slowest_step,
+            slowest_step_s=window.clock.slowest_s)
 
     def evaluate(self) -> dict[str, float]:
         """`eval_loss`: mean token loss over every eval example; with several sources also

@@ -131,6 +131,7 @@ class StepGarbageCollector:
         self.seconds = 0.0
         self._started: float | None = None
         self._was_enabled = True
+        self._collected_at: int | None = None
 
     def __enter__(self) -> StepGarbageCollector:
         self._was_enabled = gc.isenabled()
@@ -146,8 +147,17 @@ class StepGarbageCollector:
             gc.enable()
 
     def after_step(self, step: int) -> None:
-        if self.every and step % self.every == 0:
+        if self._collected_at is None:
+            self._collected_at = step - 1  # the step the run started or resumed at, where __enter__ collected
+        if self.every and step - self._collected_at >= self.every:
+            self.collect(step)
+
+    def collect(self, step: int) -> None:
+        """A collection now, at a step boundary; the next one N steps later. The loop also calls it right
+        after a save: training is paused there anyway, and the save's planning has just made garbage."""
+        if self.every:
             gc.collect(1)
+            self._collected_at = step
 
     def take_seconds(self) -> float:
         """Seconds spent collecting since the last call."""

@@ -17,7 +17,7 @@ import os
 import resource
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def step_record(
     *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, tokens: int, doc_len_sq: float,
     seconds: float, world_size: int, arch: dict[str, Any], peak_flops: float | None,
     packing_efficiency: float, elapsed_s: float, compiled_graphs: int = 0, lora_params: int | None = None,
-    gc_s: float = 0.0,
+    gc_s: float = 0.0, slowest_step: int = 0, slowest_step_s: float = 0.0,
 ) -> dict[str, Any]:
     """One metrics.jsonl record for the steps since the last log (tokens/docs summed over all ranks)."""
     tokens_per_s = tokens / seconds if seconds > 0 else 0.0
@@ -106,7 +106,7 @@ def step_record(
         "mfu": tflops * 1e12 / peak_flops if peak_flops else None, **allocator_numbers(),
         "packing_efficiency": packing_efficiency, "elapsed_s": elapsed_s,
         "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "compiled_graphs": compiled_graphs,
-        "gc_s": gc_s,
+        "gc_s": gc_s, "slowest_step": slowest_step, "slowest_step_s": slowest_step_s,
     }
 
 
@@ -186,3 +186,81 @@ class Stopwatch:
         now = time.perf_counter()
         seconds, self.start = now - self.start, now
         return seconds
+
+
+class StepClock:
+    """Each optimizer step's seconds as the device lived them, read with the window's one host sync, so
+    a metrics record names its slowest step (a stall inside a window of N steps is found without a record
+    per step, whose own sync costs time).
+
+    On a GPU an event is recorded on the compute stream between steps: two consecutive events bound the
+    step, its waits for the host included. On the CPU, where work runs as it is issued, the host clock is
+    the step's clock. A span starts at the first step after a sync (a record, a save, an eval), so the
+    pauses between spans are never a step's time."""
+
+    def __init__(self, cuda: bool | None = None) -> None:
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self._marks: list[Any] = []
+        self._steps: list[int] = []
+        self.slowest_step, self.slowest_s = 0, 0.0
+
+    def _now(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def before_step(self) -> None:
+        if not self._marks:
+            self._marks.append(self._now())
+
+    def after_step(self, step: int) -> None:
+        self._marks.append(self._now())
+        self._steps.append(step)
+
+    def settle(self) -> None:
+        """After the host waited for the device: the span's steps into `slowest_*`; a new span begins."""
+        if self.cuda and self._marks:
+            self._marks[-1].synchronize()
+        for step, start, end in zip(self._steps, self._marks, self._marks[1:]):
+            seconds = start.elapsed_time(end) / 1e3 if self.cuda else end - start
+            if seconds > self.slowest_s:
+                self.slowest_step, self.slowest_s = step, seconds
+        self._marks, self._steps = [], []
+
+
+@dataclass
+class Window:
+    """Sums over the optimizer steps since the last log line.
+
+    Each step leaves its numbers as one device tensor in `pending`; `settle` reads them all with a
+    single host sync at log / save time, so no step waits for the GPU (the CPU runs ahead and the
+    GPU never idles while the next micro-batch is prepared).
+    """
+
+    pending: list[torch.Tensor] = field(default_factory=list)  # per step: loss, tokens, Σn², slots, grad norm
+    loss: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    doc_len_sq: float = 0.0
+    slots: int = 0
+    seconds: float = 0.0
+    grad_norm: float = 0.0
+    clock: StepClock = field(default_factory=StepClock)  # each step's seconds: the window's slowest step
+
+    def settle(self) -> int:
+        """Read the pending steps into the sums; returns their tokens (0 when none are pending)."""
+        if not self.pending:
+            return 0
+        rows = torch.stack(self.pending).tolist()  # the one host sync
+        self.pending.clear()
+        for loss, tokens, doc_len_sq, slots, grad_norm in rows:
+            self.loss += loss
+            self.steps += 1
+            self.tokens += int(tokens)
+            self.doc_len_sq += doc_len_sq
+            self.slots += int(slots)
+            self.grad_norm = grad_norm
+        self.clock.settle()
+        return sum(int(row[1]) for row in rows)
