@@ -154,7 +154,8 @@ class TrainSection:
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"
                                          "generation collection on every rank every N steps instead (at the same "
-                                         "step everywhere); 0 = Python's automatic collection")
+                                         "step everywhere) and one right after each save; 0 = Python's automatic "
+                                         "collection")
     profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on rank 0: "
                                            "top kernels and GPU time by kind in the log, a trace in "
                                            "logs/profile/; unset = off")
