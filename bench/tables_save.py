@@ -12,6 +12,7 @@ FOUR_GPU_SYNC = "h100/four-gpu-2026-11-27f"  # the fifth 4-GPU session: accumula
 FOUR_GPU_SAVE = ("h100/four-gpu-2026-11-27g", "h100/four-gpu-2026-11-27h")  # the sixth: the save at 10,240 tokens/GPU
 FOUR_GPU_GLOO = "h100/four-gpu-2026-11-27i"  # the seventh: the save's object collectives over gloo
 TWO_GPU_GLOO = "h100/two-gpu-2026-11-27b"  # the same session on 2 GPUs, over NCCL and over gloo
+FOUR_GPU_KEEP = "h100/four-gpu-2026-11-28"  # the eighth: the allocator's cache kept over the save, each window's slowest step
 
 
 def _ours_set(r: dict, key: str, default: str) -> str:
@@ -89,6 +90,32 @@ def save_8b_gloo() -> str:
                            "disk GB/s (measured first)", *WINDOWS_HEADER], rows)
 
 
+def _window_with_slowest(w: dict) -> str:
+    slowest = f", slowest step {w['slowest_step']}: {w['slowest_step_s']:.2f} s" if w.get("slowest_step") else ""
+    return f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']} retries{slowest})"
+
+
+def save_8b_cache_kept() -> str:
+    """8B on 4 GPUs with the save inside the run, the save's object collectives over gloo: the seventh session's run
+    (the allocator's cache released before the save) and this session's (kept), each window's slowest step where the
+    file has it."""
+    files = [f"{FOUR_GPU_GLOO}/multi-4gpu-8b-full-log10-t10240-cpuobj.json"] + [
+        f"{FOUR_GPU_KEEP}/multi-4gpu-8b-full-{name}.json"
+        for name in ("log10-t10240-norelease", "log10-t10240-clock", "prof-after-save", "log10-t11264-norelease")]
+    rows = []
+    for path in files:
+        r = load_result(path)
+        ours = r["8b_full"]
+        windows = "; ".join(_window_with_slowest(w) for w in timed_windows(ours["windows"]))
+        rows.append([f"`{path}`", r["provenance"]["commit"][:7], f"{r['tokens_per_gpu']:,}", windows,
+                     f"step {ours['save']['step']}: {save_cell(ours['save'])}", str(ours["steps"]),
+                     f"{per_gpu_rate(ours):,.0f}", percent(ours["mfu"])])
+    return markdown_table(["file (bench/results/…)", "commit", "tokens per GPU",
+                           "window ending at step: MFU (allocator retries so far, slowest step)", "save", "steps timed",
+                           "real tokens/s per GPU", "MFU (real tokens / wall time)"], rows)
+
+
 SAVE_TABLES: dict[str, Callable[[], str]] = {
     "mfu-8b-4gpu-settings": mfu_8b_4gpu_settings, "save-8b-4gpu": save_8b_4gpu, "save-8b-gloo": save_8b_gloo,
+    "save-8b-cache-kept": save_8b_cache_kept,
 }
