@@ -45,6 +45,7 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
 }
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 COMPILED = "compiled elementwise"  # train/observe/profiling.py's kind of the triton kernels torch.compile writes
+LARGEST = (COMPILED, "other")  # the kinds whose largest kernels a row names
 
 
 def build_layer(arch: dict, variant: str) -> torch.nn.Module:
@@ -90,9 +91,10 @@ def step(forward, hidden, positions, cos_sin, dout) -> None:
     out.backward(dout)
 
 
-def kernel_kinds(run) -> tuple[dict[str, float], list[tuple[str, float]]]:
+def kernel_kinds(run) -> tuple[dict[str, float], dict[str, list[tuple[str, float]]]]:
     """Kernel milliseconds of one call by kind (the kinds of training's profile, train/observe/profiling.py),
-    and its five largest compiled (triton) kernels."""
+    and by kind (compiled triton kernels, and the uncompiled ones of kind "other": copies, casts), its five
+    largest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     from train.observe.profiling import kernel_kind
@@ -102,16 +104,16 @@ def kernel_kinds(run) -> tuple[dict[str, float], list[tuple[str, float]]]:
         run()
         torch.cuda.synchronize()
     kinds: dict[str, float] = collections.Counter()
-    triton: dict[str, float] = collections.Counter()
+    named: dict[str, dict[str, float]] = {kind: collections.Counter() for kind in LARGEST}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         ms = event.device_time / 1e3
         kind = kernel_kind(event.name)
         kinds[kind] += ms
-        if kind == COMPILED:
-            triton[event.name[:60]] += ms
-    return dict(kinds), sorted(triton.items(), key=lambda kv: -kv[1])[:5]
+        if kind in named:
+            named[kind][event.name[:60]] += ms
+    return dict(kinds), {kind: sorted(ms.items(), key=lambda kv: -kv[1])[:5] for kind, ms in named.items()}
 
 
 def measure(arch: dict, variant: str, inputs: tuple) -> dict:
@@ -128,7 +130,8 @@ def measure(arch: dict, variant: str, inputs: tuple) -> dict:
     kinds, largest = kernel_kinds(lambda: step(forward, *inputs))
     torch.cuda.reset_peak_memory_stats()
     step(forward, *inputs)
-    return {"variant": variant, "ms": ms, "first_call_s": first_s, "kernel_ms": kinds, "largest_compiled": largest,
+    return {"variant": variant, "ms": ms, "first_call_s": first_s, "kernel_ms": kinds,
+            "largest_compiled": largest[COMPILED], "largest_other": largest["other"],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "inductor": inductor}
 
 
