@@ -198,8 +198,8 @@ class StepClock:
     the step's clock. A span starts at the first step after a sync (a record, a save, an eval), so the
     pauses between spans are never a step's time."""
 
-    def __init__(self, cuda: bool | None = None) -> None:
-        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()  # as train/engine/sharding.py picks the device
         self._marks: list[Any] = []
         self._steps: list[int] = []
         self.slowest_step, self.slowest_s = 0, 0.0
