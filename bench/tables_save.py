@@ -28,12 +28,16 @@ def _window_mfus(windows: list[dict]) -> str:
     return f"{percent(min(timed))}–{percent(max(timed))} over {len(timed)} windows" if timed else "none timed"
 
 
+def _runs(earlier: str, folder: str, tags: tuple[str, ...]) -> list[str]:
+    """An earlier session's results file to compare against, then this folder's 8B runs by tag."""
+    return [earlier] + [f"{folder}/multi-4gpu-8b-full-{tag}.json" for tag in tags]
+
+
 def mfu_8b_4gpu_settings() -> str:
     """Ours at 8B on 4 GPUs by micro-batches per step and metrics interval (the previous session's best run first): each
     run's aggregate, or the windows a run cut by its time limit logged before (each window's own MFU)."""
-    files = [f"{FOUR_GPU_T10K}/multi-4gpu-8b-full-t10k.json"] + [
-        f"{FOUR_GPU_SYNC}/multi-4gpu-8b-full-{name}.json"
-        for name in ("ga2-t9216", "log4-t10240", "log10-t10240", "log10-t10240-nosave")]
+    files = _runs(f"{FOUR_GPU_T10K}/multi-4gpu-8b-full-t10k.json", FOUR_GPU_SYNC,
+                  ("ga2-t9216", "log4-t10240", "log10-t10240", "log10-t10240-nosave"))
     rows = []
     for path in files:
         r = load_result(path)
@@ -99,9 +103,8 @@ def save_8b_cache_kept() -> str:
     """8B on 4 GPUs with the save inside the run, the save's object collectives over gloo: the seventh session's run
     (the allocator's cache released before the save) and this session's (kept), each window's slowest step where the
     file has it."""
-    files = [f"{FOUR_GPU_GLOO}/multi-4gpu-8b-full-log10-t10240-cpuobj.json"] + [
-        f"{FOUR_GPU_KEEP}/multi-4gpu-8b-full-{name}.json"
-        for name in ("log10-t10240-norelease", "log10-t10240-clock", "prof-after-save", "log10-t11264-norelease")]
+    files = _runs(f"{FOUR_GPU_GLOO}/multi-4gpu-8b-full-log10-t10240-cpuobj.json", FOUR_GPU_KEEP,
+                  ("log10-t10240-norelease", "log10-t10240-clock", "prof-after-save", "log10-t11264-norelease"))
     rows = []
     for path in files:
         r = load_result(path)
