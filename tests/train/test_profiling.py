@@ -5,7 +5,8 @@ import logging
 import torch
 from transformers import LlamaForCausalLM
 
-from train.observe.profiling import StepProfiler, format_steps, kernel_breakdown, kernel_kind, read_trace, step_breakdown
+from train.observe.profiling import (StepProfiler, format_steps, kernel_breakdown, kernel_kind, launching_ops, read_trace,
+                                     step_breakdown)
 
 
 def test_profiled_steps_leave_a_trace_and_a_breakdown(tiny_model_config, tmp_path, caplog):
@@ -23,6 +24,8 @@ def test_profiled_steps_leave_a_trace_and_a_breakdown(tiny_model_config, tmp_pat
     assert "profile of steps 2..3" in caplog.text and "by kind" in caplog.text
     assert [row["step"] for row in step_breakdown(events)] == [2, 3]  # each step's own range
     assert "step 3: " in caplog.text
+    paths = launching_ops(events).values()  # each operator with the ones that called it, from the real trace
+    assert any(path.startswith("aten::mm < ") for path in paths)
 
 
 def test_off_on_other_ranks_and_without_spec(tmp_path):
@@ -50,6 +53,32 @@ def test_memsets_are_attributed_to_the_op_that_launched_them():
     result = kernel_breakdown(events)
     assert result["total_ms"] == 8.0 and result["by_kind"] == {"matmul": 6.0, "memset": 2.0}
     assert result["launched_by"]["memset"] == {"aten::zeros": 2.0}
+
+
+def test_a_kernel_is_attributed_to_its_operator_and_that_operators_callers_on_its_thread():
+    """Which copy: the launching op, then the ranges enclosing it on its own thread, innermost first. A
+    labelled range's module is dropped (the same cause in every layer adds up); another thread's ranges and
+    the step's own label are no caller."""
+    def op(name, ts, dur, tid=1, cat="cpu_op", external=None):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid,
+                "args": {} if external is None else {"External id": external}}
+
+    events = [
+        op("sft optimizer step 3", 0, 1000, cat="user_annotation"),
+        op("FSDP::post_backward_reduce (model.layers.0)", 10, 100, cat="user_annotation"),
+        op("aten::contiguous", 20, 50, external=1),
+        op("aten::copy_", 30, 10, external=2),
+        op("FSDP::post_backward_reduce (model.layers.1)", 200, 100, cat="user_annotation"),
+        op("aten::contiguous", 210, 50, external=3),
+        op("aten::copy_", 220, 10, external=4),
+        op("aten::copy_", 500, 10, external=5),  # after the label ended: only the step encloses it
+        op("sft::swiglu_mlp_bwd", 0, 900, tid=2, external=6),  # another thread, overlapping in time
+    ]
+    events += [{"cat": "kernel", "name": "void at::native::unrolled_elementwise_kernel<direct_copy>", "dur": 700.0,
+                "args": {"External id": external}} for external in (2, 4, 5)]
+    assert launching_ops(events)[2] == "aten::copy_ < aten::contiguous < FSDP::post_backward_reduce"
+    assert kernel_breakdown(events)["launched_by"]["other"] == {
+        "aten::copy_ < aten::contiguous < FSDP::post_backward_reduce": 1.4, "aten::copy_": 0.7}
 
 
 def test_each_step_apart_shows_gpu_busy_idle_and_the_allocators_host_time():

@@ -4,7 +4,8 @@ It leaves three things: the top kernels by GPU time in the log, a Chrome/Perfett
 ``<run dir>/logs/profile/``, and a breakdown of GPU time by kind of work (matmul, attention, memset,
 optimizer, loss, communication, compiled elementwise, ...). Memsets and the unnamed rest are also
 attributed to the operator that launched them (the trace links each kernel to its CPU op by "External
-id"), which is how a stray `zeros` in a kernel library shows up. And each step apart: its host wall time,
+id") and to the operators enclosing that one, which is how a stray `zeros` in a kernel library, or whose
+copy a copy kernel is, shows up. And each step apart: its host wall time,
 the GPU's busy time, and the host's time in allocator and synchronizing calls, so a slow step beside a
 fast one says whether the GPU computed more or waited; and how long no kernel but FSDP's collectives ran,
 with the longest such gaps and the kernels on either side (a GPU waiting for its host at a step's start).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -44,11 +46,41 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+STEP_LABEL = "sft optimizer step"  # each profiled step's range in the trace (torch.profiler.record_function)
+CALLERS_SHOWN = 3  # enclosing operators named after a launching one: whose copy it is, not only that it is one
+RANGE_CATEGORIES = ("cpu_op", "user_annotation")  # host ranges that nest: operators, record_function labels
+
+
+def launching_ops(events: list[dict[str, Any]]) -> dict[Any, str]:
+    """External id -> the operator that launched a kernel, then up to CALLERS_SHOWN operators or labelled
+    ranges enclosing it on its thread, innermost first ("aten::copy_ < aten::contiguous < sft::swiglu_mlp_bwd").
+    A label's module in parentheses is dropped, so one cause over many layers adds up in one entry; the step
+    labels enclose everything and are left out."""
+    ranges = sorted((e for e in events if e.get("cat") in RANGE_CATEGORIES
+                     and not str(e.get("name", "")).startswith((STEP_LABEL, "ProfilerStep"))),
+                    key=lambda e: (e.get("pid"), e.get("tid"), e.get("ts", 0.0), -e.get("dur", 0.0)))
+    paths: dict[Any, str] = {}
+    open_ranges: list[tuple[float, str]] = []  # (end, name) of the ranges enclosing the current one
+    thread = None
+    for event in ranges:
+        start, name = event.get("ts", 0.0), re.sub(r" \(.*\)$", "", event["name"])
+        if (event.get("pid"), event.get("tid")) != thread:
+            open_ranges, thread = [], (event.get("pid"), event.get("tid"))
+        while open_ranges and open_ranges[-1][0] <= start:
+            open_ranges.pop()
+        external = event.get("args", {}).get("External id")
+        if event.get("cat") == "cpu_op" and external is not None:
+            callers = [caller for _, caller in reversed(open_ranges) if caller != name][:CALLERS_SHOWN]
+            paths[external] = " < ".join([name, *callers])
+        open_ranges.append((start + event.get("dur", 0.0), name))
+    return paths
+
+
 def kernel_breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """GPU time by kind, and the launching operators of memsets and of the rest, from a trace's
-    traceEvents. Times in ms; `launched_by` maps kind -> {op name: ms} for memset and other."""
-    ops_by_id = {e["args"]["External id"]: e["name"] for e in events
-                 if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
+    """GPU time by kind, and the launching operators (with their callers, `launching_ops`) of memsets and of
+    the rest, from a trace's traceEvents. Times in ms; `launched_by` maps kind -> {op path: ms} for memset
+    and other."""
+    ops_by_id = launching_ops(events)
     by_kind: dict[str, float] = defaultdict(float)
     launched_by: dict[str, dict[str, float]] = {"memset": defaultdict(float), "other": defaultdict(float)}
     for event in events:
@@ -75,7 +107,6 @@ def format_breakdown(breakdown: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-STEP_LABEL = "sft optimizer step"  # each profiled step's range in the trace (torch.profiler.record_function)
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")  # the CUDA calls the host made (kernel launches among them)
 GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
 # Host calls that stall the host: the caching allocator's (cudaFree synchronizes the device; expandable
