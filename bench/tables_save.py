@@ -55,13 +55,17 @@ def mfu_8b_4gpu_settings() -> str:
                            "MFU (real tokens / wall time)"], rows)
 
 
+def _save_at_step(ours: dict) -> str:
+    return f"step {ours['save']['step']}: {save_cell(ours['save'])}"
+
+
 def _save_run_cells(path: str, r: dict) -> list[str]:
     """One run with the save inside (results file `path`, loaded: `r`): file, commit, each timed window's MFU with
     the allocator's retries so far (cumulative), the save, and how the run ended."""
     ours = r.get("8b_full")
     windows = ours["windows"] if ours else r["8b_full_windows_before_error"]
     cells = ", ".join(f"{w['step']}: {percent(w['mfu'])} ({w['alloc_retries']})" for w in timed_windows(windows))
-    save = f"step {ours['save']['step']}: {save_cell(ours['save'])}" if ours else "none recorded"
+    save = _save_at_step(ours) if ours else "none recorded"
     ended = f"{ours['steps']} steps timed, {percent(ours['mfu'])}" if ours else r["8b_full_error"]
     return [f"`{path}`", r["provenance"]["commit"][:7], cells, save, ended]
 
@@ -111,7 +115,7 @@ def save_8b_cache_kept() -> str:
         ours = r["8b_full"]
         windows = "; ".join(_window_with_slowest(w) for w in timed_windows(ours["windows"]))
         rows.append([f"`{path}`", r["provenance"]["commit"][:7], f"{r['tokens_per_gpu']:,}", windows,
-                     f"step {ours['save']['step']}: {save_cell(ours['save'])}", str(ours["steps"]),
+                     _save_at_step(ours), str(ours["steps"]),
                      f"{per_gpu_rate(ours):,.0f}", percent(ours["mfu"])])
     return markdown_table(["file (bench/results/…)", "commit", "tokens per GPU",
                            "window ending at step: MFU (allocator retries so far, slowest step)", "save", "steps timed",

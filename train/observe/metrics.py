@@ -255,6 +255,7 @@ class Window:
             return 0
         rows = torch.stack(self.pending).tolist()  # the one host sync
         self.pending.clear()
+        before = self.tokens
         for loss, tokens, doc_len_sq, slots, grad_norm in rows:
             self.loss += loss
             self.steps += 1
@@ -263,4 +264,4 @@ class Window:
             self.slots += int(slots)
             self.grad_norm = grad_norm
         self.clock.settle()
-        return sum(int(row[1]) for row in rows)
+        return self.tokens - before

@@ -49,6 +49,7 @@ def kernel_kind(name: str) -> str:
 STEP_LABEL = "sft optimizer step"  # each profiled step's range in the trace (torch.profiler.record_function)
 CALLERS_SHOWN = 3  # enclosing operators named after a launching one: whose copy it is, not only that it is one
 RANGE_CATEGORIES = ("cpu_op", "user_annotation")  # host ranges that nest: operators, record_function labels
+MODULE_SUFFIX = re.compile(r" \(.*\)$")  # "FSDP::all_gather (model.layers.3)": the module a label names
 
 
 def launching_ops(events: list[dict[str, Any]]) -> dict[Any, str]:
@@ -63,7 +64,7 @@ def launching_ops(events: list[dict[str, Any]]) -> dict[Any, str]:
     open_ranges: list[tuple[float, str]] = []  # (end, name) of the ranges enclosing the current one
     thread = None
     for event in ranges:
-        start, name = event.get("ts", 0.0), re.sub(r" \(.*\)$", "", event["name"])
+        start, name = event.get("ts", 0.0), MODULE_SUFFIX.sub("", event["name"])
         if (event.get("pid"), event.get("tid")) != thread:
             open_ranges, thread = [], (event.get("pid"), event.get("tid"))
         while open_ranges and open_ranges[-1][0] <= start:
