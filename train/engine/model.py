@@ -36,9 +36,7 @@ from contract import gpus
 from contract.config import TrainConfig
 from contract.schema import ConfigError
 from train.kernels import float8, swiglu
-from train.kernels.attention import VARLEN_KERNELS
 from train.kernels.loss import logit_grad_pass
-from train.kernels.token_major import use_token_major_attention
 from train.observe.metrics import gpu_spec, mfu_peaks_line, peak_rss_mib
 from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers,
                                 gather_lm_head_with_root, use_fused_loss)
@@ -138,7 +136,6 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         apply_float8(model, cfg, accelerator)
     elif cfg.asks_for_fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
-    apply_token_major_attention(model, attn_implementation)
     if compiles_decoder_layers(cfg, accelerator.num_processes):
         compile_decoder_layers(model)  # +32% tokens/s on H200 in files removed in #33; slow to compile on CPU
     elif cfg.sharded_qlora_stays_eager(accelerator.num_processes):
@@ -194,17 +191,6 @@ def apply_fused_mlp(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accel
         logger.info("fused SwiGLU MLP off: %s", blocker)
     else:
         logger.info("fused SwiGLU MLP (quack GEMMs): %d of %d decoder layers", fused, len(layers))
-
-
-def apply_token_major_attention(model: PreTrainedModel, attn_implementation: str) -> None:
-    """With a varlen kernel, Llama attention keeps q, k, v token-major through RoPE (train/kernels/token_major.py)."""
-    kernel = VARLEN_KERNELS.get(attn_implementation)
-    if kernel is None:
-        return
-    layers = decoder_layers(model)
-    count = use_token_major_attention([layer.self_attn for layer in layers], kernel)
-    logger.info("attention token-major through RoPE into %s: %d of %d decoder layers", attn_implementation,
-                count, len(layers))
 
 
 def zero_stage(accelerator: Accelerator) -> int | None:

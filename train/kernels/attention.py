@@ -45,7 +45,6 @@ TORCH_VARLEN = "sft_torch_varlen"
 PACKED_SDPA = "sft_blockdiag"
 KEY = "model.attn_implementation"
 VALID = "auto, fa4, flash_attn, varlen, sdpa, eager"
-NEEDS_PACKED = "varlen attention needs packed batches (batch size 1 with cu_seq_lens_q; use collate_packed)"
 
 
 def document_ids(kwargs: dict[str, Any], batch: int, length: int, device: torch.device) -> torch.Tensor:
@@ -93,25 +92,18 @@ def packed_sdpa_forward(
 
 def _varlen_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]):
     """Packed [1, H, T, D] tensors → [T, H, D] plus cu_seq_lens (int32, on the device) and max lengths."""
-    if query.shape[0] != 1:
-        raise ValueError(NEEDS_PACKED)
-    dtype = half_dtype(query)
+    if kwargs.get("cu_seq_lens_q") is None or query.shape[0] != 1:
+        raise ValueError("varlen attention needs packed batches (batch size 1 with cu_seq_lens_q; use collate_packed)")
+    dtype = _half_dtype(query)
     q, k, v = (t[0].transpose(0, 1).to(dtype) for t in (query, key, value))
-    return q, k, v, *varlen_lengths(kwargs, query.device)
-
-
-def varlen_lengths(kwargs: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """cu_seq_lens for queries and keys (int32, on the device) and their max lengths, from a packed batch's kwargs."""
-    if kwargs.get("cu_seq_lens_q") is None:
-        raise ValueError(NEEDS_PACKED)
-    cu_q = kwargs["cu_seq_lens_q"].to(device, torch.int32)
-    cu_k = kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"]).to(device, torch.int32)
+    cu_q = kwargs["cu_seq_lens_q"].to(query.device, torch.int32)
+    cu_k = kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"]).to(query.device, torch.int32)
     max_q = int(kwargs.get("max_length_q") or (cu_q[1:] - cu_q[:-1]).max())
     max_k = int(kwargs.get("max_length_k") or max_q)
-    return cu_q, cu_k, max_q, max_k
+    return q, k, v, cu_q, cu_k, max_q, max_k
 
 
-def half_dtype(query: torch.Tensor) -> torch.dtype:
+def _half_dtype(query: torch.Tensor) -> torch.dtype:
     """The FlashAttention kernels take only fp16/bf16. Under autocast (fp32 weights, bf16 compute)
     RoPE's multiply by fp32 cos/sin promotes q and k back to fp32; sdpa is autocast-aware, these
     kernels are not, so cast to the autocast dtype here."""
@@ -230,10 +222,6 @@ def torch_varlen_unavailable(device: torch.device) -> str | None:
     return _cuda_ampere_reason(device, "torch varlen_attn (a FlashAttention kernel)")
 
 
-# registered name -> the varlen kernel behind it (train/kernels/token_major.py calls these directly)
-VARLEN_KERNELS: dict[str, Callable[..., torch.Tensor]] = {
-    FA4: fa4_kernel, FLASH_ATTN: flash_attn_kernel, TORCH_VARLEN: torch_varlen_kernel,
-}
 PACKED_BACKENDS: dict[str, tuple[str, Callable[..., Any], Callable[[torch.device], str | None]]] = {
     # user name: (registered name, attention function, availability check)
     "fa4": (FA4, transformers_attention(fa4_kernel), fa4_unavailable),
