@@ -41,7 +41,7 @@ from train.engine.hooks import HOOKS
 from train.observe.metrics import (MetricsSink, Stopwatch, Window, attended_length, lora_params, peak_flops_per_gpu,
                                    step_record)
 from train.engine.model import build_model, log_model_ready, log_placement
-from train.engine.optim import prepare_for_training
+from train.engine.optim import clip_and_step, prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
 from train.kernels.perf import RecompileWatch, StepGarbageCollector, compiles_decoder_layers
@@ -306,8 +306,8 @@ class Loop:
                 backward(self.acc, loss, last)
             loss_sum += loss.detach().float()
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-        grad_norm = _norm_tensor(self.acc.clip_grad_norm_(self.model.parameters(), max_norm), self.acc.device)
-        self.optimizer.step()
+        norm = clip_and_step(self.acc, self.optimizer, list(self.model.parameters()), max_norm)
+        grad_norm = _norm_tensor(norm, self.acc.device)
         if self.float8_all_gather:  # the new weights' float8 scales, in one all-reduce for all of them
             float8.precompute_scales(self.model)
         self.scheduler.step()

@@ -69,6 +69,47 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
         return torch.optim.AdamW(groups, foreach=True, **kwargs)
 
 
+def clip_and_step(accelerator: Accelerator, optimizer: torch.optim.Optimizer, parameters: list[torch.nn.Parameter],
+                  max_norm: float) -> Any:
+    """Clip the gradients' total norm to `max_norm`, step the optimizer, return the norm (before clipping).
+
+    A fused AdamW divides every gradient by the optimizer's `grad_scale` inside its own kernel (the
+    attribute torch.amp.GradScaler sets for the same purpose), so the clip costs no pass of its own over
+    the gradients: max(1, norm / max_norm) there is clip_grad_norm_'s multiply by min(1, max_norm / norm).
+    On 8B over 4 x H100 that pass took about 13 ms of a 0.95 s step. Elsewhere (DeepSpeed, FSDP1, the
+    foreach AdamW, fp16's scaler) Accelerate clips as before."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # under AcceleratedOptimizer
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not _clips_inside_step(accelerator, inner, grads):
+        norm = accelerator.clip_grad_norm_(parameters, max_norm)
+        optimizer.step()
+        return norm
+    norm = torch.nn.utils.get_total_norm(grads, 2.0)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: each rank holds a shard's part
+    inner.grad_scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
+    try:
+        optimizer.step()
+    finally:
+        inner.grad_scale = None  # nothing else that steps this optimizer (a resume's state-creating step) sees it
+    return norm
+
+
+def _clips_inside_step(accelerator: Accelerator, inner: torch.optim.Optimizer, grads: list[torch.Tensor]) -> bool:
+    """Whether the fused AdamW may clip: every gradient whole on this rank (one GPU, DDP) or all
+    DTensors (FSDP2), so their norm is the global one; no fp16 loss scaler, which owns grad_scale."""
+    from accelerate.utils import DistributedType
+    from torch.distributed.tensor import DTensor
+
+    if not (isinstance(inner, torch.optim.AdamW) and inner.defaults.get("fused")) or not grads:
+        return False
+    if accelerator.scaler is not None or accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return False
+    sharded = [isinstance(g, DTensor) for g in grads]
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return all(sharded) and accelerator.is_fsdp2
+    return not any(sharded)
+
+
 def lr_multiplier(step: int, total_steps: int, warmup_steps: int, kind: str, min_ratio: float) -> float:
     """Factor applied to the peak LR for optimizer step `step` (0-based: the LR used by step+1)."""
     if warmup_steps > 0 and step < warmup_steps:
