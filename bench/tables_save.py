@@ -13,6 +13,7 @@ FOUR_GPU_SAVE = ("h100/four-gpu-2026-11-27g", "h100/four-gpu-2026-11-27h")  # th
 FOUR_GPU_GLOO = "h100/four-gpu-2026-11-27i"  # the seventh: the save's object collectives over gloo
 TWO_GPU_GLOO = "h100/two-gpu-2026-11-27b"  # the same session on 2 GPUs, over NCCL and over gloo
 FOUR_GPU_KEEP = "h100/four-gpu-2026-11-28"  # the eighth: the allocator's cache kept over the save, each window's slowest step
+FOUR_GPU_CLIP = "h100/four-gpu-2026-11-28b"  # the ninth: the clip inside the fused AdamW's step
 
 
 def _ours_set(r: dict, key: str, default: str) -> str:
@@ -56,6 +57,8 @@ def mfu_8b_4gpu_settings() -> str:
 
 
 def _save_at_step(ours: dict) -> str:
+    if "save" not in ours:  # a profile's run (--no-save8b-full)
+        return "none"
     return f"step {ours['save']['step']}: {save_cell(ours['save'])}"
 
 
@@ -107,8 +110,18 @@ def save_8b_cache_kept() -> str:
     """8B on 4 GPUs with the save inside the run, the save's object collectives over gloo: the seventh session's run
     (the allocator's cache released before the save) and this session's (kept), each window's slowest step where the
     file has it."""
-    files = _runs(f"{FOUR_GPU_GLOO}/multi-4gpu-8b-full-log10-t10240-cpuobj.json", FOUR_GPU_KEEP,
-                  ("log10-t10240-norelease", "log10-t10240-clock", "prof-after-save", "log10-t11264-norelease"))
+    return _runs_with_slowest_step(_runs(f"{FOUR_GPU_GLOO}/multi-4gpu-8b-full-log10-t10240-cpuobj.json", FOUR_GPU_KEEP, (
+        "log10-t10240-norelease", "log10-t10240-clock", "prof-after-save", "log10-t11264-norelease")))
+
+
+def save_8b_clip_in_step() -> str:
+    """The ninth session: the eighth's first run, the profiles at c0849e5 (the copies) and af2e548 (token-major
+    attention, reverted), then the runs with the clip inside the fused AdamW's step."""
+    return _runs_with_slowest_step(_runs(f"{FOUR_GPU_KEEP}/multi-4gpu-8b-full-log10-t10240-norelease.json", FOUR_GPU_CLIP, (
+        "prof-copies", "prof-token-major", "log10-t10240-clip-in-step", "log10-t10240-clip-in-step-2")), mfu_digits=2)
+
+
+def _runs_with_slowest_step(files: list[str], mfu_digits: int = 1) -> str:
     rows = []
     for path in files:
         r = load_result(path)
@@ -116,7 +129,7 @@ def save_8b_cache_kept() -> str:
         windows = "; ".join(_window_with_slowest(w) for w in timed_windows(ours["windows"]))
         rows.append([f"`{path}`", r["provenance"]["commit"][:7], f"{r['tokens_per_gpu']:,}", windows,
                      _save_at_step(ours), str(ours["steps"]),
-                     f"{per_gpu_rate(ours):,.0f}", percent(ours["mfu"])])
+                     f"{per_gpu_rate(ours):,.0f}", f"{100 * ours['mfu']:.{mfu_digits}f}%"])
     return markdown_table(["file (bench/results/…)", "commit", "tokens per GPU",
                            "window ending at step: MFU (allocator retries so far, slowest step)", "save", "steps timed",
                            "real tokens/s per GPU", "MFU (real tokens / wall time)"], rows)
@@ -124,5 +137,5 @@ def save_8b_cache_kept() -> str:
 
 SAVE_TABLES: dict[str, Callable[[], str]] = {
     "mfu-8b-4gpu-settings": mfu_8b_4gpu_settings, "save-8b-4gpu": save_8b_4gpu, "save-8b-gloo": save_8b_gloo,
-    "save-8b-cache-kept": save_8b_cache_kept,
+    "save-8b-cache-kept": save_8b_cache_kept, "save-8b-clip-in-step": save_8b_clip_in_step,
 }
