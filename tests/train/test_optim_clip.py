@@ -27,7 +27,7 @@ def _reference_step(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     return norm
 
 
-@pytest.mark.parametrize("max_norm", [0.05, 1e6])  # clipping hard; not clipping at all
+@pytest.mark.parametrize("max_norm", [0.05, 1e6, float("inf")])  # clipping hard; a scale of 1; no clip
 def test_fused_adamw_clips_inside_its_step_like_clip_grad_norm(max_norm):
     ours = _model_with_grads()
     reference = _model_with_grads()  # deepcopy would drop the gradients
@@ -38,7 +38,7 @@ def test_fused_adamw_clips_inside_its_step_like_clip_grad_norm(max_norm):
     assert optimizer.grad_scale is None  # left for no other step
     torch.testing.assert_close(norm, want_norm, rtol=0, atol=0)
     for got, want in zip(ours.parameters(), reference.parameters()):
-        if max_norm > 1e3:  # a scale of exactly 1: bitwise the unclipped step
+        if max_norm > 1e3:  # a scale of exactly 1, or none: bitwise the unclipped step
             assert torch.equal(got, want)
         else:  # g / (norm / max_norm) against g * (max_norm / norm): rounding apart
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)

@@ -87,7 +87,8 @@ def clip_and_step(accelerator: Accelerator, optimizer: torch.optim.Optimizer, pa
         return norm
     norm = torch.nn.utils.get_total_norm(grads, 2.0)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: each rank holds a shard's part
-    inner.grad_scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
+    if not math.isinf(max_norm):  # no clip (max_grad_norm = 0): the plain step, no division written back
+        inner.grad_scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
     try:
         optimizer.step()
     finally:
