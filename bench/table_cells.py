@@ -18,8 +18,8 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
-def percent(value: float | None) -> str:
-    return f"{value * 100:.1f}%" if value is not None else "n/a"
+def percent(value: float | None, digits: int = 1) -> str:
+    return f"{value * 100:.{digits}f}%" if value is not None else "n/a"
 
 
 def per_gpu_rate(side: dict) -> float:

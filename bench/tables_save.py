@@ -129,7 +129,7 @@ def _runs_with_slowest_step(files: list[str], mfu_digits: int = 1) -> str:
         windows = "; ".join(_window_with_slowest(w) for w in timed_windows(ours["windows"]))
         rows.append([f"`{path}`", r["provenance"]["commit"][:7], f"{r['tokens_per_gpu']:,}", windows,
                      _save_at_step(ours), str(ours["steps"]),
-                     f"{per_gpu_rate(ours):,.0f}", f"{100 * ours['mfu']:.{mfu_digits}f}%"])
+                     f"{per_gpu_rate(ours):,.0f}", percent(ours["mfu"], mfu_digits)])
     return markdown_table(["file (bench/results/…)", "commit", "tokens per GPU",
                            "window ending at step: MFU (allocator retries so far, slowest step)", "save", "steps timed",
                            "real tokens/s per GPU", "MFU (real tokens / wall time)"], rows)

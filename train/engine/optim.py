@@ -13,6 +13,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
+from accelerate.utils import DistributedType
+from torch.distributed.tensor import DTensor
 
 from contract.config import TrainConfig
 from train.engine import qlora, sharded_init
@@ -99,9 +101,6 @@ def clip_and_step(accelerator: Accelerator, optimizer: torch.optim.Optimizer, pa
 def _clips_inside_step(accelerator: Accelerator, inner: torch.optim.Optimizer, grads: list[torch.Tensor]) -> bool:
     """Whether the fused AdamW may clip: every gradient whole on this rank (one GPU, DDP) or all
     DTensors (FSDP2), so their norm is the global one; no fp16 loss scaler, which owns grad_scale."""
-    from accelerate.utils import DistributedType
-    from torch.distributed.tensor import DTensor
-
     if not (isinstance(inner, torch.optim.AdamW) and inner.defaults.get("fused")) or not grads:
         return False
     if accelerator.scaler is not None or accelerator.distributed_type == DistributedType.DEEPSPEED:
