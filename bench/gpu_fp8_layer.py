@@ -91,9 +91,9 @@ def step(forward, hidden, positions, cos_sin, dout) -> None:
     out.backward(dout)
 
 
-def kernel_kinds(run) -> tuple[dict[str, float], dict[str, list[tuple[str, float]]]]:
+def kernel_kinds(run, top: int = 5) -> tuple[dict[str, float], dict[str, list[tuple[str, float]]]]:
     """Kernel milliseconds of one call by kind (the kinds of training's profile, train/observe/profiling.py),
-    and by kind (compiled triton kernels, and the uncompiled ones of kind "other": copies, casts), its five
+    and by kind (compiled triton kernels, and the uncompiled ones of kind "other": copies, casts), its `top`
     largest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -113,10 +113,10 @@ def kernel_kinds(run) -> tuple[dict[str, float], dict[str, list[tuple[str, float
         kinds[kind] += ms
         if kind in named:
             named[kind][event.name[:60]] += ms
-    return dict(kinds), {kind: sorted(ms.items(), key=lambda kv: -kv[1])[:5] for kind, ms in named.items()}
+    return dict(kinds), {kind: sorted(ms.items(), key=lambda kv: -kv[1])[:top] for kind, ms in named.items()}
 
 
-def measure(arch: dict, variant: str, inputs: tuple) -> dict:
+def measure(arch: dict, variant: str, inputs: tuple, top: int = 5) -> dict:
     torch._dynamo.reset()  # each variant compiles afresh (the layers share one forward's code)
     layer = build_layer(arch, variant)
     inductor = VARIANTS[variant][2]
@@ -127,7 +127,7 @@ def measure(arch: dict, variant: str, inputs: tuple) -> dict:
         torch.cuda.synchronize()
     first_s = time.perf_counter() - started
     ms = median_ms(lambda: step(forward, *inputs))
-    kinds, largest = kernel_kinds(lambda: step(forward, *inputs))
+    kinds, largest = kernel_kinds(lambda: step(forward, *inputs), top)
     torch.cuda.reset_peak_memory_stats()
     step(forward, *inputs)
     return {"variant": variant, "ms": ms, "first_call_s": first_s, "kernel_ms": kinds,
@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--top", type=int, default=5, help="how many of the largest kernels of each kind a row names")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
@@ -152,7 +153,7 @@ def main() -> None:
     rows = []
     for variant in args.variants.split(","):
         try:
-            rows.append(measure(arch, variant, inputs))
+            rows.append(measure(arch, variant, inputs, args.top))
         except Exception as error:  # one variant's failure (a kernel missing here) must not lose the others
             rows.append({"variant": variant, "error": f"{type(error).__name__}: {error}"[:300]})
         print(rows[-1], flush=True)
