@@ -34,7 +34,8 @@ from bench.synthetic import SHAPES
 VARIANTS: dict[str, tuple[str, str, dict]] = {
     "bf16": ("stock", "", {}),
     "bf16-fused": ("fused", "", {}),  # our bf16 default: SwiGLU inside quack's GEMMs
-    "fp8": ("tensorwise", "all", {}),  # our FP8 default
+    "fp8": ("tensorwise", "all", {}),  # torchao's tensorwise recipe
+    "fp8-own": ("own", "all", {}),  # the same recipe, our casts (train/kernels/fp8_linear.py)
     "fp8-cdt": ("tensorwise", "all", {"coordinate_descent_tuning": True}),
     "fp8-mlp": ("tensorwise", "mlp", {}),  # attention projections stay bf16
     "fp8-attn+fused": ("tensorwise", "attn", {}),  # FP8 attention projections, the fused bf16 MLP
@@ -57,7 +58,13 @@ def build_layer(arch: dict, variant: str) -> torch.nn.Module:
     config = LlamaConfig(**arch, attn_implementation="sdpa")
     layer = LlamaDecoderLayer(config, layer_idx=0).to("cuda", torch.bfloat16)
     recipe, which, _ = VARIANTS[variant]
-    if which:
+    if recipe == "own":
+        from train.kernels import fp8_linear
+
+        for fqn, module in layer.named_modules():
+            if isinstance(module, torch.nn.Linear) and float8.convertible(module, fqn):
+                fp8_linear.convert(module, fast_accum=False)
+    elif which:
         from torchao.float8 import convert_to_float8_training
 
         fp8_config = float8.float8_config(recipe, fast_accum=False)  # train.fp8_fast_accum's default
