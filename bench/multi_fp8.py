@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import typing
 from pathlib import Path
 
 from bench import gpu_multi, multi_full
+from contract.config import Fp8Recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens8b-fp8", type=int, default=8192)
-    parser.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"))
+    parser.add_argument("--fp8-recipe", default="tensorwise", choices=typing.get_args(Fp8Recipe))
     parser.add_argument("--fp8-checkpointing", action="store_true", help="8b-fp8: activation checkpointing on")
     parser.add_argument("--fp8-timeout", type=float, default=None, help="8b-fp8: each run's wall-clock limit (s)")
     parser.add_argument("--fp8-baseline", type=Path, default=None, help="8b-fp8: the bf16 side from this "

@@ -21,7 +21,7 @@ AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
 Scheduler = Literal["cosine", "linear", "constant"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]
 TrainPrecision = Literal["auto", "fp8"]
-Fp8Recipe = Literal["tensorwise", "rowwise"]
+Fp8Recipe = Literal["tensorwise", "rowwise", "torchao-tensorwise"]
 LoraQuant = Literal["none", "nf4"]
 ModelInit = Literal["full", "sharded"]
 
@@ -135,8 +135,9 @@ class TrainSection:
                 "torchao float8 training (FP8 GPUs: compute capability >= 8.9; full fine-tuning under FSDP2 or on "
                 "one GPU; lm_head, attention and norms stay bf16)")
     fp8_recipe: Fp8Recipe = documented(
-        "tensorwise", "scaling of --precision fp8: tensorwise (one scale per tensor, fastest) or rowwise "
-                      "(a scale per row: slower, and no closer to bf16 in our H100 parity runs)")
+        "tensorwise", "scaling of --precision fp8: tensorwise (one scale per tensor, fastest; our own casts, "
+                      "train/kernels/fp8_linear.py), torchao-tensorwise (the same recipe as torchao's Float8Linear), "
+                      "or rowwise (torchao's, a scale per row: slower, and no closer to bf16 in our H100 parity runs)")
     fp8_fast_accum: bool = documented(
         False, "--precision fp8: true = the forward GEMMs accumulate in the tensor cores' reduced precision "
                "(torchao's default; 1.4% worse eval loss than bf16 in our parity runs, 0.7% faster at 8B); "
@@ -144,7 +145,8 @@ class TrainSection:
     fp8_all_gather: bool = documented(
         False, "--precision fp8, tensorwise: FSDP2 all-gathers the weights in float8 (half the bytes; each rank "
                "casts its own shard) instead of bf16; off by default: on 4 H100s at 8B no faster per step than "
-               "the bf16 all-gather, with a higher peak")
+               "the bf16 all-gather, with a higher peak; tensorwise then runs torchao's Float8Linear, whose weight "
+               "wrapper the float8 all-gather needs")
     cpu_object_collectives: bool = documented(
         True, "FSDP on GPUs: the process group also gets gloo for CPU tensors (cuda:nccl,cpu:gloo), so the "
               "checkpoint's planning collectives and barriers run on the CPU, not through NCCL buffers on the "
@@ -253,7 +255,7 @@ class TrainConfig:
             require(self.model.precision in ("auto", "bf16"), "train.precision",
                     f"fp8 computes everything else in bf16: model.precision must be auto or bf16, "
                     f"not {self.model.precision}")
-            require(self.train.fp8_recipe == "tensorwise" or not self.train.fp8_all_gather, "train.fp8_all_gather",
+            require(self.train.fp8_recipe != "rowwise" or not self.train.fp8_all_gather, "train.fp8_all_gather",
                     "the float8 all-gather needs train.fp8_recipe = tensorwise (rowwise scales its rows after "
                     "the all-gather)")
             require(self.train.fused_mlp is not True, "train.precision",

@@ -1,5 +1,6 @@
 """FP8 training on the training side, what a CPU host can show (tests/train/test_gpu_fp8.py runs it on
-an FP8 GPU): which layers become torchao float8 linears, and the one-line refusal (exit 2) of a CPU run."""
+an FP8 GPU): which layers become float8 linears (ours for tensorwise, torchao's for its recipes), and the
+one-line refusal (exit 2) of a CPU run."""
 
 from __future__ import annotations
 
@@ -13,20 +14,24 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from contract.failure import first_failure
 from tests.train.conftest import TINY_ARCH
 from tests.train.run_helpers import REPO, launch_env, write_run
-from train.kernels.float8 import convert_decoder_linears
+from train.kernels.float8 import TORCHAO_RECIPES, convert_decoder_linears
+from train.kernels.fp8_linear import Float8TrainingLinear
 from train.kernels.perf import decoder_layers
 
 
 def _float8_names(model: torch.nn.Module) -> set[str]:
     from torchao.float8.float8_linear import Float8Linear
 
-    return {name for name, module in model.named_modules() if isinstance(module, Float8Linear)}
+    return {name for name, module in model.named_modules() if isinstance(module, Float8Linear | Float8TrainingLinear)}
 
 
-def test_decoder_linears_become_float8_and_lm_head_stays() -> None:
+@pytest.mark.parametrize("recipe", ["tensorwise", "torchao-tensorwise"])
+def test_decoder_linears_become_float8_and_lm_head_stays(recipe: str) -> None:
     model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH))
     names_before = [name for name, _ in model.named_parameters()]
-    assert convert_decoder_linears(decoder_layers(model), "tensorwise", fast_accum=True) == 7 * TINY_ARCH["num_hidden_layers"]
+    assert convert_decoder_linears(decoder_layers(model), recipe, fast_accum=True) == 7 * TINY_ARCH["num_hidden_layers"]
+    kinds = {type(module).__name__ for name, module in model.named_modules() if name.endswith("proj")}
+    assert kinds == {"Float8TrainingLinear" if recipe == "tensorwise" else "Float8Linear"}
     converted = _float8_names(model)
     assert "lm_head" not in {name.split(".")[-1] for name in converted}
     assert {name.split(".")[-1] for name in converted} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -45,16 +50,17 @@ def test_a_packed_micro_batch_of_any_length_trains() -> None:
     assert model.model.layers[0].mlp.down_proj.weight.grad is not None
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("recipe", ["torchao-tensorwise", "rowwise"])
 @pytest.mark.parametrize("fast_accum", [True, False])
 def test_fast_accumulation_is_the_forward_gemms_switch_alone(recipe: str, fast_accum: bool) -> None:
     """train.fp8_fast_accum decides the forward GEMM's accumulation; the backward GEMMs accumulate in fp32
-    under either setting, and the recipe's scaling is untouched."""
+    under either setting, and the recipe's scaling is untouched (our tensorwise layer: its backward op
+    has no such switch, train/kernels/fp8_linear.py)."""
     from torchao.float8 import Float8LinearConfig
 
     model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH))
     convert_decoder_linears(decoder_layers(model), recipe, fast_accum=fast_accum)
-    stock = Float8LinearConfig.from_recipe_name(recipe)
+    stock = Float8LinearConfig.from_recipe_name(TORCHAO_RECIPES.get(recipe, recipe))
     configs = [m.config for m in model.modules() if type(m).__name__ == "Float8Linear"]
     assert configs and all(c.gemm_config_output.use_fast_accum is fast_accum for c in configs)
     assert all(not c.gemm_config_grad_input.use_fast_accum and not c.gemm_config_grad_weight.use_fast_accum

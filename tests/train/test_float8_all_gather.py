@@ -23,7 +23,9 @@ FP8 = {FP8_ON_CPU_ENV: "1"}
 
 
 def _run(path, base, all_gather: bool):
-    return write_run(path, {"model": {"path": str(base)}, "train": {"precision": "fp8", "fp8_all_gather": all_gather, "max_steps": STEPS,
+    recipe = "tensorwise" if all_gather else "torchao-tensorwise"  # torchao's Float8Linear either way
+    return write_run(path, {"model": {"path": str(base)}, "train": {"precision": "fp8", "fp8_recipe": recipe,
+                                      "fp8_all_gather": all_gather, "max_steps": STEPS,
                                       "logging_steps": 1, "gradient_accumulation_steps": 1, "fused_loss": False}})
 
 

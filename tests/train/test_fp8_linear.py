@@ -102,3 +102,30 @@ def test_equals_torchao_tensorwise_on_gpu(linears):
     x, dy = (t.cuda() for t in _pair(300))
     for got, want in zip(_grads(ours, x, dy), _grads(theirs, x, dy)):
         torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-5)
+
+
+def test_compiled_layers_sharing_an_input_cast_it_once(monkeypatch):
+    """q, k and v read one input: under compile its float8 copies are made once (AOTAutograd merges the
+    identical fp8_cast_input calls), so a step casts 2 weights and 2 output gradients per layer, and 1 input."""
+    casts = []
+    reference_cast = fp8_linear.cast
+    monkeypatch.setattr(fp8_linear, "cast", lambda x, *args, **kw: casts.append(x.shape) or reference_cast(x, *args, **kw))
+
+    class Shared(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(IN, OUT, bias=False), torch.nn.Linear(IN, IN, bias=False)
+            for linear in (self.a, self.b):
+                fp8_linear.convert(linear, fast_accum=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x).sum() + self.b(x).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(Shared().to(torch.bfloat16), dynamic=True)
+    x, _ = _pair(48)
+    compiled(x * 1).backward()
+    casts.clear()
+    compiled(x * 1).backward()
+    assert sorted(casts).count(torch.Size([48, IN])) == 1 + 1  # the input once, b's output gradient once
+    assert len(casts) == 1 + 2 * 2 + 2  # the input; each weight forward and backward; each output gradient

@@ -7,7 +7,7 @@ Skipped without such a GPU (CI has none). On the GPU machine:
 
 As in test_gpu_fsdp2_resume.py, the run avoids the kernels that accumulate with atomics (eager attention,
 padded batches, no compile, the dense loss) and runs with deterministic kernels: under test is the
-checkpoint of a model whose decoder linears are torchao float8 linears.
+checkpoint of a model whose decoder linears are float8 linears (ours for tensorwise, torchao's for its recipes).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def _fp8_run(path, recipe: str, fast_accum: bool):
     return run
 
 
-@pytest.mark.parametrize(("recipe", "fast_accum"), [("tensorwise", False), ("tensorwise", True), ("rowwise", False)])
+@pytest.mark.parametrize(("recipe", "fast_accum"), [("tensorwise", False), ("tensorwise", True),
+                                                    ("torchao-tensorwise", False), ("rowwise", False)])
 def test_fp8_resume_is_bitwise_and_exports_a_plain_model(tmp_path, recipe: str, fast_accum: bool):
     reference = _fp8_run(tmp_path / "reference", recipe, fast_accum)
     assert run_training(reference, DETERMINISTIC_ENV, timeout=400) == 0, read_log(reference)

@@ -52,6 +52,7 @@ from contract.gpus import fp8_blocker
 logger = logging.getLogger(__name__)
 
 ALIGNMENT = 16  # torch._scaled_mm needs both dimensions of each operand divisible by 16
+TORCHAO_RECIPES = {"torchao-tensorwise": "tensorwise"}  # train.fp8_recipe -> torchao's name, where they differ
 
 
 def unavailable(device: torch.device) -> str | None:
@@ -84,18 +85,31 @@ def float8_config(recipe: str, fast_accum: bool, all_gather: bool = False):
 
 def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_accum: bool,
                             all_gather: bool = False) -> int:
-    """Swap the linear layers of each decoder layer for Float8Linear in place; returns how many.
-    `all_gather`: FSDP2 all-gathers their weights in float8 (tensorwise only)."""
+    """Make the linear layers of each decoder layer float8 linears in place; returns how many: "tensorwise"
+    our own (train/kernels/fp8_linear.py), unless `all_gather` (FSDP2 all-gathers the weights in float8,
+    which needs torchao's weight wrapper); "torchao-tensorwise" and "rowwise" torchao's Float8Linear."""
+    if recipe == "tensorwise" and not all_gather:
+        return _convert_to_own(layers, fast_accum)
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
-    config = float8_config(recipe, fast_accum, all_gather)
+    config = float8_config(TORCHAO_RECIPES.get(recipe, recipe), fast_accum, all_gather)
     for layer in layers:
         convert_to_float8_training(layer, module_filter_fn=convertible, config=config)
     converted = [m for layer in layers for m in layer.modules() if isinstance(m, Float8Linear)]
     if all_gather:
         for module in converted:
             module.register_load_state_dict_pre_hook(keep_weight_wrapper)
+    return len(converted)
+
+
+def _convert_to_own(layers: list[torch.nn.Module], fast_accum: bool) -> int:
+    from train.kernels import fp8_linear
+
+    converted = [module for layer in layers for fqn, module in layer.named_modules()
+                 if isinstance(module, torch.nn.Linear) and convertible(module, fqn)]
+    for module in converted:
+        fp8_linear.convert(module, fast_accum)
     return len(converted)
 
 

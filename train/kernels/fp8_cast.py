@@ -24,9 +24,9 @@ BLOCK = 64  # square tiles: the transposed store goes through shared memory eith
 def _cast_kernel(x_ptr, amax_ptr, rows_ptr, cols_ptr, inverse_ptr, M, N, stride_x, stride_rows, stride_cols,
                  FP8_MAX: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr, BLOCK: tl.constexpr):
     amax = tl.load(amax_ptr).to(tl.float32)
-    scale = FP8_MAX / tl.maximum(amax, 1e-12)
+    scale = tl.math.div_rn(FP8_MAX, tl.maximum(amax, 1e-12))  # rounded as torch divides, not approximated
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-        tl.store(inverse_ptr, 1.0 / scale)
+        tl.store(inverse_ptr, tl.math.div_rn(1.0, scale))
     rm = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -37,6 +37,23 @@ def _cast_kernel(x_ptr, amax_ptr, rows_ptr, cols_ptr, inverse_ptr, M, N, stride_
     if WRITE_COLS:
         # the tile transposed: columns of x become rows of the copy; padded columns stay as allocated (zero)
         tl.store(cols_ptr + rn[:, None].to(tl.int64) * stride_cols + rm[None, :], tl.trans(y), mask=tl.trans(mask))
+
+
+@triton.jit
+def _amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    start = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    running = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in tl.static_range(ITERS):
+        offsets = start + i * BLOCK + tl.arange(0, BLOCK)
+        running = tl.maximum(running, tl.abs(tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)))
+    tl.atomic_max(out_ptr, tl.max(running, 0))
+
+
+def amax_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    """out = max(out, max |x|) for a contiguous x; `out` a 0-d fp32 tensor (zero to start from)."""
+    assert x.is_contiguous(), "the amax reads x as one block of memory"
+    block, iters = 2048, 8
+    _amax_kernel[(triton.cdiv(x.numel(), block * iters),)](x, out, x.numel(), BLOCK=block, ITERS=iters, num_warps=8)
 
 
 def cast(x: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype, rows: torch.Tensor | None,
