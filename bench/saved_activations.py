@@ -13,8 +13,8 @@ tensor subclasses such as torchao's float8 tensors counted by their inner tensor
 the slope is the per-token cost, the intercept the per-layer one (the fused MLP's weight copy).
 
 Variants: eager, compiled, compiled + fused SwiGLU MLP (train/kernels/swiglu.py's custom ops, given CPU
-kernels here: the partitioner only sees the ops' signatures), compiled + float8 linears (torchao,
-tensorwise). The planner counts K and V at the query width for compiled layers (torch <= 2.11's
+kernels here: the partitioner only sees the ops' signatures), compiled + float8 linears (ours,
+tensorwise, train/kernels/fp8_linear.py, and torchao's). The planner counts K and V at the query width for compiled layers (torch <= 2.11's
 varlen_attn expands them); CPU sdpa takes GQA natively, so its column "planner (kv width)" is compared.
 LoRA is left out: on CPU PEFT's adapters stay fp32 and cast their inputs up, which FSDP2's bf16
 compute does not. No results file by default: the numbers are CPU partitioner decisions, not a GPU
@@ -30,7 +30,8 @@ from pathlib import Path
 SHAPE = {"hidden_size": 256, "intermediate_size": 896, "num_attention_heads": 8, "num_key_value_heads": 2,
          "num_hidden_layers": 1, "vocab_size": 128}
 TOKENS = (256, 512)
-VARIANTS = ("eager", "compiled", "compiled+fused_mlp", "compiled+fp8")
+VARIANTS = ("eager", "compiled", "compiled+fused_mlp", "compiled+fp8", "compiled+fp8-torchao")
+FP8_RECIPES = {"fp8": "tensorwise", "fp8-torchao": "torchao-tensorwise"}  # variant suffix -> train.fp8_recipe
 
 
 def _register_cpu_swiglu() -> None:
@@ -67,9 +68,9 @@ def saved_bytes(variant: str, tokens: int) -> int:
     if variant.endswith("fused_mlp"):
         from train.kernels import swiglu
         swiglu.use_fused_swiglu([layer.mlp])
-    if variant.endswith("fp8"):
+    if (recipe := FP8_RECIPES.get(variant.split("+")[-1])) is not None:
         from train.kernels.float8 import convert_decoder_linears
-        convert_decoder_linears([layer], "tensorwise", fast_accum=True)
+        convert_decoder_linears([layer], recipe, fast_accum=True)
     forward = torch.compile(layer.forward, dynamic=True) if variant.startswith("compiled") else layer.forward
     x = torch.randn(1, tokens, SHAPE["hidden_size"], dtype=torch.bfloat16, requires_grad=True)
     positions = torch.arange(tokens)[None]
@@ -103,7 +104,10 @@ def planner_bytes(variant: str, tokens: int) -> int:
 
     shape = ModelShape.from_arch(SHAPE)
     compiled = variant.startswith("compiled")
-    fused, fp8 = variant.endswith("fused_mlp"), variant.endswith("fp8")
+    from contract.config import fp8_linears
+
+    recipe = FP8_RECIPES.get(variant.split("+")[-1])
+    fused, fp8 = variant.endswith("fused_mlp"), fp8_linears(recipe, all_gather=False) if recipe else ""
     per_token = layer_activation_bytes_per_token(shape, 2, compiled, fused, fp8)
     if compiled:
         per_token -= 2 * 2 * (shape.q_dim - shape.kv_dim)

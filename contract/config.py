@@ -22,8 +22,16 @@ Scheduler = Literal["cosine", "linear", "constant"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]
 TrainPrecision = Literal["auto", "fp8"]
 Fp8Recipe = Literal["tensorwise", "rowwise", "torchao-tensorwise"]
+Fp8Linears = Literal["", "ours", "torchao"]  # whose float8 linear layers run; "" = none (bf16 linears)
 LoraQuant = Literal["none", "nf4"]
 ModelInit = Literal["full", "sharded"]
+
+def fp8_linears(recipe: str, all_gather: bool) -> Fp8Linears:
+    """Whose float8 linear layers train.precision = "fp8" runs: torchao's Float8Linear for rowwise,
+    torchao-tensorwise and tensorwise with the float8 all-gather (which needs torchao's weight wrapper);
+    ours (train/kernels/fp8_linear.py) for tensorwise. They save different tensors (launcher/plan/memory.py)."""
+    return "torchao" if recipe != "tensorwise" or all_gather else "ours"
+
 
 # The shipped tiny assets live in train/assets/; found by path (`contract` and `train` are sibling
 # packages in a checkout and in the wheel), so the launcher can read the sample data without importing train.

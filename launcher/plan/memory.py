@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contract.config import Fp8Linears
 from contract.shape import LORA_TARGETS, NF4_BLOCK_SIZE, NF4_QUANT_UNIT, ModelShape
 from contract.strategies import STRATEGIES, StrategySpec
 
@@ -50,7 +51,7 @@ DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP bucket_cap_mb default
 
 
 def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: bool = False,
-                                     fused_mlp: bool = False, fp8: bool = False) -> int:
+                                     fused_mlp: bool = False, fp8: Fp8Linears = "") -> int:
     """Bytes autograd keeps per token for one LlamaDecoderLayer without checkpointing (elem = 2 for bf16).
 
     Eager (`compiled` False) saved tensors, in forward order (d hidden, q = heads x head_dim (= d for
@@ -74,7 +75,9 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: boo
     plus SiLU(gate) (3 elem I): 148 KiB/token/layer at 8B in bf16 instead of 204. With float8
     linears (train/kernels/float8.py, torchao) the matmul inputs are recomputed too (the norms and the
     float8 casts are one fusible chain): only the layer input, the residual after attention, attention
-    and gate/up outputs stay (elem (2d) + attention + 2 elem I). K and V are counted at the query width:
+    and gate/up outputs stay (elem (2d) + attention + 2 elem I). Our float8 linears
+    (train/kernels/fp8_linear.py) also keep each matmul input as its transposed float8 copy for the
+    weight gradient, 1 byte per element (2d + q + I). K and V are counted at the query width:
     torch <= 2.11's varlen_attn has no enable_gqa, so train/kernels/attention.py expands them to every
     query head before the kernel saves them (FA4 and FA2 take GQA natively: 2 elem (q - kv) less, 3 GiB
     of ~65 at the 8B point below).
@@ -93,8 +96,9 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: boo
         return norms + attention + mlp
     attention = elem * 3 * q + elem * q + 4 * heads  # q, K and V (query width), output, log-sum-exp
     rstd = 2 * 4
-    if fp8:  # layer input and the residual after attention; the (float8) matmul inputs are recomputed
-        return 2 * elem * d + attention + rstd + 2 * elem * shape.intermediate
+    if fp8:  # layer input and the residual after attention; the bf16 matmul inputs are recomputed
+        float8_inputs = 2 * d + q + shape.intermediate if fp8 == "ours" else 0  # 1-byte transposed copies
+        return 2 * elem * d + attention + rstd + 2 * elem * shape.intermediate + float8_inputs
     inputs = elem * (3 * d + q)  # layer input, q/k/v input, MLP input, o_proj input
     mlp = (2 if fused_mlp else 3) * elem * shape.intermediate
     return inputs + attention + rstd + mlp
@@ -156,7 +160,7 @@ class MemoryOptions:
     adamw_impl: str = "fused"  # fused (train/engine/optim.py) or foreach (torch's default: fp32 sqrt(v) temporaries)
     device: str = "gpu"  # "cpu": CPU processes (gloo) have no CUDA context or NCCL buffers
     quant: str = "none"  # QLoRA: "nf4" = the targeted frozen linears in 4-bit NF4 (train/engine/qlora.py)
-    fp8: bool = False  # float8 linears (train/kernels/float8.py): their casts are extra transient memory
+    fp8: Fp8Linears = ""  # whose float8 linears (contract.config.fp8_linears): what they save, their transient casts
     compile: bool = False  # train.compile: torch.compile per decoder layer (a smaller saved set)
     # Where the weights come from (model.path / model.init): "checkpoint" (read; FSDP: rank 0 only), "random"
     # (every rank draws the whole model on its CPU), "sharded" (each rank draws its shards on its GPU).

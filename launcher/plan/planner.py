@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import gpus
+from contract.config import Fp8Linears
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
@@ -80,7 +81,7 @@ class PlanInput:
     micro_batch_tokens: int = 8192  # packed tokens per micro-batch per GPU
     gradient_accumulation_steps: int = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    fp8: bool = False  # train.precision = "fp8": the decoder's linear layers in float8 (train/kernels/float8.py)
+    fp8: Fp8Linears = ""  # train.precision = "fp8": whose float8 linears the decoder layers run (contract.config.fp8_linears)
     loss_chunk_tokens: int = 0  # 0 = full logits; >0 = a chunked cross-entropy of this many tokens
     loss_backend: Literal["fused", "chunked", "liger"] = "fused"  # train.fused_loss's kernel (loss_chunk_tokens > 0)
     compile: bool = False  # train.compile resolved: decoder layers torch.compile'd (a smaller saved set)

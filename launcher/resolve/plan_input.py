@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract import gpus
-from contract.config import SHIPPED_DATA, TrainConfig
+from contract.config import SHIPPED_DATA, TrainConfig, fp8_linears
 from contract.datacheck import DataCheck
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 from contract.strategies import STRATEGIES
@@ -112,7 +112,8 @@ def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None)
         lora=cfg.lora.enabled, lora_r=cfg.lora.r, lora_target_modules=list(cfg.lora.target_modules),
         lora_dropout=cfg.lora.dropout, quant=cfg.lora.quant, gradient_checkpointing=t.gradient_checkpointing,
         micro_batch_tokens=cfg.micro_batch_tokens, gradient_accumulation_steps=t.gradient_accumulation_steps,
-        precision=_precision(launch), fp8=t.precision == "fp8",  # type: ignore[arg-type]
+        precision=_precision(launch),  # type: ignore[arg-type]
+        fp8=fp8_linears(t.fp8_recipe, t.fp8_all_gather) if t.precision == "fp8" else "",
         loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS if t.fused_loss else 0, **_kernel_fields(launch),
         dataset_tokens=data.tokens if data else None, packing_efficiency=packing_efficiency,
         mean_doc_tokens=mean_doc or 1024.0, num_train_epochs=t.num_train_epochs, max_steps=t.max_steps,

@@ -38,7 +38,7 @@ def test_float8_all_gather_trains_as_bf16_all_gather_and_resumes_bitwise(tmp_pat
     _save_base(base)
     reference = _run(tmp_path / "reference", base, all_gather=True)
     assert run_training(reference, FP8, timeout=400) == 0, read_log(reference)
-    assert "in float8; fused SwiGLU MLP off; weights all-gathered in float8" in read_log(reference)
+    assert "in float8 (torchao's Float8Linear); fused SwiGLU MLP off; weights all-gathered in float8" in read_log(reference)
     plain = _run(tmp_path / "bf16-all-gather", base, all_gather=False)
     assert run_training(plain, FP8, timeout=400) == 0, read_log(plain)
     # Every float8 weight updated once per step (Accelerate's optimizer mapping lost 13 of 14 of them).

@@ -33,7 +33,7 @@ from accelerate.utils import DistributedType
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from contract import gpus
-from contract.config import TrainConfig
+from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
 from train.kernels import float8, swiglu
 from train.kernels.loss import logit_grad_pass
@@ -158,7 +158,7 @@ def quantization_source(cfg: TrainConfig, config: PretrainedConfig, accelerator:
 
 
 def apply_float8(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelerator) -> None:
-    """train.precision = "fp8": the decoder's linear layers as torchao float8 linears (train/kernels/float8.py);
+    """train.precision = "fp8": the decoder's linear layers as float8 linears (train/kernels/float8.py);
     a one-line ConfigError (exit 2) where this device or engine cannot run them. The fused SwiGLU MLP
     (bf16 GEMMs of its own) stays off: the MLP's projections are the largest FP8 matmuls."""
     blocker = float8.unavailable(accelerator.device)
@@ -169,9 +169,10 @@ def apply_float8(model: PreTrainedModel, cfg: TrainConfig, accelerator: Accelera
     all_gather = cfg.train.fp8_all_gather and accelerator.distributed_type == DistributedType.FSDP
     count = float8.convert_decoder_linears(decoder_layers(model), cfg.train.fp8_recipe, cfg.train.fp8_fast_accum,
                                            all_gather)
-    logger.info("FP8 (%s scaling, %s forward accumulation): %d linear layers of %d decoder layers in float8; "
+    logger.info("FP8 (%s scaling, %s forward accumulation): %d linear layers of %d decoder layers in float8 (%s); "
                 "fused SwiGLU MLP off; weights all-gathered in %s", cfg.train.fp8_recipe,
                 "fast" if cfg.train.fp8_fast_accum else "fp32", count, len(decoder_layers(model)),
+                {"torchao": "torchao's Float8Linear", "ours": "ours"}[fp8_linears(cfg.train.fp8_recipe, all_gather)],
                 "float8" if all_gather else "bf16")
     if (spec := gpu_spec(cfg.run.gpu_type)) is not None:
         logger.info("%s", mfu_peaks_line(spec))

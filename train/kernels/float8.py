@@ -1,12 +1,14 @@
-"""FP8 training (train.precision = "fp8"): the decoder's linear layers become torchao's `Float8Linear`.
+"""FP8 training (train.precision = "fp8"): the decoder's linear layers become float8 linears, our own
+(train/kernels/fp8_linear.py) for "tensorwise" or torchao's `Float8Linear` (contract.config.fp8_linears).
 
 Each converted layer casts its input, weight and output gradient to float8 (e4m3 forward, e5m2 for
 gradients) with dynamic scales and runs its three matmuls on the FP8 tensor cores
 (`torch._scaled_mm`); the fp32 master weights, the optimizer, attention, norms, the embedding and
 lm_head (with the fused loss) stay as they are, so checkpoints, the export and parameter names are
-the stock model's. Recipes (`train.fp8_recipe`): "tensorwise", one scale per tensor (fastest), or
-"rowwise", a scale per row, finer in principle; on H100s it was slower than bf16 at 1B and learned no
-closer to bf16 in the parity benchmark (BENCHMARKS.md, 2026-11-27). The forward GEMM accumulates in
+the stock model's. Recipes (`train.fp8_recipe`): "tensorwise", one scale per tensor (fastest), in our
+linears; "torchao-tensorwise", the same in torchao's; or "rowwise" (torchao's), a scale per row, finer in
+principle; on H100s it was slower than bf16 at 1B and learned no closer to bf16 in the parity benchmark
+(BENCHMARKS.md, 2026-11-27). The forward GEMM accumulates in
 fp32 like the two backward ones (`train.fp8_fast_accum` = false, the default). torchao's recipes
 accumulate it in the tensor cores' reduced precision, whose error grows with the inner dimension
 (DeepSeek-V3's report, section 3.3): in the parity benchmark that learned 1.4% worse than bf16, fp32
@@ -15,7 +17,8 @@ accumulation within 1%, for 0.7% of FP8's speed at 8B (BENCHMARKS.md, 2 x H200).
 Where FP8's time goes, in one 8B decoder layer on an H100 (bench/gpu_fp8_layer.py, BENCHMARKS.md):
 its GEMMs are 1.8x faster than bf16's, but torchao's amax reductions and casts, compiled, take about
 5 of the layer's 18 ms, so the layer gains 1.15-1.22x and a whole step less (1.13x at 8B on 4 H100s).
-No inductor setting, recipe or subset of the linears tried there gained more than 1.22x.
+No inductor setting, recipe or subset of the linears tried there gained more than 1.22x; our linears,
+whose casts and amaxes take under 2 ms of the layer, gave 1.24x there and 1.24-1.29x a step (H200s).
 
 Applied by train/engine/model.py before FSDP2 wraps the model (Accelerate's prepare), as torchtitan
 does; layers whose dimensions are not multiples of 16 (the FP8 GEMMs' alignment) stay bf16, and the
@@ -47,6 +50,7 @@ import sys
 
 import torch
 
+from contract.config import fp8_linears
 from contract.gpus import fp8_blocker
 
 logger = logging.getLogger(__name__)
@@ -88,7 +92,7 @@ def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_acc
     """Make the linear layers of each decoder layer float8 linears in place; returns how many: "tensorwise"
     our own (train/kernels/fp8_linear.py), unless `all_gather` (FSDP2 all-gathers the weights in float8,
     which needs torchao's weight wrapper); "torchao-tensorwise" and "rowwise" torchao's Float8Linear."""
-    if recipe == "tensorwise" and not all_gather:
+    if fp8_linears(recipe, all_gather) == "ours":
         return _convert_to_own(layers, fast_accum)
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
