@@ -4,6 +4,7 @@ bench/tables_save.py)."""
 from __future__ import annotations
 
 import json
+import statistics
 
 from bench.results_io import RESULTS, clock_start
 
@@ -36,3 +37,10 @@ def timed_windows(windows: list[dict]) -> list[dict]:
     """The logged windows on the run's clock: those after the first record past the warm-up."""
     start = clock_start(w["step"] for w in windows)
     return [w for w in windows if w["step"] > start]
+
+
+def median_and_slow_steps(run: dict, digits: int) -> tuple[float, str]:
+    """A run's median timed step (s) and its steps over 1.5 x that median ("step: seconds", or "none")."""
+    steps = [(w["step"], w["seconds"]) for w in timed_windows(run["windows"])]
+    median = statistics.median(seconds for _, seconds in steps)
+    return median, ", ".join(f"{step}: {seconds:.{digits}f} s" for step, seconds in steps if seconds > 1.5 * median) or "none"

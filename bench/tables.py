@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 from collections.abc import Callable
 
 from bench.results_io import RESULTS, ROOT
-from bench.table_cells import load_result, markdown_table, per_gpu_rate, percent, save_cell, timed_windows
+from bench.table_cells import load_result, markdown_table, median_and_slow_steps, per_gpu_rate, percent, save_cell
 from bench.tables_parity import PARITY_TABLES
 from bench.tables_save import FOUR_GPU_T10K, SAVE_TABLES
 
@@ -166,20 +165,9 @@ def fp8_8b_4gpu() -> str:
                            "vs our bf16", "vs TRL (bf16) of the call"], rows)
 
 
-def _step_times(run: dict) -> list[tuple[int, float]]:
-    return [(w["step"], w["seconds"]) for w in timed_windows(run["windows"])]
-
-
-def _median_and_slow(run: dict, digits: int) -> tuple[float, str]:
-    """A run's median timed step (s) and its steps over 1.5 x that median ("step: seconds", or "none")."""
-    steps = _step_times(run)
-    median = statistics.median(seconds for _, seconds in steps)
-    return median, ", ".join(f"{step}: {seconds:.{digits}f} s" for step, seconds in steps if seconds > 1.5 * median) or "none"
-
-
 def _ours_8b_row(name: str, r: dict) -> list[str]:
     ours, command = r["8b_full"], " ".join(r["provenance"]["command"])
-    median, slow = _median_and_slow(ours, 2)
+    median, slow = median_and_slow_steps(ours, 2)
     gc = "automatic" if "train.gc_every_steps=0" in command else "every 50th step"
     save = f"{ours['save']['seconds']:.1f} s, off the clock" if "save" in ours else "none"
     return [f"`{name}`", r["provenance"]["commit"][:7], ours["alloc_conf"].split(":")[1], gc, save, str(ours["steps"]),
@@ -223,7 +211,7 @@ def fp8_8b_4gpu_allgather() -> str:
             ("ours, FP8 + float8 all-gather (`train.fp8_all_gather = true`), next call", gathered["fp8"])]
     rows = []
     for label, side in runs:
-        median, slow = _median_and_slow(side, 1)
+        median, slow = median_and_slow_steps(side, 1)
         rows.append([label, str(side["steps"]), f"{per_gpu_rate(side):,.0f}", percent(side["mfu"]), f"{median:.2f}", slow,
                      f"{side['peak_mem_gib']:.1f}", f"{side['real_tokens_per_s'] / r['bf16']['real_tokens_per_s']:.2f}×"])
     return markdown_table(["run (4 × H100)", "steps timed", "real tokens/s per GPU", "MFU vs the bf16 peak", "median step s",

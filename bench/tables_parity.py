@@ -1,5 +1,5 @@
-"""BENCHMARKS.md's tables of issue #27: learning parity (bench/gpu_parity.py's files) and FP8 in one decoder layer
-(bench/gpu_fp8_layer.py's), part of bench/tables.py's output."""
+"""BENCHMARKS.md's tables of issue #27: learning parity (bench/gpu_parity.py's files), FP8 in one decoder layer
+(bench/gpu_fp8_layer.py's) and our float8 linears at 8B (bench/multi_fp8.py's), part of bench/tables.py's output."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from collections.abc import Callable
 
 from bench.parity_record import eval_losses, runs_of, spread
 from bench.results_io import RESULTS
-from bench.table_cells import load_result, markdown_table
+from bench.table_cells import load_result, markdown_table, median_and_slow_steps, per_gpu_rate, percent
 
 FP8_LAYER = ("h100/single-2026-11-27/fp8layer-8b.json", "h100/single-2026-11-27/fp8layer-8b-b.json",
              "h100/single-2026-11-27/fp8layer-8b-t16k.json")
+OWN_LAYER = ("h200/single-2026-11-28/fp8layer-8b-top40.json", "h200/single-2026-11-28/fp8layer-8b-own.json",
+             "h200/single-2026-11-28/fp8layer-8b-own-b.json")
+OWN_8B = ("h200/two-gpu-2026-11-28/multi-2gpu-fp8-own.json", "h200/two-gpu-2026-11-28/multi-2gpu-fp8-own-2.json")
+OWN_PARITY = "h200/parity-2026-11-28/parity-llama3.2-1b-own-fullacc.json"
 PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c", "h200/parity-2026-11-27d")
 
 
@@ -85,23 +89,28 @@ def _two_standard_errors(values: list[float], reference: list[float] | None = No
 
 def parity_fullacc() -> str:
     """The session's FP8 accumulation parity file: each side's runs, mean and the comparison gpu_parity made."""
-    r = load_result("h200/parity-2026-11-27d/parity-llama3.2-1b-fp8-fullacc-repeats.json")
+    return _parity_sides("h200/parity-2026-11-27d/parity-llama3.2-1b-fp8-fullacc-repeats.json", "side (1B, 2 × H200)")
+
+
+def _parity_sides(path: str, side_header: str) -> str:
+    r = load_result(path)
     judged = {c["side"]: c for c in r["comparisons"]}
     rows = [[side, ", ".join(f"{v:.4f}" for v in eval_losses(result)), f"{result['eval_loss']:.4f}",
              f"{judged[side]['eval_loss_ratio']:.4f}" if side in judged else "–",
              f"{result['real_tokens_per_s']:,.0f}"] for side, result in r["sides"].items()]
-    return markdown_table(["side (1B, 2 × H200)", "eval loss of each run", "mean", "mean / mean of ours", "real tokens/s"], rows)
+    return markdown_table([side_header, "eval loss of each run", "mean", "mean / mean of ours", "real tokens/s"], rows)
 
 
-def fp8_layer_8b() -> str:
-    """One 8B decoder layer per variant: its median time, against the bf16 default of the same call, and its kernel
-    time by kind over one profiled call; a variant that failed shows its error."""
+def _layer_rows(paths: tuple[str, ...], commit: bool = False) -> list[list[str]]:
+    """One row per variant of each gpu_fp8_layer file: its median layer time, against the bf16 default of the same
+    call, and its kernel time by kind over one profiled call; a variant that failed shows its error."""
     rows = []
-    for path in FP8_LAYER:
+    for path in paths:
         r = load_result(path)
         base = next(row["ms"] for row in r["rows"] if row["variant"] == "bf16-fused")
         for row in r["rows"]:
-            cells = [f"`{path.split('/', 1)[1]}`", f"{r['tokens']:,}", row["variant"]]
+            cells = [f"`{path.split('/', 1)[1]}`", *([r["provenance"]["commit"][:7]] if commit else []),
+                     f"{r['tokens']:,}", row["variant"]]
             if "error" in row:
                 rows.append(cells + [row["error"].split(":")[0], "", "", "", "", ""])
                 continue
@@ -109,11 +118,48 @@ def fp8_layer_8b() -> str:
             compiled = by_kind.get("compiled elementwise", by_kind.get("compiled", 0))  # the first files' own name
             kinds = [by_kind.get("matmul", 0), compiled, by_kind.get("attention", 0), by_kind.get("other", 0)]
             rows.append(cells + [f"{row['ms']:.2f}", f"{base / row['ms']:.2f}×", *(f"{ms:.2f}" for ms in kinds)])
-    return markdown_table(["file (bench/results/h100/…)", "tokens", "variant", "layer ms (fwd + bwd)",
-                           "bf16-fused ms / this", "matmul ms", "compiled ms", "attention ms", "other ms"], rows)
+    return rows
+
+
+LAYER_COLUMNS = ["tokens", "variant", "layer ms (fwd + bwd)", "bf16-fused ms / this", "matmul ms", "compiled ms",
+                 "attention ms", "other ms"]
+
+
+def fp8_layer_8b() -> str:
+    """torchao's FP8 in one 8B decoder layer, on H100s (seventh session)."""
+    return markdown_table(["file (bench/results/h100/…)", *LAYER_COLUMNS], _layer_rows(FP8_LAYER))
+
+
+def fp8_own_layer_8b() -> str:
+    """Our float8 linears in one 8B decoder layer beside torchao's and our bf16, on H200s (this session's calls)."""
+    return markdown_table(["file (bench/results/h200/…)", "commit", *LAYER_COLUMNS], _layer_rows(OWN_LAYER, commit=True))
+
+
+def fp8_own_8b_2gpu() -> str:
+    """8B on 2 GPUs, our bf16 path then FP8 with our float8 linears, in each of two calls: speed, median step and
+    the steps over 1.5x it, and FP8 against the bf16 run of its call."""
+    rows = []
+    for path in OWN_8B:
+        r = load_result(path)
+        record = r["fp8_8b"]
+        for label, side in (("ours, bf16", record["bf16"]), ("ours, FP8 tensorwise (our float8 linears)", record["fp8"])):
+            median, slow = median_and_slow_steps(side, 2)
+            rows.append([f"`{path.split('/', 1)[1]}`", r["provenance"]["commit"][:7], label, str(side["steps"]),
+                         f"{per_gpu_rate(side):,.0f}", percent(side["mfu"]), f"{median:.2f}", slow,
+                         f"{side['peak_mem_gib']:.1f}",
+                         f"{side['real_tokens_per_s'] / record['bf16']['real_tokens_per_s']:.2f}×"])
+    return markdown_table(["file (bench/results/h200/…)", "commit", "run (2 × H200)", "steps timed",
+                           "real tokens/s per GPU", "MFU vs the bf16 peak", "median step s", "steps over 1.5 × median",
+                           "peak GiB", "vs our bf16 of the call"], rows)
+
+
+def parity_own() -> str:
+    """Learning parity of our float8 linears against bf16: each side's runs (one per GPU), mean and ratio."""
+    return _parity_sides(OWN_PARITY, "side (1B, 2 × H200, our float8 linears)")
 
 
 PARITY_TABLES: dict[str, Callable[[], str]] = {
     "parity-runs": parity_runs, "parity-spread": parity_spread, "parity-fullacc": parity_fullacc,
-    "fp8-layer-8b": fp8_layer_8b,
+    "fp8-layer-8b": fp8_layer_8b, "fp8-own-layer-8b": fp8_own_layer_8b, "fp8-own-8b-2gpu": fp8_own_8b_2gpu,
+    "parity-own": parity_own,
 }
