@@ -26,6 +26,7 @@ Fp8Linears = Literal["", "ours", "torchao"]  # whose float8 linear layers run; "
 LoraQuant = Literal["none", "nf4"]
 ModelInit = Literal["full", "sharded"]
 
+
 def fp8_linears(recipe: str, all_gather: bool) -> Fp8Linears:
     """Whose float8 linear layers train.precision = "fp8" runs: torchao's Float8Linear for rowwise,
     torchao-tensorwise and tensorwise with the float8 all-gather (which needs torchao's weight wrapper);
@@ -140,7 +141,7 @@ class TrainSection:
                 "counts it): auto = where it can run, true = required")
     precision: TrainPrecision = documented(
         "auto", "matmul precision of the decoder's linear layers: auto = model.precision's (bf16 on GPUs); fp8 = "
-                "torchao float8 training (FP8 GPUs: compute capability >= 8.9; full fine-tuning under FSDP2 or on "
+                "float8 linear layers (train.fp8_recipe says whose; FP8 GPUs: compute capability >= 8.9; full fine-tuning under FSDP2 or on "
                 "one GPU; lm_head, attention and norms stay bf16)")
     fp8_recipe: Fp8Recipe = documented(
         "tensorwise", "scaling of --precision fp8: tensorwise (one scale per tensor, fastest; our own casts, "

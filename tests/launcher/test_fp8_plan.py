@@ -70,7 +70,9 @@ def test_fp8_reaches_train_toml_and_the_plan(tmp_path: Path) -> None:
     written = load_train_config(tmp_path / "train.toml").train
     assert (written.precision, written.fp8_recipe) == ("fp8", "rowwise")
     inp = plan_input_from_launch(launch)
-    assert inp.fp8 and inp.precision == "bf16"
+    assert inp.fp8 == "torchao" and inp.precision == "bf16"  # rowwise is torchao's (contract.config.fp8_linears)
+    (tmp_path / "default").mkdir()
+    assert plan_input_from_launch(_h100_launch(tmp_path / "default")).fp8 == "ours"  # tensorwise
     assert not inp.fused_mlp, "fused_mlp = auto stays off under FP8 (its float8 linears are the MLP's)"
     text = format_plan(make_plan(inp))
     assert "fp8 linears + bf16" in text

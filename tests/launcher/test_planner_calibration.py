@@ -99,8 +99,8 @@ def test_benchmark_cpu_smoke_runs_the_launch_path(tmp_path):
     plan_input_from_dict(smoke["plan_input"])
 
 
-# Peaks of our training runs on H100s (bench/gpu_multi.py, bench/gpu_multi_lora.py; results files under
-# bench/results/h100, written by bench/results_io.py). `peak_mem_gib` is rank 0's
+# Peaks of our training runs on H100s and H200s (bench/gpu_multi.py, bench/gpu_multi_lora.py; results files
+# under bench/results, written by bench/results_io.py). `peak_mem_gib` is rank 0's
 # torch.cuda.max_memory_allocated over the whole run (train/observe/metrics.py: no reset after step 1),
 # so these check the *allocated* prediction only. The runs: 8B Llama-3 shape, 2 nodes x G/2 processes,
 # FSDP2 (fp32 params, bf16 compute), compiled decoder layers, the fused chunked loss (quack's kernel),
@@ -112,19 +112,23 @@ H100_8B = {"arch": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention
            "micro_batch_tokens": 8192, "precision": "bf16", "loss_chunk_tokens": 4096, "loss_backend": "fused",
            "compile": True}
 GPU_RUNS = {  # name: (results file, keys to peak_mem_gib, PlanInput fields beside H100_8B)
-    "8b-full-nockpt-4xh100-11-26": ("four-gpu-2026-11-26/multi-4gpu-8b-full.json", ("8b_full",),
+    "8b-full-nockpt-4xh100-11-26": ("h100/four-gpu-2026-11-26/multi-4gpu-8b-full.json", ("8b_full",),
                                     {"gpus_per_node": 2, "fused_mlp": True}),
-    "8b-full-nockpt-4xh100-11-27": ("four-gpu-2026-11-27/multi-4gpu-8b-full.json", ("8b_full",),
+    "8b-full-nockpt-4xh100-11-27": ("h100/four-gpu-2026-11-27/multi-4gpu-8b-full.json", ("8b_full",),
                                     {"gpus_per_node": 2, "fused_mlp": True}),
-    "8b-fp8-nockpt-4xh100": ("four-gpu-2026-11-27/multi-4gpu-fp8.json", ("fp8_8b", "fp8"),  # fused MLP off
-                             {"gpus_per_node": 2, "fp8": True}),
-    "8b-lora-nockpt-2xh100": ("two-gpu-2026-11-27/multi-2gpu-8b-lora.json", ("8b_lora",),  # r16, all linears
+    "8b-fp8-nockpt-4xh100": ("h100/four-gpu-2026-11-27/multi-4gpu-fp8.json", ("fp8_8b", "fp8"),  # fused MLP off
+                             {"gpus_per_node": 2, "fp8": "torchao"}),
+    # our float8 linears (train/kernels/fp8_linear.py) on 2 x H200, 2 nodes x 1 process, FA4 (GQA native: the
+    # planner's K and V at the query width count ~3 GiB more than it saves)
+    "8b-fp8-own-nockpt-2xh200": ("h200/two-gpu-2026-11-28/multi-2gpu-fp8-own.json", ("fp8_8b", "fp8"),
+                                 {"gpus_per_node": 1, "gpu_type": "h200", "fp8": "ours"}),
+    "8b-lora-nockpt-2xh100": ("h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json", ("8b_lora",),  # r16, all linears
                               {"gpus_per_node": 1, "lora": True, "lora_dropout": 0.0}),
 }
 
 
 def measured_peak(path: str, keys: tuple[str, ...]) -> float:
-    block = json.loads((REPO / "bench" / "results" / "h100" / path).read_text())
+    block = json.loads((REPO / "bench" / "results" / path).read_text())
     for key in keys:
         block = block[key]
     return block["peak_mem_gib"]

@@ -1,5 +1,5 @@
-"""Our own FP8 linear layer with tensorwise scaling (train.fp8_recipe = "tensorwise"), as two opaque
-torch ops around torch._scaled_mm.
+"""Our own FP8 linear layer with tensorwise scaling (train.fp8_recipe = "tensorwise"), as opaque torch
+ops around torch._scaled_mm: the input's cast, the forward, the backward.
 
 The arithmetic is torchao's tensorwise recipe: one scale per tensor, max(dtype) / amax; inputs and
 weights in e4m3, output gradients in e5m2; the forward GEMM accumulates in fp32 unless fast_accum,
@@ -15,8 +15,8 @@ The GEMMs see the same float8 operands torchao's do; on CPU, where the cast is t
 below, the output and both gradients equal torchao's Float8Linear's within one bf16 rounding
 (tests/train/test_fp8_linear.py).
 
-Only the cast is a Triton kernel; the CPU path exists for those tests (FP8 training itself is
-refused off the GPU, train/kernels/float8.py). As ops (like train/kernels/fa4.py) the compiled
+Only the amax and the cast are Triton kernels; their CPU path exists for those tests (FP8 training itself
+is refused off the GPU, train/kernels/float8.py). As ops (like train/kernels/fa4.py) the compiled
 decoder layer calls each as one node and never traces into the kernel launches.
 """
 
@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import torch
 
+from train.kernels.float8 import ALIGNMENT
+
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-ALIGNMENT = 16  # torch._scaled_mm: the inner dimension and the second operand's dimensions
 
 
 def padded(tokens: int) -> int:
+    """The token count rounded up to the FP8 GEMM's alignment (the weight gradient contracts over tokens)."""
     return (tokens + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
