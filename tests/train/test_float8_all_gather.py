@@ -22,35 +22,41 @@ STEPS, STOP_AT = 8, 4
 FP8 = {FP8_ON_CPU_ENV: "1"}
 
 
-def _run(path, base, all_gather: bool):
-    recipe = "tensorwise" if all_gather else "torchao-tensorwise"  # torchao's Float8Linear either way
+def fp8_run(path, base, recipe: str, all_gather: bool = False):
     return write_run(path, {"model": {"path": str(base)}, "train": {"precision": "fp8", "fp8_recipe": recipe,
                                       "fp8_all_gather": all_gather, "max_steps": STEPS,
                                       "logging_steps": 1, "gradient_accumulation_steps": 1, "fused_loss": False}})
 
 
-def _losses(run) -> dict[int, tuple[float, float]]:
+def losses_by_step(run) -> dict[int, tuple[float, float]]:
     return {r["step"]: (r["loss"], r["grad_norm"]) for r in metrics(run) if "loss" in r}
 
 
 def test_float8_all_gather_trains_as_bf16_all_gather_and_resumes_bitwise(tmp_path) -> None:
     base = tmp_path / "base"
     _save_base(base)
-    reference = _run(tmp_path / "reference", base, all_gather=True)
+    reference = fp8_run(tmp_path / "reference", base, "tensorwise", all_gather=True)
     assert run_training(reference, FP8, timeout=400) == 0, read_log(reference)
     assert "in float8 (torchao's Float8Linear); fused SwiGLU MLP off; weights all-gathered in float8" in read_log(reference)
-    plain = _run(tmp_path / "bf16-all-gather", base, all_gather=False)
+    plain = fp8_run(tmp_path / "bf16-all-gather", base, "torchao-tensorwise")  # torchao's too
     assert run_training(plain, FP8, timeout=400) == 0, read_log(plain)
     # Every float8 weight updated once per step (Accelerate's optimizer mapping lost 13 of 14 of them).
-    assert _losses(reference) == _losses(plain) and len(_losses(reference)) == STEPS
-    assert _losses(reference)[STEPS][0] < _losses(reference)[1][0]
+    assert losses_by_step(reference) == losses_by_step(plain) and len(losses_by_step(reference)) == STEPS
+    assert losses_by_step(reference)[STEPS][0] < losses_by_step(reference)[1][0]
 
-    run = _run(tmp_path / "run", base, all_gather=True)
+    run = fp8_run(tmp_path / "run", base, "tensorwise", all_gather=True)
+    got = stopped_run_resumes_bitwise(run, reference)
+    assert all(t.dtype in (torch.float32, torch.bfloat16) for t in got.values() if t.dtype.is_floating_point)
+
+
+def stopped_run_resumes_bitwise(run, reference) -> dict[str, torch.Tensor]:
+    """Stop `run` at step STOP_AT (exit 75) and resume it: its losses and export equal the uninterrupted
+    `reference`'s bit for bit, and the export loads as a stock model. Returns the exported tensors."""
     first = run_training(run, {**FP8, STOP_AT_STEP_ENV: str(STOP_AT)}, timeout=400)
     assert first != 0 and "exitcode  : 75" in read_log(run), read_log(run)
     assert (run / "checkpoints" / f"step-{STOP_AT:08d}" / MARKER).is_file(), read_log(run)
     assert run_training(run, FP8, timeout=400, log_name="resume.log") == 0, read_log(run, "resume.log")
-    assert _losses(run) == _losses(reference)
+    assert losses_by_step(run) == losses_by_step(reference)
     got, want = exported_tensors(run), exported_tensors(reference)
     assert got.keys() == want.keys() and got
     differing = [name for name in want if not torch.equal(got[name], want[name])]
@@ -59,8 +65,8 @@ def test_float8_all_gather_trains_as_bf16_all_gather_and_resumes_bitwise(tmp_pat
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(run / "export")
-    assert type(model.model.layers[0].mlp.down_proj) is torch.nn.Linear  # a stock model, no torchao class
-    assert all(t.dtype in (torch.float32, torch.bfloat16) for t in got.values() if t.dtype.is_floating_point)
+    assert type(model.model.layers[0].mlp.down_proj) is torch.nn.Linear  # a stock model, no float8 class
+    return got
 
 
 def test_rowwise_with_float8_all_gather_is_refused_in_one_line(tmp_path) -> None:
