@@ -13,9 +13,9 @@ tensor subclasses such as torchao's float8 tensors counted by their inner tensor
 the slope is the per-token cost, the intercept the per-layer one (the fused MLP's weight copy).
 
 Variants: eager, compiled, compiled + fused SwiGLU MLP (train/kernels/swiglu.py's custom ops, given CPU
-kernels here: the partitioner only sees the ops' signatures), compiled + float8 linears (ours,
-tensorwise, train/kernels/fp8_linear.py, and torchao's). The planner counts K and V at the query width for compiled layers (torch <= 2.11's
-varlen_attn expands them); CPU sdpa takes GQA natively, so its column "planner (kv width)" is compared.
+kernels here: the partitioner only sees the ops' signatures), compiled + float8 linears, tensorwise (ours,
+train/kernels/fp8_linear.py, and torchao's). The planner counts K and V at the query width for compiled
+layers (torch <= 2.11's varlen_attn expands them); CPU sdpa takes GQA natively, so its column "planner (kv width)" is compared.
 LoRA is left out: on CPU PEFT's adapters stay fp32 and cast their inputs up, which FSDP2's bf16
 compute does not. No results file by default: the numbers are CPU partitioner decisions, not a GPU
 peak (those are the calibration points in tests/launcher/test_planner_calibration.py).
@@ -99,13 +99,12 @@ def saved_bytes(variant: str, tokens: int) -> int:
 
 def planner_bytes(variant: str, tokens: int) -> int:
     """launcher/plan/memory.py's count for the same layer, K/V at the KV width (as CPU sdpa saves them)."""
+    from contract.config import fp8_linears
     from contract.shape import ModelShape
     from launcher.plan.memory import layer_activation_bytes_per_token
 
     shape = ModelShape.from_arch(SHAPE)
     compiled = variant.startswith("compiled")
-    from contract.config import fp8_linears
-
     recipe = FP8_RECIPES.get(variant.split("+")[-1])
     fused, fp8 = variant.endswith("fused_mlp"), fp8_linears(recipe, all_gather=False) if recipe else ""
     per_token = layer_activation_bytes_per_token(shape, 2, compiled, fused, fp8)
