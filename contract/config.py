@@ -155,7 +155,7 @@ class TrainSection:
         False, "--precision fp8, tensorwise: FSDP2 all-gathers the weights in float8 (half the bytes; each rank "
                "casts its own shard) instead of bf16; off by default: on 4 H100s at 8B no faster per step than "
                "the bf16 all-gather, with a higher peak; tensorwise then runs torchao's Float8Linear, whose weight "
-               "wrapper the float8 all-gather needs")
+               "wrapper this needs")
     cpu_object_collectives: bool = documented(
         True, "FSDP on GPUs: the process group also gets gloo for CPU tensors (cuda:nccl,cpu:gloo), so the "
               "checkpoint's planning collectives and barriers run on the CPU, not through NCCL buffers on the "

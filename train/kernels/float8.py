@@ -52,10 +52,11 @@ import torch
 
 from contract.config import fp8_linears
 from contract.gpus import fp8_blocker
+from train.kernels import fp8_linear
+from train.kernels.fp8_linear import ALIGNMENT
 
 logger = logging.getLogger(__name__)
 
-ALIGNMENT = 16  # torch._scaled_mm needs both dimensions of each operand divisible by 16
 TORCHAO_RECIPES = {"torchao-tensorwise": "tensorwise"}  # train.fp8_recipe -> torchao's name, where they differ
 
 
@@ -108,8 +109,6 @@ def convert_decoder_linears(layers: list[torch.nn.Module], recipe: str, fast_acc
 
 
 def _convert_to_own(layers: list[torch.nn.Module], fast_accum: bool) -> int:
-    from train.kernels import fp8_linear
-
     converted = [module for layer in layers for fqn, module in layer.named_modules()
                  if isinstance(module, torch.nn.Linear) and convertible(module, fqn)]
     for module in converted:
