@@ -58,12 +58,8 @@ def build_layer(arch: dict, variant: str) -> torch.nn.Module:
     config = LlamaConfig(**arch, attn_implementation="sdpa")
     layer = LlamaDecoderLayer(config, layer_idx=0).to("cuda", torch.bfloat16)
     recipe, which, _ = VARIANTS[variant]
-    if recipe == "own":
-        from train.kernels import fp8_linear
-
-        for fqn, module in layer.named_modules():
-            if isinstance(module, torch.nn.Linear) and float8.convertible(module, fqn):
-                fp8_linear.convert(module, fast_accum=False)
+    if recipe == "own":  # as training converts it: train.fp8_recipe = "tensorwise"
+        float8.convert_decoder_linears([layer], "tensorwise", fast_accum=False)
     elif which:
         from torchao.float8 import convert_to_float8_training
 
