@@ -8,11 +8,10 @@ tensor's scale was a chain of tiny kernels. Here one launch reads a bf16 [M, N] 
 its scale from the amax already computed (so a cast never re-reads its input for the scale), and
 writes the row-major float8 copy, the transposed one (zero-padded to a multiple of 16 rows-of-tokens,
 as the FP8 GEMM's inner dimension needs), or both; its first program writes the inverse scale
-torch._scaled_mm takes. The amax is not here: it is a torch reduction in the compiled graph, which
-inductor fuses into the kernel that writes the tensor (train/kernels/fp8_linear.py). Triton's float8
-conversion rounds a few values just below the midpoint of two float8 subnormals up where torch rounds
-them down (7 of 14,336,000 in tests/train/test_fp8_linear.py on an H200), so the GPU cast equals the
-CPU reference but for those.
+torch._scaled_mm takes. The amax is a Triton kernel too (torch's reduction ran at half the memory
+bandwidth). Triton's float8 conversion rounds a few values just below the midpoint of two float8
+subnormals up where torch rounds them down (7 of 14,336,000 in tests/train/test_fp8_linear.py on an
+H200), so the GPU cast equals the CPU reference but for those.
 """
 
 from __future__ import annotations
@@ -41,6 +40,23 @@ def _cast_kernel(x_ptr, amax_ptr, rows_ptr, cols_ptr, inverse_ptr, M, N, stride_
     if WRITE_COLS:
         # the tile transposed: columns of x become rows of the copy; padded columns stay as allocated (zero)
         tl.store(cols_ptr + rn[:, None].to(tl.int64) * stride_cols + rm[None, :], tl.trans(y), mask=tl.trans(mask))
+
+
+@triton.jit
+def _amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    start = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    running = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in tl.static_range(ITERS):
+        offsets = start + i * BLOCK + tl.arange(0, BLOCK)
+        running = tl.maximum(running, tl.abs(tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)))
+    tl.atomic_max(out_ptr, tl.max(running, 0))
+
+
+def amax_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    """out = max(out, max |x|) for a contiguous x; `out` a 0-d fp32 tensor (zero to start from)."""
+    assert x.is_contiguous(), "the amax reads x as one block of memory"
+    block, iters = 2048, 8
+    _amax_kernel[(triton.cdiv(x.numel(), block * iters),)](x, out, x.numel(), BLOCK=block, ITERS=iters, num_warps=8)
 
 
 def cast(x: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype, rows: torch.Tensor | None,

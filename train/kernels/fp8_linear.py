@@ -5,10 +5,8 @@ The arithmetic is torchao's tensorwise recipe: one scale per tensor, max(dtype) 
 weights in e4m3, output gradients in e5m2; the forward GEMM accumulates in fp32 unless fast_accum,
 the two backward GEMMs always do. What differs is how much memory traffic surrounds the GEMMs
 (torchao's casts, compiled, took 4.6 of an 8B layer's 17.4 ms on an H200; bench/gpu_fp8_layer.py):
-* each tensor's amax is a torch reduction outside the ops, so that compiled, inductor computes it in
-  the kernel that produces the tensor (the norm before q, k and v, the SwiGLU product, the output
-  gradients' producers) instead of a pass of its own over it; the cast is one kernel that takes the
-  scale from it (train/kernels/fp8_cast.py), writing the row-major copy, the transposed one or both;
+* each tensor's amax is one reduction and its cast one kernel that takes the scale from it
+  (train/kernels/fp8_cast.py), writing the row-major copy, the transposed one or both at once;
 * the forward keeps the input as the transposed float8 copy the weight-gradient GEMM reads (half the
   bytes of torchao's saved bf16 input, and no second amax or cast of it in the backward), and casts
   an input that several layers read (q, k, v; gate, up) once under compile;
@@ -17,8 +15,8 @@ The GEMMs see the same float8 operands torchao's do; on CPU, where the cast is t
 below, the output and both gradients equal torchao's Float8Linear's within one bf16 rounding
 (tests/train/test_fp8_linear.py).
 
-Only the cast is a Triton kernel; its CPU path exists for those tests (FP8 training itself is
-refused off the GPU, train/kernels/float8.py). As ops (like train/kernels/fa4.py) the compiled
+Only the amax and the cast are Triton kernels; their CPU path exists for those tests (FP8 training itself
+is refused off the GPU, train/kernels/float8.py). As ops (like train/kernels/fa4.py) the compiled
 decoder layer calls each as one node and never traces into the kernel launches.
 """
 
@@ -36,12 +34,15 @@ def padded(tokens: int) -> int:
 
 
 def amax(x: torch.Tensor) -> torch.Tensor:
-    """max |x| in fp32. Torch reductions, called outside the float8 ops: compiled, inductor computes each
-    row's max in the kernel that writes x, then the max of those (a whole-tensor reduction fused there
-    ran at a third of the memory bandwidth). Without autocast, which would copy x to fp32 first."""
-    with torch.autocast(x.device.type, enabled=False):
-        rows = torch.linalg.vector_norm(x.detach(), float("inf"), dim=-1, dtype=torch.float32)
-        return rows.amax()
+    """max |x| in fp32, one pass over x (on CUDA a Triton kernel: torch's reduction ran at half the memory
+    bandwidth, 0.73 ms of an 8B layer on an H200)."""
+    if not x.is_cuda:
+        return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
+    from train.kernels import fp8_cast
+
+    out = torch.zeros((), dtype=torch.float32, device=x.device)
+    fp8_cast.amax_into(x.contiguous(), out)
+    return out
 
 
 def cast(x: torch.Tensor, x_amax: torch.Tensor, dtype: torch.dtype, rows: bool, cols: bool,
@@ -71,44 +72,48 @@ def cast(x: torch.Tensor, x_amax: torch.Tensor, dtype: torch.dtype, rows: bool, 
 
 
 @torch.library.custom_op("sft::fp8_cast_input", mutates_args=())
-def fp8_cast_input(x: torch.Tensor, x_amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A linear layer's input x [T, K] in e4m3 scaled by its amax: the row-major copy the forward GEMM
-    reads, the transposed one [K, T padded] the weight-gradient GEMM reads, and the inverse scale. Its
-    own op so that the compiled graph computes it once for layers that share an input (q, k and v; gate
-    and up): AOTAutograd's common-subexpression pass merges identical calls of a pure op."""
+def fp8_cast_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A linear layer's input x [T, K] in e4m3: the row-major copy the forward GEMM reads, the transposed
+    one [K, T padded] the weight-gradient GEMM reads, and the inverse scale. Its own op so that the
+    compiled graph computes it once for layers that share an input (q, k and v; gate and up):
+    AOTAutograd's common-subexpression pass merges identical calls of a pure op."""
+    x = x.contiguous()  # amax reads x as one block
     with torch.autocast(x.device.type, enabled=False):
-        x8, x8t, x_inverse = cast(x.contiguous(), x_amax, E4M3, rows=True, cols=True)
+        x8, x8t, x_inverse = cast(x, amax(x), E4M3, rows=True, cols=True)
     return x8, x8t, x_inverse
 
 
 @fp8_cast_input.register_fake
-def _cast_input_fake(x, x_amax):
+def _cast_input_fake(x):
     x8t = x.new_empty((x.shape[1], padded(x.shape[0])), dtype=E4M3)
     return torch.empty_like(x, dtype=E4M3), x8t, x.new_empty((), dtype=torch.float32)
 
 
 @torch.library.custom_op("sft::fp8_linear_fwd", mutates_args=())
 def fp8_linear_fwd(x: torch.Tensor, x8: torch.Tensor, x8t: torch.Tensor, x_inverse: torch.Tensor,
-                   weight: torch.Tensor, w_amax: torch.Tensor, fast_accum: bool) -> torch.Tensor:
-    """x [T, K] @ weight [N, K]^T in float8 from x's casts (fp8_cast_input) and the weight's amax → y [T, N]
-    in x's dtype. x itself is only where the input gradient goes."""
+                   weight: torch.Tensor, fast_accum: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] @ weight [N, K]^T in float8 from x's casts (fp8_cast_input) → (y [T, N] in x's dtype, the
+    weight's amax for the backward). x itself is only where the input gradient goes."""
     with torch.autocast(x.device.type, enabled=False):
+        w_amax = amax(weight)
         w8, _, w_inverse = cast(weight, w_amax, E4M3, rows=True, cols=False)
-        return torch._scaled_mm(x8, w8.t(), x_inverse, w_inverse, out_dtype=x.dtype, use_fast_accum=fast_accum)
+        y = torch._scaled_mm(x8, w8.t(), x_inverse, w_inverse, out_dtype=x.dtype, use_fast_accum=fast_accum)
+    return y, w_amax
 
 
 @fp8_linear_fwd.register_fake
-def _fwd_fake(x, x8, x8t, x_inverse, weight, w_amax, fast_accum):
-    return x.new_empty((x.shape[0], weight.shape[0]))
+def _fwd_fake(x, x8, x8t, x_inverse, weight, fast_accum):
+    return x.new_empty((x.shape[0], weight.shape[0])), x.new_empty((), dtype=torch.float32)
 
 
 @torch.library.custom_op("sft::fp8_linear_bwd", mutates_args=())
-def fp8_linear_bwd(dy: torch.Tensor, dy_amax: torch.Tensor, x8t: torch.Tensor, x_inverse: torch.Tensor,
-                   weight: torch.Tensor, w_amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_linear_bwd(dy: torch.Tensor, x8t: torch.Tensor, x_inverse: torch.Tensor, weight: torch.Tensor,
+                   w_amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The input and weight gradients: dy [T, N] e5m2 @ weight (e4m3, cast with the forward's amax),
     and dy^T @ x from the saved transposed copy; both GEMMs accumulate in fp32."""
     with torch.autocast(dy.device.type, enabled=False):
-        dy8, dy8t, dy_inverse = cast(dy.contiguous(), dy_amax, E5M2, rows=True, cols=True)
+        dy = dy.contiguous()
+        dy8, dy8t, dy_inverse = cast(dy, amax(dy), E5M2, rows=True, cols=True)
         _, w8t, w_inverse = cast(weight, w_amax, E4M3, rows=False, cols=True)
         dx = torch._scaled_mm(dy8, w8t.t(), dy_inverse, w_inverse, out_dtype=dy.dtype)
         dw = torch._scaled_mm(dy8t, x8t.t(), dy_inverse, x_inverse, out_dtype=weight.dtype)
@@ -116,20 +121,19 @@ def fp8_linear_bwd(dy: torch.Tensor, dy_amax: torch.Tensor, x8t: torch.Tensor, x
 
 
 @fp8_linear_bwd.register_fake
-def _bwd_fake(dy, dy_amax, x8t, x_inverse, weight, w_amax):
+def _bwd_fake(dy, x8t, x_inverse, weight, w_amax):
     return dy.new_empty((dy.shape[0], weight.shape[1])), torch.empty_like(weight)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    _, _, x8t, x_inverse, weight, w_amax, _ = inputs
-    ctx.save_for_backward(x8t, x_inverse, weight, w_amax)
+    _, _, x8t, x_inverse, weight, _ = inputs
+    ctx.save_for_backward(x8t, x_inverse, weight, output[1])
 
 
-def _backward(ctx, dy):
+def _backward(ctx, dy, _):
     x8t, x_inverse, weight, w_amax = ctx.saved_tensors
-    # the amax here, not inside the op: compiled, it joins the kernel that produced dy
-    dx, dw = fp8_linear_bwd(dy, amax(dy), x8t, x_inverse, weight, w_amax)
-    return dx, None, None, None, dw, None, None
+    dx, dw = fp8_linear_bwd(dy, x8t, x_inverse, weight, w_amax)
+    return dx, None, None, None, dw, None
 
 
 fp8_linear_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -145,8 +149,7 @@ class Float8TrainingLinear(torch.nn.Linear):
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         x2d = x.to(dtype).reshape(-1, self.in_features)
-        weight = self.weight.to(dtype)
-        y = fp8_linear_fwd(x2d, *fp8_cast_input(x2d.detach(), amax(x2d)), weight, amax(weight), self.fast_accum)
+        y, _ = fp8_linear_fwd(x2d, *fp8_cast_input(x2d.detach()), self.weight.to(dtype), self.fast_accum)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(dtype)
 
