@@ -9,13 +9,23 @@ from collections.abc import Callable
 
 from bench.parity_record import eval_losses, runs_of, spread
 from bench.results_io import RESULTS
-from bench.table_cells import load_result, markdown_table, median_and_slow_steps, per_gpu_rate, percent
+from bench.table_cells import load_result, markdown_table, median_and_slow_steps, per_gpu_rate, percent, timed_windows
 
 FP8_LAYER = ("h100/single-2026-11-27/fp8layer-8b.json", "h100/single-2026-11-27/fp8layer-8b-b.json",
              "h100/single-2026-11-27/fp8layer-8b-t16k.json")
 OWN_LAYER = ("h200/single-2026-11-28/fp8layer-8b-top40.json", "h200/single-2026-11-28/fp8layer-8b-own.json",
              "h200/single-2026-11-28/fp8layer-8b-own-b.json")
 OWN_8B = ("h200/two-gpu-2026-11-28/multi-2gpu-fp8-own.json", "h200/two-gpu-2026-11-28/multi-2gpu-fp8-own-2.json")
+OWN_8B_MORE = tuple(f"h200/two-gpu-2026-11-28b/multi-2gpu-fp8-own-{n}.json" for n in range(3, 7))  # eleventh session
+AMAX_LAYER = {  # gpu_fp8_layer files of the amax experiment: where each computed the amaxes of our float8 linears
+    "h200/single-2026-11-28b/fp8layer-8b-amax-graph-1.json": "in the graph, whole tensor",
+    "h200/single-2026-11-28b/fp8layer-8b-amax-triton-1.json": "Triton kernel",
+    "h200/single-2026-11-28b/fp8layer-8b-amax-graph-2.json": "in the graph, whole tensor",
+    "h200/single-2026-11-28b/fp8layer-8b-amax-rows-1.json": "in the graph, rows then their max",
+    "h200/single-2026-11-28b/fp8layer-8b-amax-triton-2.json": "Triton kernel",
+    "h200/single-2026-11-28b/fp8layer-8b-amax-rows-2.json": "in the graph, rows then their max",
+}
+FP8_TARGET = 1.25  # issue #27: FP8 against our bf16 at 8B, real tokens/s
 OWN_PARITY = "h200/parity-2026-11-28/parity-llama3.2-1b-own-fullacc.json"
 PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c", "h200/parity-2026-11-27d")
 
@@ -135,22 +145,68 @@ def fp8_own_layer_8b() -> str:
     return markdown_table(["file (bench/results/h200/…)", "commit", *LAYER_COLUMNS], _layer_rows(OWN_LAYER, commit=True))
 
 
-def fp8_own_8b_2gpu() -> str:
-    """8B on 2 GPUs, our bf16 path then FP8 with our float8 linears, in each of two calls: speed, median step and
-    the steps over 1.5x it, and FP8 against the bf16 run of its call."""
+def _own_8b_table(paths: tuple[str, ...]) -> str:
+    """8B on 2 GPUs, our bf16 path then FP8 with our float8 linears, in each call: speed, median step, the fastest
+    and slowest timed step and the steps over 1.5x the median, and FP8 against the bf16 run of its call."""
     rows = []
-    for path in OWN_8B:
+    for path in paths:
         r = load_result(path)
         record = r["fp8_8b"]
         for label, side in (("ours, bf16", record["bf16"]), ("ours, FP8 tensorwise (our float8 linears)", record["fp8"])):
             median, slow = median_and_slow_steps(side, 2)
+            seconds = [w["seconds"] for w in timed_windows(side["windows"])]
             rows.append([f"`{path.split('/', 1)[1]}`", r["provenance"]["commit"][:7], label, str(side["steps"]),
-                         f"{per_gpu_rate(side):,.0f}", percent(side["mfu"]), f"{median:.2f}", slow,
+                         f"{per_gpu_rate(side):,.0f}", percent(side["mfu"]), f"{median:.2f}",
+                         f"{min(seconds):.3f}–{max(seconds):.3f}", slow,
                          f"{side['peak_mem_gib']:.1f}",
                          f"{side['real_tokens_per_s'] / record['bf16']['real_tokens_per_s']:.2f}×"])
     return markdown_table(["file (bench/results/h200/…)", "commit", "run (2 × H200)", "steps timed",
-                           "real tokens/s per GPU", "MFU vs the bf16 peak", "median step s", "steps over 1.5 × median",
+                           "real tokens/s per GPU", "MFU vs the bf16 peak", "median step s", "fastest–slowest step s",
+                           "steps over 1.5 × median",
                            "peak GiB", "vs our bf16 of the call"], rows)
+
+
+def fp8_own_8b_2gpu() -> str:
+    """The tenth session's two 8B calls with our float8 linears."""
+    return _own_8b_table(OWN_8B)
+
+
+def fp8_own_8b_2gpu_more() -> str:
+    """The eleventh session's four 8B calls, the same benchmark at 9193fe8."""
+    return _own_8b_table(OWN_8B_MORE)
+
+
+def _fp8_over_bf16(path: str) -> tuple[float, dict]:
+    record = load_result(path)["fp8_8b"]
+    return record["fp8"]["real_tokens_per_s"] / record["bf16"]["real_tokens_per_s"], record
+
+
+def fp8_own_8b_calls() -> str:
+    """FP8 against bf16 over every 8B call with our float8 linears (both sessions): the spread of the per-call ratios, and the ratio
+    of all timed tokens over all timed seconds (both sides time the same steps of the same packs)."""
+    ratios, records = zip(*(_fp8_over_bf16(path) for path in OWN_8B + OWN_8B_MORE))
+    pooled = {side: sum(r[side]["real_tokens"] for r in records) / sum(r[side]["seconds"] for r in records)
+              for side in ("bf16", "fp8")}
+    row = [str(len(ratios)), ", ".join(f"{ratio:.3f}" for ratio in ratios), f"{min(ratios):.3f}",
+           f"{statistics.median(ratios):.3f}", f"{statistics.mean(ratios):.3f}", f"{max(ratios):.3f}",
+           f"{sum(ratio >= FP8_TARGET for ratio in ratios)} of {len(ratios)}", f"{pooled['fp8'] / pooled['bf16']:.3f}"]
+    return markdown_table(["calls", "FP8 / bf16 of each call", "min", "median", "mean", "max",
+                           f"calls ≥ {FP8_TARGET}", "all timed tokens / all timed seconds, FP8 / bf16"], [row])
+
+
+def fp8_amax_in_graph() -> str:
+    """The amax experiment: our float8 linears in one 8B layer with their amaxes computed by our Triton kernel
+    (2f17f47) or as torch reductions in the compiled graph, two calls on one H200, each commit in both."""
+    rows = []
+    for path, where in AMAX_LAYER.items():
+        r = load_result(path)
+        row = next(row for row in r["rows"] if row["variant"] == "fp8-own")
+        by_kind = row["kernel_ms"]
+        rows.append([f"`{path.split('/', 1)[1]}`", r["provenance"]["commit"][:7], where, f"{row['ms']:.2f}",
+                     f"{by_kind['compiled elementwise']:.2f}", f"{by_kind['other']:.2f}",
+                     f"{by_kind['compiled elementwise'] + by_kind['other']:.2f}"])
+    return markdown_table(["file (bench/results/h200/…)", "commit", "amax", "layer ms (fwd + bwd)", "compiled ms",
+                           "other ms", "compiled + other ms"], rows)
 
 
 def parity_own() -> str:
@@ -161,5 +217,6 @@ def parity_own() -> str:
 PARITY_TABLES: dict[str, Callable[[], str]] = {
     "parity-runs": parity_runs, "parity-spread": parity_spread, "parity-fullacc": parity_fullacc,
     "fp8-layer-8b": fp8_layer_8b, "fp8-own-layer-8b": fp8_own_layer_8b, "fp8-own-8b-2gpu": fp8_own_8b_2gpu,
-    "parity-own": parity_own,
+    "parity-own": parity_own, "fp8-own-8b-2gpu-more": fp8_own_8b_2gpu_more,
+    "fp8-own-8b-calls": fp8_own_8b_calls, "fp8-amax-in-graph": fp8_amax_in_graph,
 }

@@ -18,7 +18,8 @@ Where FP8's time goes, in one 8B decoder layer on an H100 (bench/gpu_fp8_layer.p
 its GEMMs are 1.8x faster than bf16's, but torchao's amax reductions and casts, compiled, take about
 5 of the layer's 18 ms, so the layer gains 1.15-1.22x and a whole step less (1.13x at 8B on 4 H100s).
 No inductor setting, recipe or subset of the linears tried there gained more than 1.22x; our linears,
-whose casts and amaxes take under 2 ms of the layer, gave 1.24x there and 1.24-1.29x a step (H200s).
+whose casts and amaxes take under 2 ms of the layer, gave 1.24x there and 1.243-1.290x a step at 8B on
+2 H200s, 1.267x over six calls.
 
 Applied by train/engine/model.py before FSDP2 wraps the model (Accelerate's prepare), as torchtitan
 does; layers whose dimensions are not multiples of 16 (the FP8 GEMMs' alignment) stay bf16, and the

@@ -35,7 +35,8 @@ def padded(tokens: int) -> int:
 
 def amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| in fp32, one pass over x (on CUDA a Triton kernel: torch's reduction ran at half the memory
-    bandwidth, 0.73 ms of an 8B layer on an H200)."""
+    bandwidth, 0.73 ms of an 8B layer on an H200). A torch reduction in the compiled graph, which inductor
+    fuses into the kernel that writes x, saves that pass but was no faster (BENCHMARKS.md, eleventh session)."""
     if not x.is_cuda:
         return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
     from train.kernels import fp8_cast
