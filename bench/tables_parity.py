@@ -162,8 +162,7 @@ def _own_8b_table(paths: tuple[str, ...]) -> str:
                          f"{side['real_tokens_per_s'] / record['bf16']['real_tokens_per_s']:.2f}×"])
     return markdown_table(["file (bench/results/h200/…)", "commit", "run (2 × H200)", "steps timed",
                            "real tokens/s per GPU", "MFU vs the bf16 peak", "median step s", "fastest–slowest step s",
-                           "steps over 1.5 × median",
-                           "peak GiB", "vs our bf16 of the call"], rows)
+                           "steps over 1.5 × median", "peak GiB", "vs our bf16 of the call"], rows)
 
 
 def fp8_own_8b_2gpu() -> str:
@@ -182,8 +181,9 @@ def _fp8_over_bf16(path: str) -> tuple[float, dict]:
 
 
 def fp8_own_8b_calls() -> str:
-    """FP8 against bf16 over every 8B call with our float8 linears (both sessions): the spread of the per-call ratios, and the ratio
-    of all timed tokens over all timed seconds (both sides time the same steps of the same packs)."""
+    """FP8 against bf16 over every 8B call with our float8 linears (both sessions): the spread of the per-call
+    ratios, and the ratio of all timed tokens over all timed seconds (both sides time the same 16 steps of the
+    same packs)."""
     ratios, records = zip(*(_fp8_over_bf16(path) for path in OWN_8B + OWN_8B_MORE))
     pooled = {side: sum(r[side]["real_tokens"] for r in records) / sum(r[side]["seconds"] for r in records)
               for side in ("bf16", "fp8")}
