@@ -31,6 +31,7 @@ OTHER_KEYS = {
     "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
     "mlp": {"device", "shape", "tokens", "rows", "provenance"},
     "fp8layer": {"device", "shape", "tokens", "rows", "provenance"},  # bench/gpu_fp8_layer.py --json
+    "fp8gemms": {"device", "shape", "tokens", "groups", "provenance"},  # bench/gpu_fp8_gemms.py --json
     "attention": {"device", "shape", "tokens", "docs", "rows", "provenance"},
     "strategies": {"environment", "args", "results", "provenance"},
     "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/gpu_gemm_tune.py --json
