@@ -25,6 +25,8 @@ AMAX_LAYER = {  # gpu_fp8_layer files of the amax experiment: where each compute
     "h200/single-2026-11-28b/fp8layer-8b-amax-triton-2.json": "Triton kernel",
     "h200/single-2026-11-28b/fp8layer-8b-amax-rows-2.json": "in the graph, rows then their max",
 }
+FP8_GEMMS = ("h200/single-2026-11-28b/fp8gemms-8b-t8192.json", "h200/single-2026-11-28b/fp8gemms-8b-t16384.json",
+             "h200/single-2026-11-28b/fp8gemms-1b-t16384.json")
 FP8_TARGET = 1.25  # issue #27: FP8 against our bf16 at 8B, real tokens/s
 OWN_PARITY = "h200/parity-2026-11-28/parity-llama3.2-1b-own-fullacc.json"
 PARITY = ("h100/parity-2026-11-27a", "h100/parity-2026-11-27b", "h100/parity-2026-11-27c", "h200/parity-2026-11-27d")
@@ -209,6 +211,20 @@ def fp8_amax_in_graph() -> str:
                            "other ms", "compiled + other ms"], rows)
 
 
+def fp8_gemms_stacked() -> str:
+    """The FP8 GEMMs of one layer's q/k/v and gate/up linears one by one against stacked (bench/gpu_fp8_gemms.py)."""
+    rows = []
+    for path in FP8_GEMMS:
+        r = load_result(path)
+        for group, row in r["groups"].items():
+            rows.append([f"`{path.split('/', 1)[1]}`", r["shape"], f"{r['tokens']:,}", group,
+                         " + ".join(f"{width:,}" for width in row["widths"]), f"{row['separate_ms']:.3f}",
+                         f"{row['stacked_ms']:.3f}", f"{row['separate_ms'] / row['stacked_ms']:.2f}×",
+                         f"{row['separate_tflops']:,.0f}", f"{row['stacked_tflops']:,.0f}"])
+    return markdown_table(["file (bench/results/h200/…)", "shape", "tokens", "group", "widths", "one by one ms",
+                           "stacked ms", "one by one / stacked", "TFLOP/s one by one", "TFLOP/s stacked"], rows)
+
+
 def parity_own() -> str:
     """Learning parity of our float8 linears against bf16: each side's runs (one per GPU), mean and ratio."""
     return _parity_sides(OWN_PARITY, "side (1B, 2 × H200, our float8 linears)")
@@ -219,4 +235,5 @@ PARITY_TABLES: dict[str, Callable[[], str]] = {
     "fp8-layer-8b": fp8_layer_8b, "fp8-own-layer-8b": fp8_own_layer_8b, "fp8-own-8b-2gpu": fp8_own_8b_2gpu,
     "parity-own": parity_own, "fp8-own-8b-2gpu-more": fp8_own_8b_2gpu_more,
     "fp8-own-8b-calls": fp8_own_8b_calls, "fp8-amax-in-graph": fp8_amax_in_graph,
+    "fp8-gemms-stacked": fp8_gemms_stacked,
 }

@@ -216,6 +216,19 @@ def test_attention_tflops_rederive(path):
             _close(row["tflops"], flop / row["ms"] / 1e9, f"{row['kernel']} tflops", name)
 
 
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "fp8gemms"], ids=_id)
+def test_fp8_gemm_groups_rederive(path):
+    from bench.gpu_fp8_gemms import groups
+
+    r, name = _load(path), _id(path)
+    arch = SHAPES[r["shape"]]
+    assert {group: row["widths"] for group, row in r["groups"].items()} == groups(arch), f"{name}: widths"
+    for group, row in r["groups"].items():
+        flop = 6 * r["tokens"] * sum(row["widths"]) * arch["hidden_size"]
+        for way in ("separate", "stacked"):
+            _close(row[f"{way}_tflops"], flop / row[f"{way}_ms"] / 1e9, f"{group} {way} tflops", name)
+
+
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "strategies"], ids=_id)
 def test_strategy_verdicts_rederive(path):
     r, name = _load(path), _id(path)
