@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from contract.config import load_train_config
 from train.engine.model import build_model
 from train.engine.optim import prepare_for_training
-from train.engine.sharding import build_accelerator
+from train.engine.sharding import build_accelerator, release_process_group
 from train.main import _configure_logging
 
 run_dir = Path(sys.argv[1])
@@ -36,4 +36,4 @@ if accelerator.is_main_process:
     save_file({k: v.detach().float().contiguous().clone() for k, v in {**state, **buffers}.items()},
               str(run_dir / "initial.safetensors"))
     (run_dir / "initial.json").write_text(json.dumps(facts))
-accelerator.wait_for_everyone()
+sys.exit(release_process_group(accelerator, 0))  # meets the other ranks, then no gloo thread outlives the group
