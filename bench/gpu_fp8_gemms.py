@@ -26,15 +26,16 @@ import torch
 from bench.gpu_ceilings import median_ms
 from bench.results_io import write_result
 from bench.synthetic import SHAPES
+from contract.shape import ModelShape
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def groups(arch: dict) -> dict[str, list[int]]:
     """The output widths of the linears of each group that shares an input."""
-    head_dim = arch["hidden_size"] // arch["num_attention_heads"]
-    kv = arch["num_key_value_heads"] * head_dim
-    return {"q/k/v": [arch["hidden_size"], kv, kv], "gate/up": [arch["intermediate_size"]] * 2}
+    shape = ModelShape.from_arch(arch)
+    return {name: [width for _, width in shape.linear_dims(linears)]
+            for name, linears in (("q/k/v", ["q_proj", "k_proj", "v_proj"]), ("gate/up", ["gate_proj", "up_proj"]))}
 
 
 def _fp8(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:

@@ -54,7 +54,6 @@ import torch
 from contract.config import fp8_linears
 from contract.gpus import fp8_blocker
 from train.kernels import fp8_linear
-from train.kernels.fp8_linear import ALIGNMENT
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +67,10 @@ def unavailable(device: torch.device) -> str | None:
 
 
 def convertible(module: torch.nn.Module, fqn: str) -> bool:
-    """A decoder linear layer FP8 can run: not lm_head, both dimensions multiples of ALIGNMENT."""
+    """A decoder linear layer FP8 can run: not lm_head, both dimensions multiples of fp8_linear.ALIGNMENT."""
     if not isinstance(module, torch.nn.Linear):
         return True  # torchao asks for every module on the way down; only linears are swapped
-    aligned = module.in_features % ALIGNMENT == 0 and module.out_features % ALIGNMENT == 0
+    aligned = module.in_features % fp8_linear.ALIGNMENT == 0 and module.out_features % fp8_linear.ALIGNMENT == 0
     return aligned and fqn.split(".")[-1] != "lm_head"
 
 
