@@ -42,7 +42,7 @@ STEPS, SAVE_STEPS = 60, 20
 FAULT_AFTER_STEPS = 30
 REQUEUE_BOUND_S = 300  # issue #15: a hung rank is detected and the job requeued within 5 minutes
 # Fault -> restarted without the bad node, on this cluster (20 s hang/collective bounds, SlurmdTimeout
-# 20 s): the bounds README.md states. Measured once at 16 s, 35 s and 48 s; the margin covers a
+# 20 s): the bounds docs/slurm.md states. Measured once at 16 s, 35 s and 48 s; the margin covers a
 # loaded 2-core host. A killed rank is noticed at once, a frozen one after the 20 s bound, a dead node
 # after SlurmdTimeout (+ up to a third of it) and SLURM's own requeue.
 RESTART_BOUNDS_S = {"kill-rank": 60, "stop-rank": 120, "dead-node": 150}
