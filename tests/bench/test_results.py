@@ -1,8 +1,8 @@
 """Every committed file under bench/results is a bench script's output, unedited: its derived numbers
 (MFU, TFLOP/s, ratios to the peer it names, token counts, pass verdicts) are re-derived here from its
-raw fields with the project's functions (bench/results_io.py, contract/shape.py's FLOP count) and
+raw fields with the project's functions (bench/report/results_io.py, contract/shape.py's FLOP count) and
 must agree to rounding. Every file carries a `provenance` block (the files written before
-bench/results_io.py existed were removed in issue #33, see BENCHMARKS.md)."""
+bench/report/results_io.py existed were removed in issue #33, see BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_single import PEERS, VARIANTS
-from bench.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, document_lengths, throughput_numbers
-from bench.synthetic import SHAPES, sample_lengths
+from bench.suites.gpu_single import PEERS, VARIANTS
+from bench.report.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, document_lengths, throughput_numbers
+from bench.common.synthetic import SHAPES, sample_lengths
 
 FILES = sorted(RESULTS.rglob("*.json"))
 REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations
 
-SINGLE_KEYS = {  # everything bench/gpu_single.py has written, ours and peers
+SINGLE_KEYS = {  # everything bench/suites/gpu_single.py has written, ours and peers
     "path", "real_tokens", "seconds", "warmup_steps", "real_tokens_per_s", "peak_mem_gib", "steps", "final_loss",
     "recompiles_after_first_log", "gpu", "gpu_count", "peak_flops", "shape", "budget", "total_real_tokens", "docs",
     "flops_per_token", "tflops_per_gpu", "mfu", "peer", "peer_real_tokens_per_s", "ratio_vs_peer", "provenance",
@@ -30,20 +30,20 @@ SINGLE_KEYS = {  # everything bench/gpu_single.py has written, ours and peers
 OTHER_KEYS = {
     "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
     "mlp": {"device", "shape", "tokens", "rows", "provenance"},
-    "fp8layer": {"device", "shape", "tokens", "rows", "provenance"},  # bench/gpu_fp8_layer.py --json
-    "fp8gemms": {"device", "shape", "tokens", "groups", "provenance"},  # bench/gpu_fp8_gemms.py --json
+    "fp8layer": {"device", "shape", "tokens", "rows", "provenance"},  # bench/kernels/gpu_fp8_layer.py --json
+    "fp8gemms": {"device", "shape", "tokens", "groups", "provenance"},  # bench/kernels/gpu_fp8_gemms.py --json
     "attention": {"device", "shape", "tokens", "docs", "rows", "provenance"},
     "strategies": {"environment", "args", "results", "provenance"},
-    "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/gpu_gemm_tune.py --json
+    "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/kernels/gpu_gemm_tune.py --json
     "profile": {"path", "profile_steps", "total_ms", "by_kind", "launched_by", "gpu", "shape", "budget", "docs",
-                "attention", "kernels", "provenance"},  # bench/gpu_single.py --profile
-    "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/cli_latency.py: CPU only
+                "attention", "kernels", "provenance"},  # bench/suites/gpu_single.py --profile
+    "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/suites/cli_latency.py: CPU only
     "multi": None,  # checked block by block below
-    "qlora": None,  # bench/gpu_qlora.py: checked below
-    "lora": None,  # bench/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
-    "resume": None,  # bench/gpu_resume.py: checked below
+    "qlora": None,  # bench/multi/gpu_qlora.py: checked below
+    "lora": None,  # bench/multi/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
+    "resume": None,  # bench/multi/gpu_resume.py: checked below
     "parity": {"shape", "steps", "budget", "lr", "warmup_ratio", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
-               "provenance", "merged_from"},  # bench/gpu_parity.py (merged_from: --merge)
+               "provenance", "merged_from"},  # bench/suites/gpu_parity.py (merged_from: --merge)
 }
 
 
@@ -78,7 +78,7 @@ def test_provenance(path):
     assert provenance["gpu_count"] == len(provenance["gpus"]), f"{name}: gpu_count is not the GPUs' count"
     if _kind(path) == "cli":  # a CPU benchmark: the machine it ran on instead of a GPU
         assert provenance["gpu_count"] == 0 and data["machine"]["gpu"] == "none" and data["machine"]["cpu"], name
-    elif "merged_from" in data:  # bench/gpu_parity.py --merge, which may run anywhere: its runs' GPUs
+    elif "merged_from" in data:  # bench/suites/gpu_parity.py --merge, which may run anywhere: its runs' GPUs
         for source in data["merged_from"]:
             runs = source["provenance"]
             assert set(PROVENANCE_KEYS) <= runs.keys() and runs["gpu_count"] > 0, f"{name}: {source['file']}: no GPU"
@@ -157,12 +157,12 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
             _check_run_block(block, SHAPES["llama3.2-1b"], lengths, f"{name}: scaling_1b[{gpus}]")
         per_gpu = {int(g): b["real_tokens_per_s"] / b["gpu_count"] for g, b in runs.items()}
         _close(r["weak_scaling_efficiency"], per_gpu[r["gpu_count"]] / per_gpu[1], "weak_scaling_efficiency", name)
-    if "fp8_8b" in r:  # bench/gpu_multi.py's 8b-fp8 phase: FP8 against our bf16 path in the same call
+    if "fp8_8b" in r:  # bench/multi/gpu_multi.py's 8b-fp8 phase: FP8 against our bf16 path in the same call
         fp8 = r["fp8_8b"]
         for key in ("bf16", "fp8"):
             _check_run_block(fp8[key], SHAPES["llama3-8b"], lengths, f"{name}: fp8_8b.{key}")
         _close(fp8["speedup"], fp8["fp8"]["real_tokens_per_s"] / fp8["bf16"]["real_tokens_per_s"], "fp8 speedup", name)
-    for key in ("8b_lora", "8b_lora_peer"):  # bench/gpu_multi_lora.py: both sides at 4·N + 6·N_lora
+    for key in ("8b_lora", "8b_lora_peer"):  # bench/multi/gpu_multi_lora.py: both sides at 4·N + 6·N_lora
         if key in r:
             assert r[key]["lora_params"] and r[key]["gpu_count"] == r["gpu_count"], f"{name}: {key}"
             _check_run_block(r[key], SHAPES["llama3-8b"], lengths, f"{name}: {key}")
@@ -174,7 +174,7 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
 
 
 def check_8b_full(r: dict, arch: dict, lengths: list[int], name: str) -> None:
-    """bench/multi_full.py (gpu_multi's 8b-peer phase): ours' aggregate over the timed windows it lists,
+    """bench/multi/multi_full.py (gpu_multi's 8b-peer phase): ours' aggregate over the timed windows it lists,
     the save's seconds booked on their own, the top-level fields taken from the sides."""
     if ours := r.get("8b_full"):
         _check_run_block(ours, arch, lengths, f"{name}: 8b_full")
@@ -204,7 +204,7 @@ def check_8b_full(r: dict, arch: dict, lengths: list[int], name: str) -> None:
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "attention"], ids=_id)
 def test_attention_tflops_rederive(path):
-    from bench.gpu_attention import packs
+    from bench.kernels.gpu_attention import packs
 
     r, name = _load(path), _id(path)
     arch = SHAPES[r["shape"]]
@@ -218,7 +218,7 @@ def test_attention_tflops_rederive(path):
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "fp8gemms"], ids=_id)
 def test_fp8_gemm_groups_rederive(path):
-    from bench.gpu_fp8_gemms import groups
+    from bench.kernels.gpu_fp8_gemms import groups
 
     r, name = _load(path), _id(path)
     arch = SHAPES[r["shape"]]
@@ -302,7 +302,7 @@ def test_profile_shares_rederive(path):
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "cli"], ids=_id)
 def test_cli_latency_verdicts_rederive(path):
-    from bench.cli_latency import TARGETS_S
+    from bench.suites.cli_latency import TARGETS_S
 
     r, name = _load(path), _id(path)
     assert len(r["python_start_s"]) == r["runs"], name
@@ -319,10 +319,10 @@ def test_parity_verdicts_rederive(path):
 
 
 def check_parity_record(data: dict, name: str) -> None:
-    """bench/gpu_parity.py: every run's throughput from its raw tokens and seconds; a side of several runs
+    """bench/suites/gpu_parity.py: every run's throughput from its raw tokens and seconds; a side of several runs
     (--repeat, --merge): its mean eval loss, each repeat's and its mean rate from its runs; every eval-loss
     ratio, 1% verdict, speed ratio and (with repeats) count and spread from the sides' own numbers."""
-    from bench.parity_record import comparisons, runs_of, side_entry
+    from bench.report.parity_record import comparisons, runs_of, side_entry
 
     for side, result in data["sides"].items():
         for run in runs_of(result):
@@ -352,7 +352,7 @@ def check_parity_record(data: dict, name: str) -> None:
 def test_provenance_takes_the_declared_commit_over_a_lagging_git(monkeypatch):
     """A lent GPU machine's copy of the tree carried a .git at an older HEAD: the files ran are the
     commit the caller names in $BENCH_COMMIT, and dirtiness against the stale HEAD means nothing."""
-    from bench.results_io import provenance
+    from bench.report.results_io import provenance
 
     monkeypatch.delenv("BENCH_COMMIT", raising=False)
     head = provenance()["commit"]
@@ -368,11 +368,11 @@ def test_the_8b_stall_at_step_43_is_the_first_pack_whose_longest_document_fits_o
     where one rank's pack (rank 1's: 104 documents, the longest 96 tokens) has no segment longer than one
     128-token FA4 tile, which made FA4 compile its single-tile backward mid-run. The pack of step 46 is the only
     other one, and found the variant compiled. Derived from the benchmark's own documents and packing plan."""
-    from bench import gpu_multi
+    from bench.multi import host
     from contract.config import TrainConfig
     from train.dataset.packing import collate_packed, plan_micro_batches
 
-    lengths = sample_lengths(gpu_multi.DOCS, seed=0, hi=gpu_multi.MAX_DOC_TOKENS)
+    lengths = sample_lengths(host.DOCS, seed=0, hi=host.MAX_DOC_TOKENS)
     plan = plan_micro_batches(lengths, 8192, TrainConfig().train.seed, epoch=0)
     one_tile = []
     for index, pack in enumerate(plan[:46 * 4]):  # rank r takes micro-batches r, r + 4, ...
