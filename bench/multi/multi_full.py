@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.multi import host
-from bench.suites.gpu_single import device_peak
+from bench.suites.gpu_single import device_peak, windows  # windows: also multi_fp8's
 from bench.common.processes import TIMED_OUT
 from bench.peers.peer_fsdp import run_peer
 from bench.report.results_io import WARMUP_STEPS, throughput_numbers, write_result
@@ -83,20 +83,6 @@ def save_step(steps: int) -> int:
     step = int(steps * SAVE_FRACTION)
     assert WARMUP_STEPS < step < steps < 2 * step, f"{steps} steps leave no room for one timed save"
     return step
-
-
-def windows(metrics: Path) -> list[dict[str, Any]]:
-    """Each logged window's step, duration, throughput, MFU, compiled-graph count, the allocator's state
-    (peak reserved GiB, free-and-retry passes so far: memory pressure shows there), the seconds Python's
-    garbage collection took in it and its slowest step (number, seconds), from metrics.jsonl."""
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    steps = [r for r in records if "tokens_per_s" in r]
-    previous = [0.0] + [r["elapsed_s"] for r in steps[:-1]]
-    return [{"step": r["step"], "seconds": r["elapsed_s"] - before, "tokens_per_s": r["tokens_per_s"],
-             "mfu": r.get("mfu"), "compiled_graphs": r.get("compiled_graphs", 0),
-             "peak_reserved_gib": r.get("peak_reserved_gib"), "alloc_retries": r.get("alloc_retries"),
-             "gc_s": r.get("gc_s"), "slowest_step": r.get("slowest_step"), "slowest_step_s": r.get("slowest_step_s")}
-            for r, before in zip(steps, previous)]
 
 
 def recompiles(text: str) -> list[str]:

@@ -1,8 +1,9 @@
 """One-GPU benchmark: the peers (FastChat-style Trainer, TRL's SFTTrainer tuned for speed) and our
 train package on the same documents, in the same run.
 
-    python -m bench.suites.gpu_single --shape llama3.2-1b --docs 800 --peers fastchat,trl,trl-compile
-    python -m bench.suites.gpu_single --shape llama3-8b --budget 8192 --variants ours-lora --peers trl-lora
+    python -m bench.suites.gpu_single --shape llama3.2-1b --docs 800 --peers trl --variants ours   # 3 runs a side
+    python -m bench.suites.gpu_single --repeat 1 --shape llama3.2-1b --docs 800 --peers fastchat,trl,trl-compile
+    python -m bench.suites.gpu_single --repeat 1 --shape llama3-8b --budget 8192 --variants ours-lora --peers trl-lora
     python -m bench.suites.gpu_single --cpu-smoke          # tiny shape on CPU: proves the script runs
 
 Every side (ours and each peer) trains one epoch over the same synthetic documents
@@ -13,6 +14,12 @@ between the sides is what a step is: ours and TRL pack up to --budget tokens per
 FastChat-style peer takes 8 padded documents, so the warm-up steps cover different documents and the
 counted `real_tokens` differ (each file records its own). MFU uses contract.shape's FLOP count for
 both sides. Prints a table last and writes one JSON file per run through bench/report/results_io.py.
+
+A figure of ours against a peer is a distribution (issue #51): --repeat N (default 3) runs one peer and one
+variant N times each, alternating from the peer, re-runs a peer run more than 15% below the peer's median,
+and writes every run (the peer's step times, ours' logged windows) with the median ratio and its range into
+one compare-<shape>-<variant>-vs-peer-<peer>.json (bench/report/distribution.py). --repeat 1 is the
+one-run-a-side table of several peers and variants (single-*.json).
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from typing import Any
 import tomli_w
 
 from bench.common.processes import TIMED_OUT, run_logged
-from bench.report.results_io import WARMUP_STEPS, clock_start, document_lengths, throughput_numbers, write_result
 from bench.common.synthetic import SHAPES, write_token_jsonl
+from bench.report import distribution
+from bench.report.results_io import WARMUP_STEPS, clock_start, document_lengths, throughput_numbers, write_result
 from contract.gpus import gpu_type_from_device_name, lookup
 from contract.protocol import LOGS_DIR, PROFILE_DIR
 from contract.schema import to_dict
@@ -126,6 +134,20 @@ def steady_state(metrics: Path) -> dict[str, Any]:
     }
 
 
+def windows(metrics: Path) -> list[dict[str, Any]]:
+    """Each logged window's step, duration, throughput, MFU, compiled-graph count, the allocator's state
+    (peak reserved GiB, free-and-retry passes so far: memory pressure shows there), the seconds Python's
+    garbage collection took in it and its slowest step (number, seconds), from metrics.jsonl."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r for r in records if "tokens_per_s" in r]
+    previous = [0.0] + [r["elapsed_s"] for r in steps[:-1]]
+    return [{"step": r["step"], "seconds": r["elapsed_s"] - before, "tokens_per_s": r["tokens_per_s"],
+             "mfu": r.get("mfu"), "compiled_graphs": r.get("compiled_graphs", 0),
+             "peak_reserved_gib": r.get("peak_reserved_gib"), "alloc_retries": r.get("alloc_retries"),
+             "gc_s": r.get("gc_s"), "slowest_step": r.get("slowest_step"), "slowest_step_s": r.get("slowest_step_s")}
+            for r, before in zip(steps, previous)]
+
+
 # What train.log says ran (train/kernels/attention.py, train/engine/model.py): name -> pattern of the line's rest.
 KERNEL_LINES = {"attention": r"attention: (\w+ for packed batches.*)", "fused_loss": r"fused loss (.+)",
                 "fused_mlp": r"fused SwiGLU MLP (.+)"}
@@ -193,8 +215,15 @@ def main() -> None:
     parser.add_argument("--profile", default="", help='kernel profile of our runs\' steps, e.g. "2:4" (inside the '
                         'warm-up, so the clocked steps run unprofiled): in train.log and, with --results, a '
                         'profile-*.json file of GPU time by kind')
+    parser.add_argument("--repeat", type=int, default=distribution.RUNS_PER_SIDE,
+                        help="runs a side of one peer against one variant, alternating, into one compare-*.json "
+                        "(bench/report/distribution.py); 1: every peer and variant once, one single-*.json each")
     parser.add_argument("--cpu-smoke", action="store_true")
     args = parser.parse_args()
+    if args.repeat > 1 and not args.cpu_smoke and (args.no_peer or len(args.peers.split(",")) != 1
+                                                   or len(args.variants.split(",")) != 1):
+        parser.error(f"--repeat {args.repeat} compares one peer with one variant (--peers P --variants V); "
+                     "--repeat 1 runs several once each")
     arch = TINY if args.cpu_smoke else SHAPES[args.shape]
     if args.cpu_smoke:
         os.environ["BENCH_CPU"] = "1"
@@ -205,6 +234,9 @@ def main() -> None:
     write_token_jsonl(data, lengths, arch["vocab_size"])
     peers = [] if args.no_peer else [p for p in args.peers.split(",") if p]
     gpu, peak = device_peak()
+    if args.repeat > 1 and not args.cpu_smoke:
+        compare(args, data, arch, lengths, gpu, peak)
+        return
     results = []
     for name in peers:
         results.append(run_peer(name, args.out, data, args.shape, args.budget))
@@ -250,6 +282,47 @@ def finish(r: dict, peer: dict | None, arch: dict, lengths: list[int], args: arg
     mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "n/a"
     ratio = f"{r.get('ratio_vs_peer', 0):.2f}x" if peer else "-"
     return f"| {r['path']} | {r['real_tokens_per_s']:,.0f} | {mfu} | {r['peak_mem_gib'] or 0:.1f} | {ratio} |"
+
+
+def compare(args: argparse.Namespace, data: Path, arch: dict, lengths: list[int], gpu: str, peak: float | None) -> None:
+    """One peer against one variant of ours, --repeat runs a side alternating, every run recorded with its
+    step times (the peer's per step, ours' per logged window), the median ratio and its range: one
+    compare-<shape>-<variant>-vs-peer-<peer>.json (bench/report/distribution.py)."""
+    peer_name, ours_name = args.peers, args.variants
+    checkpointing = {"ours": VARIANTS[ours_name]["train"]["gradient_checkpointing"], "peer": peer_name == "fastchat"}
+
+    def measured(r: dict[str, Any]) -> dict[str, Any]:
+        adapters = ModelShape.from_arch(arch).lora_params(16, LORA_TARGETS) if "lora" in r["path"] else None
+        if "error" not in r:
+            r.update(**({"lora_params": adapters} if adapters else {}),
+                     **throughput_numbers(arch, lengths, r["real_tokens_per_s"], 1, peak, adapters))
+        print(json.dumps({k: v for k, v in r.items() if k not in ("windows", "step_seconds")}), flush=True)
+        return r
+
+    def ours(index: int) -> dict[str, Any]:
+        r = run_ours(ours_name, args.out / f"ours-{index}", data, arch, args.budget)
+        if "error" not in r:
+            r["windows"] = windows(args.out / f"ours-{index}" / ours_name / "metrics.jsonl")
+        return measured(r)
+
+    def peer(index: int) -> dict[str, Any]:
+        (args.out / f"peer-{index}").mkdir(parents=True, exist_ok=True)
+        return measured(run_peer(peer_name, args.out / f"peer-{index}", data, args.shape, args.budget))
+
+    order, peers, runs = distribution.run_alternating(args.repeat, peer, ours)
+    record = {"shape": args.shape, "budget": args.budget, "docs": len(lengths), "total_real_tokens": sum(lengths),
+              "gpu": gpu, "gpu_count": 1, "peak_flops": peak, "order": order,
+              "sides": {"ours": {"path": ours_name, "gradient_checkpointing": checkpointing["ours"], "runs": runs},
+                        "peer": {"path": f"peer-{peer_name}", "gradient_checkpointing": checkpointing["peer"],
+                                 "runs": peers}},
+              **distribution.summary(runs, peers)}
+    if peer_name == "fastchat":  # the peer a FastChat user runs, as its train.py configures it
+        record["difference_reason"] = "FastChat-style peer: padded batches of 8 documents, activation checkpointing"
+    if args.results:
+        write_result(args.results / f"compare-{args.shape}-{ours_name}-vs-peer-{peer_name}.json", record)
+    if record["ratio_median"] is not None:
+        print(f"\n{gpu}: {ours_name} / peer-{peer_name}, real tokens/s: {distribution.ratio_cell(record)}, "
+              f"runs in order {' '.join(order)}")
 
 
 def device_peak() -> tuple[str, float | None]:

@@ -6,6 +6,7 @@ bench/report/results_io.py existed were removed in issue #33, see BENCHMARKS.md)
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import statistics
@@ -16,9 +17,9 @@ import pytest
 from bench.suites.gpu_single import PEERS, VARIANTS
 from bench.report.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, document_lengths, throughput_numbers
 from bench.common.synthetic import SHAPES, sample_lengths
+from tests.bench import results_checks as checks
 
 FILES = sorted(RESULTS.rglob("*.json"))
-REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations
 
 SINGLE_KEYS = {  # everything bench/suites/gpu_single.py has written, ours and peers
     "path", "real_tokens", "seconds", "warmup_steps", "real_tokens_per_s", "peak_mem_gib", "steps", "final_loss",
@@ -26,6 +27,7 @@ SINGLE_KEYS = {  # everything bench/suites/gpu_single.py has written, ours and p
     "flops_per_token", "tflops_per_gpu", "mfu", "peer", "peer_real_tokens_per_s", "ratio_vs_peer", "provenance",
     "attention", "kernels",  # the attention backend that ran; ours: the kernel lines of its train.log
     "lora_params",  # LoRA sides: adapter parameters of the 4·N + 6·N_lora FLOP count (results_io.throughput_numbers)
+    "step_seconds",  # peers: each timed step's seconds (bench/peers/peer_clock.py)
 }
 OTHER_KEYS = {
     "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
@@ -39,6 +41,7 @@ OTHER_KEYS = {
                 "attention", "kernels", "provenance"},  # bench/suites/gpu_single.py --profile
     "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/suites/cli_latency.py: CPU only
     "multi": None,  # checked block by block below
+    "compare": None,  # bench/suites/gpu_single.py --repeat N: checked below (check_compare_record)
     "qlora": None,  # bench/multi/gpu_qlora.py: checked below
     "lora": None,  # bench/multi/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
     "resume": None,  # bench/multi/gpu_resume.py: checked below
@@ -56,11 +59,7 @@ def _kind(path: Path) -> str | None:
     return prefix if prefix in {"single", *OTHER_KEYS} else None
 
 
-def _close(recorded: float | None, derived: float | None, what: str, name: str) -> None:
-    if derived is None:
-        assert recorded is None, f"{name}: {what} = {recorded}, but nothing to derive it from"
-        return
-    assert recorded == pytest.approx(derived, rel=REL), f"{name}: {what} = {recorded}, re-derived {derived}"
+_close = checks.close
 
 
 def _load(path: Path) -> dict:
@@ -132,12 +131,7 @@ def test_ratio_is_against_the_fastest_peer_file_of_the_same_call(path):
     assert r["provenance"]["command"] == peer["provenance"]["command"], f"{name}: peer from another call"
 
 
-def _check_run_block(block: dict, arch: dict, lengths: list[int], name: str) -> None:
-    _close(block["real_tokens_per_s"], block["real_tokens"] / block["seconds"], "real_tokens_per_s", name)
-    derived = throughput_numbers(arch, lengths, block["real_tokens_per_s"], block["gpu_count"], block["peak_flops"],
-                                 block.get("lora_params"))
-    for key in ("flops_per_token", "tflops_per_gpu", "mfu"):
-        _close(block[key], derived[key], key, name)
+_check_run_block = checks.check_run_block
 
 
 def test_multi_gpu_numbers_rederive():
@@ -380,3 +374,97 @@ def test_the_8b_stall_at_step_43_is_the_first_pack_whose_longest_document_fits_o
         if row["max_length_q"] <= 128:
             one_tile.append((index // 4 + 1, index % 4, len(pack), row["max_length_q"]))
     assert one_tile == [(43, 1, 104, 96), (46, 1, 78, 114)]
+
+
+# --------------------------------------------------------------------------- issue #51: consistency, distributions
+
+CONSISTENT = [p for p in FILES if _kind(p) in ("single", "multi", "compare")]
+FULL = "h100/four-gpu-2026-11-27d/multi-4gpu-8b-full.json"  # ours and TRL's FSDP2 peer at 8B, one call
+SINGLE_PAIR = ("h100/single-2026-11-26/single-llama3.2-1b-ours.json", "h100/single-2026-11-26/single-llama3.2-1b-peer-trl.json")
+
+
+def _problems(r: dict, name: str, folder: Path) -> list[str]:
+    kind = name.split("/")[-1].split("-")[0]
+    if kind == "multi":
+        return checks.multi_problems(r, name)
+    if kind == "compare":
+        return checks.compare_problems(r, name)
+    peer = _load(folder / f"single-{r['shape']}-{r['peer']}.json") if "peer" in r else None
+    return checks.single_problems(r, name, peer)
+
+
+@pytest.mark.parametrize("path", CONSISTENT, ids=_id)
+def test_windows_token_slots_sides_and_mfu_means_agree(path):
+    """Timed windows sum to the totals; real tokens fit the steps' token slots; the sides of a comparison timed the
+    same steps, tokens per step and activation checkpointing (or say why); MFU means cover the timed windows."""
+    problems = _problems(_load(path), _id(path), path.parent)
+    assert not problems, f"{_id(path)}:\n" + "\n".join(problems)
+
+
+def test_the_allowed_differences_are_real_and_said():
+    """Every entry of results_checks.ALLOWED names a committed file and a problem the check finds there."""
+    for (name, check), reason in checks.ALLOWED.items():
+        assert (RESULTS / name).is_file() and len(reason) > 40, name
+        saved = dict(checks.ALLOWED)
+        try:
+            checks.ALLOWED.clear()
+            found = _problems(_load(RESULTS / name), name, (RESULTS / name).parent)
+        finally:
+            checks.ALLOWED.update(saved)
+        assert any(line.startswith(check + ":") for line in found), f"{name}: nothing for {check} to allow"
+
+
+def _full() -> dict:
+    r = _load(RESULTS / FULL)
+    assert not checks.multi_problems(r, FULL)
+    return copy.deepcopy(r)
+
+
+def test_a_window_edited_by_hand_is_caught():
+    r = _full()
+    timed = [w for w in r["8b_full"]["windows"] if w["step"] > clock_start(w["step"] for w in r["8b_full"]["windows"])]
+    timed[3]["tokens_per_s"] *= 1.01
+    assert any(p.startswith("windows:") and "real tokens" in p for p in checks.multi_problems(r, FULL))
+    r = _full()
+    r["8b_full"]["windows"][-1]["seconds"] += 0.5
+    assert any(p.startswith("windows:") and "seconds" in p for p in checks.multi_problems(r, FULL))
+
+
+def test_more_real_tokens_than_token_slots_is_caught():
+    r = _full()
+    ours = r["8b_full"]
+    ours["real_tokens"] = ours["steps"] * ours["tokens_per_micro_batch"] * ours["gpu_count"] + 1
+    assert any(p.startswith("token slots:") for p in checks.multi_problems(r, FULL))
+    single, peer = (_load(RESULTS / name) for name in SINGLE_PAIR)
+    assert not checks.single_problems(single, SINGLE_PAIR[0], peer)
+    single["real_tokens"] = single["steps"] * single["budget"] + 1
+    assert any(p.startswith("token slots:") for p in checks.single_problems(single, SINGLE_PAIR[0], peer))
+
+
+@pytest.mark.parametrize("tamper", ["peer ran fewer steps", "peer checkpointed activations", "ours had more tokens a step"])
+def test_sides_that_differ_without_a_reason_are_caught(tamper):
+    r = _full()
+    if tamper == "peer ran fewer steps":
+        r["8b_full_peer"]["steps"] -= 1
+    elif tamper == "peer checkpointed activations":
+        r["8b_full_peer"]["gradient_checkpointing"] = True
+    else:
+        r["8b_full"]["tokens_per_micro_batch"] *= 2
+    assert any(p.startswith("comparison:") for p in checks.multi_problems(r, FULL))
+    r["difference_reason"] = "recorded by the bench when it made the sides differ on purpose"
+    assert not any(p.startswith("comparison:") for p in checks.multi_problems(r, FULL))
+    single, peer = (_load(RESULTS / name) for name in SINGLE_PAIR)
+    peer["path"] = "peer-trl-ckpt"  # a TRL peer with activation checkpointing against ours without
+    assert any(p.startswith("comparison:") for p in checks.single_problems(single, SINGLE_PAIR[0], peer))
+
+
+def test_an_mfu_mean_over_other_windows_is_caught():
+    r = _full()
+    ours = r["8b_full"]
+    ours["mean_step_mfu"] = statistics.fmean(w["mfu"] for w in ours["windows"])  # the warm-up's windows too
+    assert any(p.startswith("mfu mean:") for p in checks.multi_problems(r, FULL))
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "compare"], ids=_id)
+def test_compare_numbers_rederive(path):
+    checks.check_compare_record(_load(path), _id(path))
