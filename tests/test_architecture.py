@@ -16,22 +16,25 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("contract", "launcher", "train")
+PACKAGES = ("contract", "launcher", "train", "bench")
+WHEEL = ("contract", "launcher", "train")  # bench/ is not installed
 # package -> top-level names it must never import
 FORBIDDEN = {
-    "contract": {"launcher", "train", "torch"},
-    "launcher": {"train", "torch"},
-    "train": {"launcher"},
+    "contract": {"launcher", "train", "torch", "bench"},
+    "launcher": {"train", "torch", "bench"},
+    "train": {"launcher", "bench"},
+    "bench": set(),  # drives both sides; nothing imports it but tests
 }
 
 
-# Inside launcher/ and train/ (issue #31): the modules that sit at a package's top (entry points and what
+# Inside launcher/, train/ (issue #31) and bench/ (issue #51): the modules that sit at a package's top (entry points and what
 # every stage shares), and which of the others' areas each area may import; an area is a subpackage
 # (launcher.plan) or a top module (launcher.api). An area missing from MAY_IMPORT may import any area:
 # launcher's subcommands and train's entry points. Type-only imports count.
 TOP_MODULES = {
     "launcher": {"cli", "api", "usage", "runrecord"},
     "train": {"__main__", "main", "evaluate", "export_checkpoint", "chat_cli", "eval_tasks"},
+    "bench": set(),  # every module in a folder by what it is; bench/results/ is data, no modules
 }
 MAY_IMPORT = {
     "launcher": {"launcher.api"},
@@ -48,6 +51,12 @@ MAY_IMPORT = {
     "train.kernels": set(),
     "train.observe": set(),
     "train.engine": {"train.dataset", "train.kernels", "train.observe"},
+    "bench.common": set(),
+    "bench.report": {"bench.common"},
+    "bench.peers": {"bench.common", "bench.report"},
+    "bench.kernels": {"bench.common", "bench.report"},
+    "bench.suites": {"bench.common", "bench.report", "bench.peers"},
+    "bench.multi": {"bench.common", "bench.report", "bench.peers", "bench.suites"},  # host.py: how they all start
 }
 MAX_MODULES = 12  # per folder
 
@@ -157,7 +166,7 @@ def _area_graph() -> dict[str, set[str]]:
     areas: dict[str, set[str]] = {}
     for module, targets in _graph(type_only=True).items():
         if module.split(".")[0] in TOP_MODULES:
-            found = {_area(t) for t in targets if t.split(".")[0] in TOP_MODULES}
+            found = {_area(t) for t in targets if t.split(".")[0] == module.split(".")[0]}
             areas.setdefault(_area(module), set()).update(found - {_area(module)})
     return areas
 
@@ -200,7 +209,7 @@ def test_every_folder_is_small_and_says_what_it_holds() -> None:
 def test_the_wheel_lists_every_package() -> None:
     """pyproject.toml names packages one by one (templates/ is installed as launcher.templates)."""
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
-    on_disk = {_module_name(init) for package in PACKAGES for init in (REPO / package).rglob("__init__.py")}
+    on_disk = {_module_name(init) for package in WHEEL for init in (REPO / package).rglob("__init__.py")}
     assert listed - {"launcher.templates"} == on_disk
 
 

@@ -1,4 +1,4 @@
-"""bench/gpu_resume.py on CPU (FSDP2 over gloo, 2 ranks, the tiny preset): a job that gets SIGTERM on every
+"""bench/multi/gpu_resume.py on CPU (FSDP2 over gloo, 2 ranks, the tiny preset): a job that gets SIGTERM on every
 process at a random step saves, resumes with the same command and ends with the uninterrupted run's weights,
 bit for bit. The same code runs the 2-GPU FSDP2 / ZeRO-3 / QLoRA cases (BENCHMARKS.md, "2 GPUs")."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from bench import gpu_resume
+from bench.multi import gpu_resume
 
 
 def test_sigterm_at_a_random_step_resumes_bitwise_on_two_ranks(tmp_path):

@@ -1,7 +1,7 @@
-"""bench/gpu_multi.py --only 8b-peer end to end on CPU (BENCH_CPU_SMOKE: tiny shape, 2 gloo ranks started
+"""bench/multi/gpu_multi.py --only 8b-peer end to end on CPU (BENCH_CPU_SMOKE: tiny shape, 2 gloo ranks started
 as 2 machines): our side trains to its last step, saves once after the warm-up, exports nothing
 (run.export_dir = ""), leaves no checkpoint behind, and the results file re-derives (tests/bench/test_results.py's
-check). The TRL peer builds its model on CUDA (bench/peer_trl.py): here its launch runs and fails, and
+check). The TRL peer builds its model on CUDA (bench/peers/peer_trl.py): here its launch runs and fails, and
 the failure is recorded beside our side instead of ending the call."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_single import TINY
-from bench.synthetic import sample_lengths
+from bench.suites.gpu_single import TINY
+from bench.common.synthetic import sample_lengths
 from tests.bench.test_results import check_8b_full
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def _without_allocator_setting() -> dict[str, str]:
 @pytest.mark.slow
 def test_cpu_smoke_measures_ours_with_one_save_and_records_the_peer(tmp_path: Path) -> None:
     out, results = tmp_path / "out", tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_multi", "--gpus", "2", "--only", "8b-peer", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "bench.multi.gpu_multi", "--gpus", "2", "--only", "8b-peer", "--out", str(out),
                            "--results", str(results), "--steps8b-full", "9", "--tokens8b-full", "1024"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, env={**_without_allocator_setting(), "BENCH_CPU_SMOKE": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -53,7 +53,7 @@ def test_an_allocator_ab_runs_one_side_per_file_and_records_its_setting(monkeypa
     """The A/B of #29 (our allocator setting against torch's default) runs ours alone under each setting and
     the peer once: --sides8b-full picks the sides, --tag names each call's file, and every side records the
     allocator setting it ran with (train's default where the environment has none)."""
-    from bench import gpu_multi, multi_full
+    from bench.multi import gpu_multi, multi_full
     from train.main import CUDA_ALLOC_CONF
 
     args = gpu_multi.parse_args(["--gpus", "4", "--only", "8b-peer", "--sides8b-full", "ours", "--no-save8b-full",
@@ -73,7 +73,7 @@ def test_an_allocator_ab_runs_one_side_per_file_and_records_its_setting(monkeypa
 def test_a_run_of_ours_cut_short_keeps_the_windows_it_logged(tmp_path: Path) -> None:
     """A run killed by its limit after its save (the 8B FP8 run of 2026-11-27) had logged 30 steps; the record
     keeps them beside the error instead of only "timeout 215 s"."""
-    from bench import multi_full
+    from bench.multi import multi_full
 
     run = tmp_path / "run"
     run.mkdir()
@@ -88,7 +88,7 @@ def test_a_run_of_ours_cut_short_keeps_the_windows_it_logged(tmp_path: Path) -> 
 def test_checkpointing_runs_ours_with_activation_checkpointing_and_records_it(tmp_path: Path) -> None:
     """--checkpointing8b-full (8B on two 80 GB GPUs) renders ours with gradient checkpointing on and the record says so."""
     out, results = tmp_path / "out", tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_multi", "--gpus", "2", "--only", "8b-peer", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "bench.multi.gpu_multi", "--gpus", "2", "--only", "8b-peer", "--out", str(out),
                            "--results", str(results), "--steps8b-full", "6", "--tokens8b-full", "1024", "--sides8b-full",
                            "ours", "--no-save8b-full", "--checkpointing8b-full"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, env={**_without_allocator_setting(), "BENCH_CPU_SMOKE": "1"})
@@ -101,7 +101,7 @@ def test_checkpointing_runs_ours_with_activation_checkpointing_and_records_it(tm
 def test_the_fp8_phase_takes_bf16_from_an_earlier_file_and_overrides_the_fp8_run_alone(tmp_path: Path) -> None:
     """An FP8 variant (fp32 accumulation) is compared with the bf16 run of an earlier 8b-fp8 or 8b-peer file of the
     same call; --fp8-set reaches only the FP8 run."""
-    from bench import gpu_multi, multi_fp8
+    from bench.multi import gpu_multi, multi_fp8
 
     fp8_file, peer_file, neither = tmp_path / "fp8.json", tmp_path / "peer.json", tmp_path / "none.json"
     fp8_file.write_text(json.dumps({"fp8_8b": {"bf16": {"real_tokens_per_s": 1.0}, "fp8": {}}}))

@@ -1,4 +1,4 @@
-"""bench/parity_trl.py's `--packs ours` feeds TRL bench/arithmetic.our_packs: those rows must be the micro-batches
+"""bench/peers/parity_trl.py's `--packs ours` feeds TRL bench/arithmetic.our_packs: those rows must be the micro-batches
 our training loop takes from the same corpus file under gpu_parity's train.toml (same seed and budget), token for
 token and document for document, so both sides of the parity benchmark step on the same tokens. Runs without
 trl (CI has none): our_packs lives outside the TRL module."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.arithmetic import our_packs, write_corpus
-from bench.gpu_parity import write_train_toml
-from bench.synthetic import read_token_jsonl
+from bench.common.arithmetic import our_packs, write_corpus
+from bench.suites.gpu_parity import write_train_toml
+from bench.common.synthetic import read_token_jsonl
 from contract.config import SHIPPED_TOKENIZER, load_train_config
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.engine.loop import Batches

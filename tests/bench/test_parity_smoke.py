@@ -1,4 +1,4 @@
-"""bench/gpu_parity.py end to end on CPU (--cpu-smoke: tiny shape, 6 steps): corpus, one initial
+"""bench/suites/gpu_parity.py end to end on CPU (--cpu-smoke: tiny shape, 6 steps): corpus, one initial
 checkpoint, our default path (and TRL's SFTTrainer where trl is installed) from it, twice (--repeat 2),
 the shared eval scorer, the tables, and a results file that tests/bench/test_results.py's parity checks
 accept; then --merge of two such files into one record (and its refusals), without training again."""
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_parity import comparisons
-from bench.parity_record import side_entry
-from bench.results_io import write_result
+from bench.suites.gpu_parity import comparisons
+from bench.report.parity_record import side_entry
+from bench.report.results_io import write_result
 from tests.bench.test_results import check_parity_record
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _parity(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.gpu_parity", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bench.suites.gpu_parity", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=180)
 
 
@@ -91,7 +91,7 @@ def test_every_fp8_side_sets_only_keys_the_training_config_has() -> None:
     config error on the GPU machine."""
     import dataclasses
 
-    from bench.gpu_parity import FP8_SIDES, side_overrides
+    from bench.suites.gpu_parity import FP8_SIDES, side_overrides
     from contract.config import TrainSection
 
     keys = {field.name for field in dataclasses.fields(TrainSection)}

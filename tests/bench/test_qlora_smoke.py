@@ -1,4 +1,4 @@
-"""bench/gpu_qlora.py `match` end to end on CPU (--cpu-smoke: tiny QLoRA shape, 4 steps, gloo): both runs
+"""bench/multi/gpu_qlora.py `match` end to end on CPU (--cpu-smoke: tiny QLoRA shape, 4 steps, gloo): both runs
 start from the run directory the launcher renders (its accelerate.yaml template, not one of the bench's
 own) with the local executor's command, and 2 processes match 1 process with twice the accumulation."""
 
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cpu_smoke_runs_the_launchers_run_directory(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_qlora", "match", "--cpu-smoke", "--out", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "bench.multi.gpu_qlora", "match", "--cpu-smoke", "--out", str(tmp_path),
                            "--results", str(tmp_path / "results")], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -30,7 +30,7 @@ def test_llama70b_lora_bf16_cpu_smoke_draws_the_model_per_shard(tmp_path: Path) 
     path and model.init = "sharded", trains eagerly, and writes its results file with MFU fields and the plan."""
     import tomllib
 
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_qlora", "llama70b", "--lora-bf16", "--gpus", "2",
+    proc = subprocess.run([sys.executable, "-m", "bench.multi.gpu_qlora", "llama70b", "--lora-bf16", "--gpus", "2",
                            "--cpu-smoke", "--out", str(tmp_path), "--results", str(tmp_path / "results")], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,11 +1,12 @@
 """Every committed file under bench/results is a bench script's output, unedited: its derived numbers
 (MFU, TFLOP/s, ratios to the peer it names, token counts, pass verdicts) are re-derived here from its
-raw fields with the project's functions (bench/results_io.py, contract/shape.py's FLOP count) and
+raw fields with the project's functions (bench/report/results_io.py, contract/shape.py's FLOP count) and
 must agree to rounding. Every file carries a `provenance` block (the files written before
-bench/results_io.py existed were removed in issue #33, see BENCHMARKS.md)."""
+bench/report/results_io.py existed were removed in issue #33, see BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import statistics
@@ -13,37 +14,39 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_single import PEERS, VARIANTS
-from bench.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, document_lengths, throughput_numbers
-from bench.synthetic import SHAPES, sample_lengths
+from bench.suites.gpu_single import PEERS, VARIANTS
+from bench.report.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, document_lengths, throughput_numbers
+from bench.common.synthetic import SHAPES, sample_lengths
+from tests.bench import results_checks as checks
 
 FILES = sorted(RESULTS.rglob("*.json"))
-REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations
 
-SINGLE_KEYS = {  # everything bench/gpu_single.py has written, ours and peers
+SINGLE_KEYS = {  # everything bench/suites/gpu_single.py has written, ours and peers
     "path", "real_tokens", "seconds", "warmup_steps", "real_tokens_per_s", "peak_mem_gib", "steps", "final_loss",
     "recompiles_after_first_log", "gpu", "gpu_count", "peak_flops", "shape", "budget", "total_real_tokens", "docs",
     "flops_per_token", "tflops_per_gpu", "mfu", "peer", "peer_real_tokens_per_s", "ratio_vs_peer", "provenance",
     "attention", "kernels",  # the attention backend that ran; ours: the kernel lines of its train.log
     "lora_params",  # LoRA sides: adapter parameters of the 4·N + 6·N_lora FLOP count (results_io.throughput_numbers)
+    "step_seconds",  # peers: each timed step's seconds (bench/peers/peer_clock.py)
 }
 OTHER_KEYS = {
     "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
     "mlp": {"device", "shape", "tokens", "rows", "provenance"},
-    "fp8layer": {"device", "shape", "tokens", "rows", "provenance"},  # bench/gpu_fp8_layer.py --json
-    "fp8gemms": {"device", "shape", "tokens", "groups", "provenance"},  # bench/gpu_fp8_gemms.py --json
+    "fp8layer": {"device", "shape", "tokens", "rows", "provenance"},  # bench/kernels/gpu_fp8_layer.py --json
+    "fp8gemms": {"device", "shape", "tokens", "groups", "provenance"},  # bench/kernels/gpu_fp8_gemms.py --json
     "attention": {"device", "shape", "tokens", "docs", "rows", "provenance"},
     "strategies": {"environment", "args", "results", "provenance"},
-    "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/gpu_gemm_tune.py --json
+    "gemm": {"gpu", "tokens", "shapes", "gemms", "provenance"},  # bench/kernels/gpu_gemm_tune.py --json
     "profile": {"path", "profile_steps", "total_ms", "by_kind", "launched_by", "gpu", "shape", "budget", "docs",
-                "attention", "kernels", "provenance"},  # bench/gpu_single.py --profile
-    "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/cli_latency.py: CPU only
+                "attention", "kernels", "provenance"},  # bench/suites/gpu_single.py --profile
+    "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/suites/cli_latency.py: CPU only
     "multi": None,  # checked block by block below
-    "qlora": None,  # bench/gpu_qlora.py: checked below
-    "lora": None,  # bench/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
-    "resume": None,  # bench/gpu_resume.py: checked below
+    "compare": None,  # bench/suites/gpu_single.py --repeat N: checked below (check_compare_record)
+    "qlora": None,  # bench/multi/gpu_qlora.py: checked below
+    "lora": None,  # bench/multi/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
+    "resume": None,  # bench/multi/gpu_resume.py: checked below
     "parity": {"shape", "steps", "budget", "lr", "warmup_ratio", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
-               "provenance", "merged_from"},  # bench/gpu_parity.py (merged_from: --merge)
+               "provenance", "merged_from"},  # bench/suites/gpu_parity.py (merged_from: --merge)
 }
 
 
@@ -56,11 +59,7 @@ def _kind(path: Path) -> str | None:
     return prefix if prefix in {"single", *OTHER_KEYS} else None
 
 
-def _close(recorded: float | None, derived: float | None, what: str, name: str) -> None:
-    if derived is None:
-        assert recorded is None, f"{name}: {what} = {recorded}, but nothing to derive it from"
-        return
-    assert recorded == pytest.approx(derived, rel=REL), f"{name}: {what} = {recorded}, re-derived {derived}"
+_close = checks.close
 
 
 def _load(path: Path) -> dict:
@@ -78,7 +77,7 @@ def test_provenance(path):
     assert provenance["gpu_count"] == len(provenance["gpus"]), f"{name}: gpu_count is not the GPUs' count"
     if _kind(path) == "cli":  # a CPU benchmark: the machine it ran on instead of a GPU
         assert provenance["gpu_count"] == 0 and data["machine"]["gpu"] == "none" and data["machine"]["cpu"], name
-    elif "merged_from" in data:  # bench/gpu_parity.py --merge, which may run anywhere: its runs' GPUs
+    elif "merged_from" in data:  # bench/suites/gpu_parity.py --merge, which may run anywhere: its runs' GPUs
         for source in data["merged_from"]:
             runs = source["provenance"]
             assert set(PROVENANCE_KEYS) <= runs.keys() and runs["gpu_count"] > 0, f"{name}: {source['file']}: no GPU"
@@ -132,12 +131,7 @@ def test_ratio_is_against_the_fastest_peer_file_of_the_same_call(path):
     assert r["provenance"]["command"] == peer["provenance"]["command"], f"{name}: peer from another call"
 
 
-def _check_run_block(block: dict, arch: dict, lengths: list[int], name: str) -> None:
-    _close(block["real_tokens_per_s"], block["real_tokens"] / block["seconds"], "real_tokens_per_s", name)
-    derived = throughput_numbers(arch, lengths, block["real_tokens_per_s"], block["gpu_count"], block["peak_flops"],
-                                 block.get("lora_params"))
-    for key in ("flops_per_token", "tflops_per_gpu", "mfu"):
-        _close(block[key], derived[key], key, name)
+_check_run_block = checks.check_run_block
 
 
 def test_multi_gpu_numbers_rederive():
@@ -157,12 +151,12 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
             _check_run_block(block, SHAPES["llama3.2-1b"], lengths, f"{name}: scaling_1b[{gpus}]")
         per_gpu = {int(g): b["real_tokens_per_s"] / b["gpu_count"] for g, b in runs.items()}
         _close(r["weak_scaling_efficiency"], per_gpu[r["gpu_count"]] / per_gpu[1], "weak_scaling_efficiency", name)
-    if "fp8_8b" in r:  # bench/gpu_multi.py's 8b-fp8 phase: FP8 against our bf16 path in the same call
+    if "fp8_8b" in r:  # bench/multi/gpu_multi.py's 8b-fp8 phase: FP8 against our bf16 path in the same call
         fp8 = r["fp8_8b"]
         for key in ("bf16", "fp8"):
             _check_run_block(fp8[key], SHAPES["llama3-8b"], lengths, f"{name}: fp8_8b.{key}")
         _close(fp8["speedup"], fp8["fp8"]["real_tokens_per_s"] / fp8["bf16"]["real_tokens_per_s"], "fp8 speedup", name)
-    for key in ("8b_lora", "8b_lora_peer"):  # bench/gpu_multi_lora.py: both sides at 4·N + 6·N_lora
+    for key in ("8b_lora", "8b_lora_peer"):  # bench/multi/gpu_multi_lora.py: both sides at 4·N + 6·N_lora
         if key in r:
             assert r[key]["lora_params"] and r[key]["gpu_count"] == r["gpu_count"], f"{name}: {key}"
             _check_run_block(r[key], SHAPES["llama3-8b"], lengths, f"{name}: {key}")
@@ -174,7 +168,7 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
 
 
 def check_8b_full(r: dict, arch: dict, lengths: list[int], name: str) -> None:
-    """bench/multi_full.py (gpu_multi's 8b-peer phase): ours' aggregate over the timed windows it lists,
+    """bench/multi/multi_full.py (gpu_multi's 8b-peer phase): ours' aggregate over the timed windows it lists,
     the save's seconds booked on their own, the top-level fields taken from the sides."""
     if ours := r.get("8b_full"):
         _check_run_block(ours, arch, lengths, f"{name}: 8b_full")
@@ -204,7 +198,7 @@ def check_8b_full(r: dict, arch: dict, lengths: list[int], name: str) -> None:
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "attention"], ids=_id)
 def test_attention_tflops_rederive(path):
-    from bench.gpu_attention import packs
+    from bench.kernels.gpu_attention import packs
 
     r, name = _load(path), _id(path)
     arch = SHAPES[r["shape"]]
@@ -218,7 +212,7 @@ def test_attention_tflops_rederive(path):
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "fp8gemms"], ids=_id)
 def test_fp8_gemm_groups_rederive(path):
-    from bench.gpu_fp8_gemms import groups
+    from bench.kernels.gpu_fp8_gemms import groups
 
     r, name = _load(path), _id(path)
     arch = SHAPES[r["shape"]]
@@ -302,7 +296,7 @@ def test_profile_shares_rederive(path):
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "cli"], ids=_id)
 def test_cli_latency_verdicts_rederive(path):
-    from bench.cli_latency import TARGETS_S
+    from bench.suites.cli_latency import TARGETS_S
 
     r, name = _load(path), _id(path)
     assert len(r["python_start_s"]) == r["runs"], name
@@ -319,10 +313,10 @@ def test_parity_verdicts_rederive(path):
 
 
 def check_parity_record(data: dict, name: str) -> None:
-    """bench/gpu_parity.py: every run's throughput from its raw tokens and seconds; a side of several runs
+    """bench/suites/gpu_parity.py: every run's throughput from its raw tokens and seconds; a side of several runs
     (--repeat, --merge): its mean eval loss, each repeat's and its mean rate from its runs; every eval-loss
     ratio, 1% verdict, speed ratio and (with repeats) count and spread from the sides' own numbers."""
-    from bench.parity_record import comparisons, runs_of, side_entry
+    from bench.report.parity_record import comparisons, runs_of, side_entry
 
     for side, result in data["sides"].items():
         for run in runs_of(result):
@@ -352,7 +346,7 @@ def check_parity_record(data: dict, name: str) -> None:
 def test_provenance_takes_the_declared_commit_over_a_lagging_git(monkeypatch):
     """A lent GPU machine's copy of the tree carried a .git at an older HEAD: the files ran are the
     commit the caller names in $BENCH_COMMIT, and dirtiness against the stale HEAD means nothing."""
-    from bench.results_io import provenance
+    from bench.report.results_io import provenance
 
     monkeypatch.delenv("BENCH_COMMIT", raising=False)
     head = provenance()["commit"]
@@ -368,11 +362,11 @@ def test_the_8b_stall_at_step_43_is_the_first_pack_whose_longest_document_fits_o
     where one rank's pack (rank 1's: 104 documents, the longest 96 tokens) has no segment longer than one
     128-token FA4 tile, which made FA4 compile its single-tile backward mid-run. The pack of step 46 is the only
     other one, and found the variant compiled. Derived from the benchmark's own documents and packing plan."""
-    from bench import gpu_multi
+    from bench.multi import host
     from contract.config import TrainConfig
     from train.dataset.packing import collate_packed, plan_micro_batches
 
-    lengths = sample_lengths(gpu_multi.DOCS, seed=0, hi=gpu_multi.MAX_DOC_TOKENS)
+    lengths = sample_lengths(host.DOCS, seed=0, hi=host.MAX_DOC_TOKENS)
     plan = plan_micro_batches(lengths, 8192, TrainConfig().train.seed, epoch=0)
     one_tile = []
     for index, pack in enumerate(plan[:46 * 4]):  # rank r takes micro-batches r, r + 4, ...
@@ -380,3 +374,97 @@ def test_the_8b_stall_at_step_43_is_the_first_pack_whose_longest_document_fits_o
         if row["max_length_q"] <= 128:
             one_tile.append((index // 4 + 1, index % 4, len(pack), row["max_length_q"]))
     assert one_tile == [(43, 1, 104, 96), (46, 1, 78, 114)]
+
+
+# --------------------------------------------------------------------------- issue #51: consistency, distributions
+
+CONSISTENT = [p for p in FILES if _kind(p) in ("single", "multi", "compare")]
+FULL = "h100/four-gpu-2026-11-27d/multi-4gpu-8b-full.json"  # ours and TRL's FSDP2 peer at 8B, one call
+SINGLE_PAIR = ("h100/single-2026-11-26/single-llama3.2-1b-ours.json", "h100/single-2026-11-26/single-llama3.2-1b-peer-trl.json")
+
+
+def _problems(r: dict, name: str, folder: Path) -> list[str]:
+    kind = name.split("/")[-1].split("-")[0]
+    if kind == "multi":
+        return checks.multi_problems(r, name)
+    if kind == "compare":
+        return checks.compare_problems(r, name)
+    peer = _load(folder / f"single-{r['shape']}-{r['peer']}.json") if "peer" in r else None
+    return checks.single_problems(r, name, peer)
+
+
+@pytest.mark.parametrize("path", CONSISTENT, ids=_id)
+def test_windows_token_slots_sides_and_mfu_means_agree(path):
+    """Timed windows sum to the totals; real tokens fit the steps' token slots; the sides of a comparison timed the
+    same steps, tokens per step and activation checkpointing (or say why); MFU means cover the timed windows."""
+    problems = _problems(_load(path), _id(path), path.parent)
+    assert not problems, f"{_id(path)}:\n" + "\n".join(problems)
+
+
+def test_the_allowed_differences_are_real_and_said():
+    """Every entry of results_checks.ALLOWED names a committed file and a problem the check finds there."""
+    for (name, check), reason in checks.ALLOWED.items():
+        assert (RESULTS / name).is_file() and len(reason) > 40, name
+        saved = dict(checks.ALLOWED)
+        try:
+            checks.ALLOWED.clear()
+            found = _problems(_load(RESULTS / name), name, (RESULTS / name).parent)
+        finally:
+            checks.ALLOWED.update(saved)
+        assert any(line.startswith(check + ":") for line in found), f"{name}: nothing for {check} to allow"
+
+
+def _full() -> dict:
+    r = _load(RESULTS / FULL)
+    assert not checks.multi_problems(r, FULL)
+    return copy.deepcopy(r)
+
+
+def test_a_window_edited_by_hand_is_caught():
+    r = _full()
+    timed = [w for w in r["8b_full"]["windows"] if w["step"] > clock_start(w["step"] for w in r["8b_full"]["windows"])]
+    timed[3]["tokens_per_s"] *= 1.01
+    assert any(p.startswith("windows:") and "real tokens" in p for p in checks.multi_problems(r, FULL))
+    r = _full()
+    r["8b_full"]["windows"][-1]["seconds"] += 0.5
+    assert any(p.startswith("windows:") and "seconds" in p for p in checks.multi_problems(r, FULL))
+
+
+def test_more_real_tokens_than_token_slots_is_caught():
+    r = _full()
+    ours = r["8b_full"]
+    ours["real_tokens"] = ours["steps"] * ours["tokens_per_micro_batch"] * ours["gpu_count"] + 1
+    assert any(p.startswith("token slots:") for p in checks.multi_problems(r, FULL))
+    single, peer = (_load(RESULTS / name) for name in SINGLE_PAIR)
+    assert not checks.single_problems(single, SINGLE_PAIR[0], peer)
+    single["real_tokens"] = single["steps"] * single["budget"] + 1
+    assert any(p.startswith("token slots:") for p in checks.single_problems(single, SINGLE_PAIR[0], peer))
+
+
+@pytest.mark.parametrize("tamper", ["peer ran fewer steps", "peer checkpointed activations", "ours had more tokens a step"])
+def test_sides_that_differ_without_a_reason_are_caught(tamper):
+    r = _full()
+    if tamper == "peer ran fewer steps":
+        r["8b_full_peer"]["steps"] -= 1
+    elif tamper == "peer checkpointed activations":
+        r["8b_full_peer"]["gradient_checkpointing"] = True
+    else:
+        r["8b_full"]["tokens_per_micro_batch"] *= 2
+    assert any(p.startswith("comparison:") for p in checks.multi_problems(r, FULL))
+    r["difference_reason"] = "recorded by the bench when it made the sides differ on purpose"
+    assert not any(p.startswith("comparison:") for p in checks.multi_problems(r, FULL))
+    single, peer = (_load(RESULTS / name) for name in SINGLE_PAIR)
+    peer["path"] = "peer-trl-ckpt"  # a TRL peer with activation checkpointing against ours without
+    assert any(p.startswith("comparison:") for p in checks.single_problems(single, SINGLE_PAIR[0], peer))
+
+
+def test_an_mfu_mean_over_other_windows_is_caught():
+    r = _full()
+    ours = r["8b_full"]
+    ours["mean_step_mfu"] = statistics.fmean(w["mfu"] for w in ours["windows"])  # the warm-up's windows too
+    assert any(p.startswith("mfu mean:") for p in checks.multi_problems(r, FULL))
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "compare"], ids=_id)
+def test_compare_numbers_rederive(path):
+    checks.check_compare_record(_load(path), _id(path))

@@ -1,7 +1,7 @@
-"""bench/processes.py: run_logged, which every bench script that starts training runs its children
+"""bench/common/processes.py: run_logged, which every bench script that starts training runs its children
 with (gpu_single, gpu_qlora, gpu_strategies): a timeout kills the whole process tree, workers that
 started sessions of their own included (as torchrun's and `accelerate launch`'s do). run_machines,
-which starts the 2 machines of a multi-GPU job (gpu_multi.launch): one that fails takes the other down."""
+which starts the 2 machines of a multi-GPU job (bench/multi/host.py: launch): one that fails takes the other down."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from bench.processes import TIMED_OUT, run_logged, run_machines
+from bench.common.processes import TIMED_OUT, run_logged, run_machines
 
 
 def _alive(pid: int) -> bool:

@@ -1,11 +1,11 @@
 """launcher/plan/memory.py's compiled-layer activation count against the tensors a compiled tiny Llama
-layer really saves on CPU (bench/saved_activations.py: saved_tensors_hooks, torch.compile's partitioner)."""
+layer really saves on CPU (bench/kernels/saved_activations.py: saved_tensors_hooks, torch.compile's partitioner)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.saved_activations import _register_cpu_swiglu, measure
+from bench.kernels.saved_activations import _register_cpu_swiglu, measure
 
 
 @pytest.mark.slow

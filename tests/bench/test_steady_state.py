@@ -1,10 +1,10 @@
-"""bench.gpu_single.steady_state: the clock starts at the first logged step past the warm-up, whatever the
+"""bench.suites.gpu_single.steady_state: the clock starts at the first logged step past the warm-up, whatever the
 logging interval, and the file says where it started."""
 
 import json
 
-from bench.gpu_single import steady_state
-from bench.results_io import WARMUP_STEPS, clock_start
+from bench.suites.gpu_single import steady_state
+from bench.report.results_io import WARMUP_STEPS, clock_start
 
 
 def _metrics(tmp_path, every: int, last: int, first_window_s: float = 40.0):

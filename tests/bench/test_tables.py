@@ -1,15 +1,15 @@
-"""BENCHMARKS.md's tables are bench/tables.py's output from bench/results, not typed numbers."""
+"""BENCHMARKS.md's tables are bench/report/tables.py's output from bench/results, not typed numbers."""
 
 from __future__ import annotations
 
-from bench.tables import BENCHMARKS, BLOCK, TABLES, fill
+from bench.report.tables import BENCHMARKS, BLOCK, TABLES, fill
 
 
 def test_every_marked_table_is_generated_from_the_results():
     text = BENCHMARKS.read_text()
     names = [m.group("name") for m in BLOCK.finditer(text)]
     assert sorted(names) == sorted(TABLES), f"marked blocks {names} vs tables {sorted(TABLES)}"
-    assert text == fill(text), "BENCHMARKS.md's tables differ from the results: python -m bench.tables --write"
+    assert text == fill(text), "BENCHMARKS.md's tables differ from the results: python -m bench.report.tables --write"
 
 
 def test_the_headline_table_opens_the_page():
@@ -19,7 +19,7 @@ def test_the_headline_table_opens_the_page():
 
 
 def test_a_headline_ratio_is_one_run_a_side_until_three_calls_give_a_median_and_range():
-    from bench.tables_headline import Job, _ratio_cell
+    from bench.report.tables_headline import Job, _ratio_cell
 
     job = Job("8B", 2, "H200", "none", "ours", "peer", "TRL")
     assert _ratio_cell(job, [("a.json", 1.5)]) == "1.50× TRL (1 run a side)"

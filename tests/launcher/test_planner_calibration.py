@@ -1,5 +1,5 @@
 """The memory model against measured peaks (tests/fixtures/memory_calibration.json, written on the GPU
-machine by bench/memory_calibration.py), and the benchmark's CPU smoke run."""
+machine by bench/suites/memory_calibration.py), and the benchmark's CPU smoke run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.memory_calibration import WORKER_PLAN_INPUT
+from bench.suites.memory_calibration import WORKER_PLAN_INPUT
 from contract.strategies import LAUNCHABLE
 from launcher.plan.memory import GIB
 from launcher.plan.planner import make_plan, plan_input_from_dict
@@ -37,7 +37,7 @@ def test_fixture_format():
 def test_prediction_within_tolerance_of_measured_peak(point):
     if point is None:
         pytest.skip("tests/fixtures/memory_calibration.json has no measured points yet: run "
-                    "bench/memory_calibration.py --gpus 1 / --gpus 4 on the GPU machine")
+                    "bench/suites/memory_calibration.py --gpus 1 / --gpus 4 on the GPU machine")
     # The worker's fixed settings (its foreach AdamW) apply to points recorded before they were written out.
     gpu = make_plan(plan_input_from_dict(WORKER_PLAN_INPUT | point["plan_input"])).gpu
     tolerance = DATA["tolerance"]
@@ -71,7 +71,7 @@ def test_known_misses_are_fixture_points():
 
 @pytest.mark.parametrize("point", [_strategy_param(p) for p in STRATEGY_POINTS])
 def test_every_strategy_allocated_within_tolerance(point):
-    """Issue #17: FSDP1, ZeRO-2/3 and CPU offload against bench/gpu_strategies.py's peaks (136M, one
+    """Issue #17: FSDP1, ZeRO-2/3 and CPU offload against bench/suites/gpu_strategies.py's peaks (136M, one
     H100). Allocated only: at that size the reserve is fixed-size allocator pools (fixture note)."""
     allocated = make_plan(plan_input_from_dict(point["plan_input"])).gpu.allocated / GIB
     error = (allocated - point["measured_allocated_gib"]) / point["measured_allocated_gib"]
@@ -88,7 +88,7 @@ def test_every_offered_strategy_has_a_point():
 @pytest.mark.slow
 def test_benchmark_cpu_smoke_runs_the_launch_path(tmp_path):
     out = tmp_path / "calibration.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "memory_calibration.py"), "--cpu-smoke",
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "suites" / "memory_calibration.py"), "--cpu-smoke",
                            "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -99,8 +99,8 @@ def test_benchmark_cpu_smoke_runs_the_launch_path(tmp_path):
     plan_input_from_dict(smoke["plan_input"])
 
 
-# Peaks of our training runs on H100s and H200s (bench/gpu_multi.py, bench/gpu_multi_lora.py; results files
-# under bench/results, written by bench/results_io.py). `peak_mem_gib` is rank 0's
+# Peaks of our training runs on H100s and H200s (bench/multi/gpu_multi.py, bench/multi/gpu_multi_lora.py; results files
+# under bench/results, written by bench/report/results_io.py). `peak_mem_gib` is rank 0's
 # torch.cuda.max_memory_allocated over the whole run (train/observe/metrics.py: no reset after step 1),
 # so these check the *allocated* prediction only. The runs: 8B Llama-3 shape, 2 nodes x G/2 processes,
 # FSDP2 (fp32 params, bf16 compute), compiled decoder layers, the fused chunked loss (quack's kernel),

@@ -113,7 +113,7 @@ def test_nf4_base_is_about_a_quarter_of_bf16_and_loading_is_the_peak_on_two_gpus
 
 
 def test_one_gpu_qlora_8b_plan_matches_the_measured_peak() -> None:
-    from bench.synthetic import LLAMA_8B
+    from bench.common.synthetic import LLAMA_8B
 
     plan = make_plan(_inp(arch=LLAMA_8B, gpus_per_node=1, micro_batch_tokens=8192, gradient_checkpointing=False,
                           lora_dropout=0.0, quant="nf4"))

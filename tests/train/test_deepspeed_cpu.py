@@ -3,7 +3,7 @@ profile is started by `accelerate launch` with its rendered accelerate.yaml (2 p
 CPU accelerator over gloo, the rendered deepspeed.json). The loss drops, the optimizer state is
 partitioned over both ranks, the export differs from the initial weights in every projection,
 a run resumed in a fresh directory from the mid-way checkpoint ends on the same weights bit for bit,
-and the export loads with from_pretrained. The GPU runs of the same cases: bench/gpu_strategies.py."""
+and the export loads with from_pretrained. The GPU runs of the same cases: bench/suites/gpu_strategies.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.strategy_checks import compare_exports, export_loads
+from bench.suites.strategy_checks import compare_exports, export_loads
 from contract.protocol import free_port
 from tests.launcher.conftest import cli_env, path_without, write_run
 from tests.train.run_helpers import REPO

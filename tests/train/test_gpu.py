@@ -207,7 +207,7 @@ def test_bf16_training_stops_saves_and_resumes_like_an_uninterrupted_run(tmp_pat
     ends. With train.deterministic the two are expected bit for bit; where a kernel is not
     reproducible run to run (a second uninterrupted run differs too), the resumed run must be no
     further from the reference than that second run is."""
-    from bench.strategy_checks import compare_exports
+    from bench.suites.strategy_checks import compare_exports
 
     _backend_or_skip(backend)
     gpus = 2 if torch.cuda.device_count() >= 2 else 1

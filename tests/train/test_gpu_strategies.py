@@ -1,5 +1,5 @@
 """Every strategy the CLI offers (fsdp, fsdp1, zero2, zero3) x LoRA x CPU offload trains, checkpoints,
-resumes bitwise and exports a loadable model (issue #17). One implementation: bench/gpu_strategies.py
+resumes bitwise and exports a loadable model (issue #17). One implementation: bench/suites/gpu_strategies.py
 (which also prints the table for BENCHMARKS.md); this test runs its cases one by one.
 Skipped without CUDA: CI has no GPU. DeepSpeed cases are skipped when deepspeed is not installed."""
 
@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from bench.gpu_strategies import all_cases, parse_args, run_case, write_profile
+from bench.suites.gpu_strategies import all_cases, parse_args, run_case, write_profile
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on CI)")
 

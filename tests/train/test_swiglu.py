@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from bench.gpu_gemm_tune import PIN_MIN_GAIN
+from bench.kernels.gpu_gemm_tune import PIN_MIN_GAIN
 from contract.config import TrainConfig
 from contract.schema import ConfigError
 from train.kernels import swiglu
@@ -31,7 +31,7 @@ def test_ops_are_opaque_to_tracing():
 
 
 def test_pinned_gemm_configs_file_is_well_formed():
-    """train/assets/gemm_configs.json (written by bench/gpu_gemm_tune.py): every key names a GPU, one of
+    """train/assets/gemm_configs.json (written by bench/kernels/gpu_gemm_tune.py): every key names a GPU, one of
     the two epilogue GEMMs and its N, K, and every config has the fields quack's GemmConfig takes."""
     entries = json.loads(swiglu.GEMM_CONFIGS.read_text())["configs"]
     for key, entry in entries.items():

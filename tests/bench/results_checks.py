@@ -1,0 +1,228 @@
+"""Consistency checks of one results file beyond re-deriving its numbers (issue #51 item 3), for
+tests/bench/test_results.py: each returns the problems it finds as lines (empty: none), so a test can
+run it on a committed file and on a tampered in-memory copy alike.
+
+- windows: the timed windows (logged steps past the clock's start) sum to the run's seconds and real tokens;
+- token slots: real tokens <= timed steps x tokens per micro-batch x micro-batches per step x GPUs;
+- comparison: the two sides of a comparison timed the same number of steps, with the same tokens per step and
+  the same activation checkpointing, unless the file records why not (`difference_reason`) or ALLOWED does;
+- MFU mean: `mean_step_mfu` is the mean over exactly the timed windows, the ones the aggregate counts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import pytest
+
+from bench.common.synthetic import SHAPES
+from bench.report import distribution
+from bench.report.results_io import clock_start, document_lengths, throughput_numbers
+from bench.suites.gpu_single import VARIANTS
+
+REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations
+
+# Files written before these checks existed whose sides differ, or whose MFU mean holds other windows, and
+# why: keyed by (file under bench/results, check). Results files are never edited; a new file records
+# `difference_reason` itself (bench/report/distribution.py).
+ALLOWED: dict[tuple[str, str], str] = {
+    ("h100/four-gpu-2026-11-27/multi-4gpu-fp8.json", "comparison"):
+        "fp8_8b's bf16 side is the call's 8b-peer run of ours (--fp8-baseline: 42 timed steps with a save inside), "
+        "its FP8 side a 20-step run (16 timed, no save); BENCHMARKS.md's fp8-8b-4gpu table lists both step counts",
+    ("h100/four-gpu-2026-11-27f/multi-4gpu-8b-full-log10-t10240-nosave.json", "mfu mean"):
+        "written before 2026-11-27's fix: mean_step_mfu over the windows past warmup_steps (4) while the clock of a "
+        "run logging every 10 steps starts at step 10, so the mean holds the compile window (tests/bench/"
+        "test_results.py check_8b_full re-derives it as written)",
+}
+
+
+def close(recorded: float | None, derived: float | None, what: str, name: str) -> None:
+    if derived is None:
+        assert recorded is None, f"{name}: {what} = {recorded}, but nothing to derive it from"
+        return
+    assert recorded == pytest.approx(derived, rel=REL), f"{name}: {what} = {recorded}, re-derived {derived}"
+
+
+def check_run_block(block: dict, arch: dict, lengths: list[int], name: str) -> None:
+    """A run's rate from its raw tokens and seconds; its FLOP count, TFLOP/s and MFU from the rate."""
+    close(block["real_tokens_per_s"], block["real_tokens"] / block["seconds"], "real_tokens_per_s", name)
+    derived = throughput_numbers(arch, lengths, block["real_tokens_per_s"], block["gpu_count"], block["peak_flops"],
+                                 block.get("lora_params"))
+    for key in ("flops_per_token", "tflops_per_gpu", "mfu"):
+        close(block[key], derived[key], key, name)
+
+
+def _timed(windows: list[dict]) -> tuple[int, list[dict]]:
+    start = clock_start(w["step"] for w in windows)
+    return start, [w for w in windows if w["step"] > start]
+
+
+def window_problems(block: dict[str, Any]) -> list[str]:
+    """A run that lists its logged windows: their seconds and real tokens (tokens/s x seconds) over the
+    timed ones are the run's totals (round: steady_state rounds the tokens)."""
+    if not block.get("windows"):
+        return []
+    _, timed = _timed(block["windows"])
+    seconds = sum(w["seconds"] for w in timed)
+    tokens = sum(w["tokens_per_s"] * w["seconds"] for w in timed)
+    problems = []
+    if abs(seconds - block["seconds"]) > REL * max(1.0, seconds):
+        problems.append(f"timed windows' seconds sum to {seconds}, the run says {block['seconds']}")
+    if abs(tokens - block["real_tokens"]) > 1 + REL * tokens:
+        problems.append(f"timed windows' real tokens sum to {tokens:.0f}, the run says {block['real_tokens']}")
+    return problems
+
+
+def step_time_problems(run: dict[str, Any]) -> list[str]:
+    """A run that lists each timed step's seconds (a peer's clock, bench/peers/peer_clock.py): one per timed
+    step, summing to the run's seconds."""
+    steps = run.get("step_seconds")
+    if steps is None:
+        return []
+    problems = []
+    if len(steps) != run["steps"]:
+        problems.append(f"{len(steps)} step times for {run['steps']} timed steps")
+    if abs(sum(steps) - run["seconds"]) > 1e-6 * max(1.0, run["seconds"]):
+        problems.append(f"step times sum to {sum(steps)}, the run says {run['seconds']}")
+    return problems
+
+
+def slot_problems(real_tokens: int, steps: int, tokens_per_step_per_gpu: int, gpus: int) -> list[str]:
+    """More real tokens than the timed steps had token slots: counted outside the clock, or over all ranks twice."""
+    slots = steps * tokens_per_step_per_gpu * gpus
+    return [f"real_tokens {real_tokens:,} > {steps} steps x {tokens_per_step_per_gpu:,} tokens x {gpus} GPUs "
+            f"= {slots:,}"] if real_tokens > slots else []
+
+
+def side_problems(ours: dict[str, Any], peer: dict[str, Any], reason: str | None) -> list[str]:
+    """Two sides of one comparison, each {steps, tokens_per_step, gradient_checkpointing}: what differs,
+    unless a reason is recorded."""
+    if reason:
+        return []
+    return [f"{key}: ours {ours[key]}, the other side {peer[key]} (no recorded reason)"
+            for key in ("steps", "tokens_per_step", "gradient_checkpointing") if ours[key] != peer[key]]
+
+
+def mean_mfu_problems(block: dict[str, Any]) -> list[str]:
+    """`mean_step_mfu` over exactly the timed windows (those past the clock's start)."""
+    if not block.get("windows") or "mean_step_mfu" not in block:
+        return []
+    _, timed = _timed(block["windows"])
+    mfus = [w["mfu"] for w in timed if w.get("mfu")]
+    derived = statistics.fmean(mfus) if mfus else None
+    recorded = block["mean_step_mfu"]
+    if derived is None or recorded is None:
+        return [] if derived == recorded else [f"mean_step_mfu {recorded}, over the timed windows {derived}"]
+    if abs(recorded - derived) > REL * abs(derived):
+        return [f"mean_step_mfu {recorded} is not the mean over the timed windows ({derived})"]
+    return []
+
+
+def accumulation(record: dict[str, Any]) -> int:
+    """Micro-batches per optimizer step of our multi-GPU run (bench/multi/multi_full.py's --ours-set)."""
+    command = record["provenance"]["command"]
+    values = [arg.split("=", 1)[1] for flag, arg in zip(command, command[1:])
+              if flag == "--ours-set" and arg.startswith("train.gradient_accumulation_steps=")]
+    return int(values[-1]) if values else 1
+
+
+def single_side(r: dict[str, Any]) -> dict[str, Any]:
+    """A one-GPU file's side of a comparison (bench/suites/gpu_single.py): one micro-batch of `budget` tokens
+    a step; checkpointing as its variant or peer configures it (peer_fastchat.py always, TRL only as -ckpt)."""
+    path = r["path"]
+    if path.startswith("peer-"):
+        checkpointing = path == "peer-fastchat" or path.endswith("-ckpt")
+    else:
+        checkpointing = VARIANTS[path]["train"]["gradient_checkpointing"]
+    tokens = VARIANTS.get(path, {}).get("data", {}).get("tokens_per_micro_batch", r["budget"])
+    return {"steps": r["steps"], "tokens_per_step": tokens, "gradient_checkpointing": checkpointing}
+
+
+def _problems(name: str, check: str, found: list[str]) -> list[str]:
+    return [] if (name, check) in ALLOWED else [f"{check}: {line}" for line in found]
+
+
+def multi_problems(r: dict[str, Any], name: str) -> list[str]:
+    """bench/multi/gpu_multi.py's files: our 8B run's windows, slots and MFU mean; its TRL peer's slots and step
+    times; each comparison's sides (ours/peer at 8B full and LoRA, FP8/bf16)."""
+    found: list[str] = []
+    side = lambda block, tokens: {"steps": block["steps"], "tokens_per_step": tokens,  # noqa: E731
+                                  "gradient_checkpointing": bool(block.get("gradient_checkpointing"))}
+    reason = r.get("difference_reason")
+    if ours := r.get("8b_full"):
+        tokens = ours["tokens_per_micro_batch"] * accumulation(r)
+        found += _problems(name, "windows", window_problems(ours))
+        found += _problems(name, "mfu mean", mean_mfu_problems(ours))
+        found += _problems(name, "token slots", slot_problems(ours["real_tokens"], ours["steps"], tokens, ours["gpu_count"]))
+        if peer := r.get("8b_full_peer"):
+            found += _problems(name, "comparison", side_problems(side(ours, tokens), side(peer, r["tokens_per_gpu"]), reason))
+    if peer := r.get("8b_full_peer"):
+        found += _problems(name, "token slots", slot_problems(peer["real_tokens"], peer["steps"], r["tokens_per_gpu"],
+                                                              peer["gpu_count"]))
+        found += _problems(name, "step times", step_time_problems(peer))
+    if "8b_lora" in r and "8b_lora_peer" in r:  # ours: --gradient_checkpointing false (bench/multi/gpu_multi_lora.py)
+        for key in ("8b_lora", "8b_lora_peer"):
+            block = r[key]
+            found += _problems(name, "token slots", slot_problems(block["real_tokens"], block["steps"], r["budget"],
+                                                                  block["gpu_count"]))
+        found += _problems(name, "comparison", side_problems(side(r["8b_lora"], r["budget"]),
+                                                             side(r["8b_lora_peer"], r["budget"]), reason))
+    if fp8 := r.get("fp8_8b"):  # both sides ours, same call and tokens per GPU
+        found += _problems(name, "comparison", side_problems(side(fp8["fp8"], 0), side(fp8["bf16"], 0), reason))
+    return found
+
+
+def single_problems(r: dict[str, Any], name: str, peer: dict[str, Any] | None) -> list[str]:
+    """bench/suites/gpu_single.py's one-run files: slots; against the peer it names, the sides."""
+    me = single_side(r)
+    found = _problems(name, "token slots", slot_problems(r["real_tokens"], r["steps"], me["tokens_per_step"], 1)
+                      if r["path"] != "peer-fastchat" else [])  # padded batches of 8: no token budget a step
+    found += _problems(name, "step times", step_time_problems(r))
+    if peer is not None:
+        found += _problems(name, "comparison", side_problems(me, single_side(peer), r.get("difference_reason")))
+    return found
+
+
+def compare_problems(r: dict[str, Any], name: str) -> list[str]:
+    """bench/suites/gpu_single.py --repeat N's files: every run's windows or step times and slots, and the sides."""
+    found: list[str] = []
+    sides = {}
+    for label, side in r["sides"].items():
+        runs = [run for run in side["runs"] if "error" not in run]
+        tokens = VARIANTS.get(side["path"], {}).get("data", {}).get("tokens_per_micro_batch", r["budget"])
+        for run in runs:
+            found += _problems(name, "windows", window_problems(run))
+            found += _problems(name, "step times", step_time_problems(run))
+            if side["path"] != "peer-fastchat":
+                found += _problems(name, "token slots", slot_problems(run["real_tokens"], run["steps"], tokens, 1))
+        steps = {run["steps"] for run in runs}
+        if len(steps) > 1:
+            found += _problems(name, "comparison", [f"{label}'s runs timed different step counts {sorted(steps)}"])
+        sides[label] = {"steps": min(steps, default=0), "tokens_per_step": tokens,
+                        "gradient_checkpointing": side["gradient_checkpointing"]}
+    found += _problems(name, "comparison", side_problems(sides["ours"], sides["peer"], r.get("difference_reason")))
+    return found
+
+
+def check_compare_record(r: dict, name: str) -> None:
+    """bench/suites/gpu_single.py --repeat N: each run's rate and FLOP numbers from its raw fields, the order
+    alternating from the peer, a re-run only for a slow peer run, and the figure (runs_per_side, ratio_median,
+    ratio_min, ratio_max, peer_low_runs) re-derived from the runs (bench/report/distribution.py)."""
+    lengths = document_lengths(r["docs"], r["budget"])
+    ours, peer = r["sides"]["ours"]["runs"], r["sides"]["peer"]["runs"]
+    for run in (x for x in ours + peer if "error" not in x):
+        check_run_block({**run, "gpu_count": 1, "peak_flops": r["peak_flops"]}, SHAPES[r["shape"]], lengths, name)
+    n = r["runs_per_side"]
+    assert n >= distribution.RUNS_PER_SIDE, f"{name}: {n} runs a side"
+    assert r["order"][:2 * n] == distribution.alternating(n) and r["order"].count("ours") == len(ours), f"{name}: order"
+    assert r["order"].count("peer") == len(peer), f"{name}: order"
+    first = [{k: v for k, v in run.items() if k != "rerun_as"} for run in peer[:n]]  # as they stood before re-runs
+    rerun = [index for index, run in enumerate(peer) if "rerun_as" in run]
+    assert rerun == distribution.low_runs(first), f"{name}: re-runs {rerun}, slow peer runs {distribution.low_runs(first)}"
+    assert [peer[i]["rerun_as"] for i in rerun] == list(range(n, len(peer))), f"{name}: re-runs and their runs"
+    derived = distribution.summary(ours, peer)
+    assert derived.keys() <= r.keys(), f"{name}: lacks {derived.keys() - r.keys()}"
+    for key in ("ratio_median", "ratio_min", "ratio_max"):
+        close(r[key], derived[key], key, name)
+    assert (r["runs_per_side"], r["peer_low_runs"]) == (derived["runs_per_side"], derived["peer_low_runs"]), name
