@@ -226,6 +226,32 @@ class LoraSection:
 
 
 @dataclass
+class ParallelSection:
+    """[parallel]: how one sequence is split across GPUs (train/kernels/context_parallel.py)."""
+
+    # Context parallelism: each packed micro-batch (data.tokens_per_micro_batch tokens) is split across
+    # `context` consecutive ranks, which read the same micro-batch (Ulysses: attention heads all-to-all).
+    context: int = 1
+
+    def validate(self) -> None:
+        require(self.context >= 1, "parallel.context", "must be >= 1 (1 = off)")
+
+
+def context_blocker(context: int, world: int, heads: int | None, kv_heads: int | None) -> str | None:
+    """Why parallel.context = `context` cannot split `world` ranks and a model of these heads (None: it can).
+    Ulysses sends each rank a group of whole heads (train/kernels/context_parallel.py)."""
+    if context <= 1:
+        return None
+    if world % context:
+        return f"{context} does not divide the {world} ranks"
+    if heads and heads % context:
+        return f"{context} does not divide the model's {heads} attention heads (each rank attends for a group of them)"
+    if kv_heads and kv_heads % context and context % kv_heads:
+        return f"{context} and the model's {kv_heads} key/value heads: neither divides the other"
+    return None
+
+
+@dataclass
 class RunSection:
     dir: str = "."  # the run directory; relative paths below are inside it
     checkpoint_dir: str = protocol.CHECKPOINT_DIR
@@ -251,6 +277,7 @@ class TrainConfig:
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
     lora: LoraSection = field(default_factory=LoraSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
     run: RunSection = field(default_factory=RunSection)
 
     def validate(self) -> None:
@@ -270,6 +297,10 @@ class TrainConfig:
             require(self.train.fused_mlp is not True, "train.precision",
                     "fp8 runs the MLP's projections as float8 linears: not with train.fused_mlp = true "
                     "(quack's bf16 GEMMs)")
+
+        require(self.parallel.context == 1 or self.data.packing, "parallel.context",
+                "context parallelism splits packed rows (their cu_seqlens keep the documents apart): "
+                "set data.packing = true")
 
     def sharded_qlora_stays_eager(self, ranks: int) -> bool:
         """train.compile = "auto" leaves QLoRA over several ranks eager. Measured on 2 H100s (BENCHMARKS.md,

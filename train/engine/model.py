@@ -77,6 +77,13 @@ def build_config(cfg: TrainConfig) -> PretrainedConfig:
     return config
 
 
+def attention_heads(cfg: TrainConfig) -> tuple[int, int]:
+    """(query heads, key/value heads) of the model to build: what context parallelism splits."""
+    config = build_config(cfg)
+    heads = config.num_attention_heads
+    return heads, getattr(config, "num_key_value_heads", None) or heads
+
+
 def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
     """Linear RoPE interpolation by ceil(max_length / context) when training past the context (FastChat)."""
     context = getattr(config, "max_position_embeddings", None)
