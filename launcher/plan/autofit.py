@@ -66,6 +66,8 @@ class MicroBatchChoice:
     trials: list[Trial] = field(default_factory=list)
     # only when nothing fits: (a way out, the micro-batch the search would then choose)
     alternatives: list[tuple[Suggestion, int]] = field(default_factory=list)
+    # only when documents are cut: (N, micro-batch) of the fewest GPUs per sequence that keep them whole
+    whole_with: tuple[int, int] | None = None
 
     @property
     def suggestions(self) -> list[Suggestion]:
@@ -99,6 +101,9 @@ class MicroBatchChoice:
         if self.tokens < self.rules.model_max_length:
             text += (f"; documents longer than {self.tokens} tokens are cut to it "
                      f"(model_max_length {self.rules.model_max_length})")
+            if self.whole_with:
+                n, tokens = self.whole_with
+                text += f"; whole with --context_parallel {n} ({tokens} tokens over {n} GPUs)"
         return text
 
     def record(self) -> dict[str, Any]:
@@ -193,4 +198,21 @@ def fit_micro_batch(inp: PlanInput, model_max_length: int, user_set: Callable[[s
     chosen = trials[-1]
     choice.tokens, choice.checkpointing = chosen.tokens, chosen.checkpointing
     choice.source = "default" if len(trials) == 1 else "auto"
+    if chosen.tokens < model_max_length:
+        choice.whole_with = whole_with_context_parallel(inp, rules)
     return choice
+
+
+def whole_with_context_parallel(inp: PlanInput, rules: Rules) -> tuple[int, int] | None:
+    """(N, micro-batch): the fewest GPUs of a node per sequence (parallel.context, within the node's links)
+    under which a micro-batch of whole model_max_length documents fits; None when none does."""
+    whole = dataclasses.replace(rules, cut_documents=False)
+    n = inp.context_parallel * 2
+    while n <= inp.gpus_per_node:
+        split = dataclasses.replace(inp, context_parallel=n)
+        if split.context_blocker is None:
+            trials = search(split, whole)
+            if trials[-1].fits:
+                return n, trials[-1].tokens
+        n *= 2
+    return None

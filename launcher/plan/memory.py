@@ -167,10 +167,16 @@ class MemoryOptions:
     model_source: str = "checkpoint"
     fused_mlp: bool = False  # train.fused_mlp: the SwiGLU MLP in quack's GEMMs (train/kernels/swiglu.py)
     loss_backend: str = "fused"  # with loss_chunk_tokens > 0: fused (gradients in the forward), chunked, liger
+    context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs
 
     @property
     def spec(self) -> StrategySpec:
         return STRATEGIES[self.strategy]
+
+    @property
+    def sequence_tokens(self) -> int:
+        """The tokens of a micro-batch one GPU holds: its 1/N share under context parallelism."""
+        return ceil_div(self.micro_batch_tokens, self.context_parallel)
 
 
 @dataclass
@@ -324,7 +330,7 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     left when backward reaches the first decoder layer (every later layer's tensors are freed): that
     layer's activations (saved or recomputed alike) + its workspace.
     """
-    tokens, d = opts.micro_batch_tokens, shape.hidden
+    tokens, d = opts.sequence_tokens, shape.hidden
     per_layer = layer_activation_bytes_per_token(shape, elem, opts.compile, opts.fused_mlp, opts.fp8)
     weight_copy = fused_mlp_weight_bytes(shape, opts, elem)
     lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
@@ -349,7 +355,18 @@ def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
     if not opts.fp8:
         return 0
     weights = sum(n_in * n_out for n_in, n_out in shape.linear_dims(list(LORA_TARGETS)))
-    return 2 * weights + 2 * opts.micro_batch_tokens * (shape.hidden + shape.intermediate)
+    return 2 * weights + 2 * opts.sequence_tokens * (shape.hidden + shape.intermediate)
+
+
+def all_to_all_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """Context parallelism's (Ulysses, train/kernels/context_parallel.py) buffers while a layer's attention
+    runs: q, k, v and the output each exist in both layouts (this GPU's sequence share with every head, and
+    the whole sequence for its head group: the same bytes), one copy beside the activations counted already
+    plus the contiguous send chunks. k and v carry at least N heads (fewer KV heads are repeated)."""
+    if opts.context_parallel <= 1:
+        return 0
+    kv_dim = max(shape.kv_heads, opts.context_parallel) * shape.head_dim
+    return 2 * elem * opts.sequence_tokens * (2 * shape.q_dim + 2 * kv_dim)
 
 
 def logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
@@ -368,11 +385,11 @@ def logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str,
     them in bf16; where Accelerate's `prepare_model` wraps forward in autocast (FSDP1, DDP) it also
     converts the outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
     if opts.loss_chunk_tokens > 0 and opts.loss_backend == "fused":
-        rows = min(opts.loss_chunk_tokens, opts.micro_batch_tokens)
+        rows = min(opts.loss_chunk_tokens, opts.sequence_tokens)
         head_grad = 0 if opts.lora else elem * shape.vocab * shape.hidden
         return {"forward": rows * shape.vocab * 2 * elem + head_grad, "head_backward": head_grad, "held": 0}
     fused = opts.loss_chunk_tokens > 0  # "chunked"/"liger": a chunk's logits, fp32 copy and log-softmax
-    rows = min(opts.loss_chunk_tokens, opts.micro_batch_tokens) if fused else opts.micro_batch_tokens
+    rows = min(opts.loss_chunk_tokens, opts.sequence_tokens) if fused else opts.sequence_tokens
     held_elem = 4 if opts.spec.fp32_params else elem
     held = held_elem * shape.vocab * rows if (opts.hold_outputs and not fused) else 0
     return {
