@@ -66,8 +66,8 @@ class MicroBatchChoice:
     trials: list[Trial] = field(default_factory=list)
     # only when nothing fits: (a way out, the micro-batch the search would then choose)
     alternatives: list[tuple[Suggestion, int]] = field(default_factory=list)
-    # only when documents are cut: (N, micro-batch) of the fewest GPUs per sequence that keep them whole
-    whole_with: tuple[int, int] | None = None
+    # only when documents are cut: the fewest GPUs per sequence (parallel.context) that keep them whole
+    whole_with: int | None = None
 
     @property
     def suggestions(self) -> list[Suggestion]:
@@ -102,8 +102,8 @@ class MicroBatchChoice:
             text += (f"; documents longer than {self.tokens} tokens are cut to it "
                      f"(model_max_length {self.rules.model_max_length})")
             if self.whole_with:
-                n, tokens = self.whole_with
-                text += f"; whole with --context_parallel {n} ({tokens} tokens over {n} GPUs)"
+                text += (f"; whole with --context_parallel {self.whole_with} ({self.rules.model_max_length} "
+                         f"tokens over {self.whole_with} GPUs)")
         return text
 
     def record(self) -> dict[str, Any]:
@@ -199,20 +199,18 @@ def fit_micro_batch(inp: PlanInput, model_max_length: int, user_set: Callable[[s
     choice.tokens, choice.checkpointing = chosen.tokens, chosen.checkpointing
     choice.source = "default" if len(trials) == 1 else "auto"
     if chosen.tokens < model_max_length:
-        choice.whole_with = whole_with_context_parallel(inp, rules)
+        choice.whole_with = context_parallel_for(dataclasses.replace(inp, gradient_checkpointing=chosen.checkpointing),
+                                                 model_max_length)
     return choice
 
 
-def whole_with_context_parallel(inp: PlanInput, rules: Rules) -> tuple[int, int] | None:
-    """(N, micro-batch): the fewest GPUs of a node per sequence (parallel.context, within the node's links)
-    under which a micro-batch of whole model_max_length documents fits; None when none does."""
-    whole = dataclasses.replace(rules, cut_documents=False)
-    n = inp.context_parallel * 2
+def context_parallel_for(inp: PlanInput, tokens: int) -> int | None:
+    """The fewest GPUs of a node (1, 2, 4, ...: parallel.context, its all-to-alls on the node's links) to
+    split a micro-batch of `tokens` over so that it fits; None when even a whole node's do not."""
+    n = inp.context_parallel
     while n <= inp.gpus_per_node:
-        split = dataclasses.replace(inp, context_parallel=n)
-        if split.context_blocker is None:
-            trials = search(split, whole)
-            if trials[-1].fits:
-                return n, trials[-1].tokens
+        split = dataclasses.replace(inp, micro_batch_tokens=tokens, context_parallel=n)
+        if split.context_blocker is None and make_plan(split).fits is not False:
+            return n
         n *= 2
     return None

@@ -63,7 +63,8 @@ def data_estimate(launch: LaunchView, rows: list[SourceRow] | None = None) -> Da
         return estimate
     keep = 1.0 - data.eval_fraction
     return DataEstimate(int(estimate.tokens * keep), int(estimate.rows * keep),
-                        f"{estimate.method}, {keep:.0%} after the eval split", estimate.exact_rows)
+                        f"{estimate.method}, {keep:.0%} after the eval split", estimate.exact_rows,
+                        longer=int(estimate.longer * keep), longest=estimate.longest)
 
 
 def _precision(launch: LaunchView) -> str:

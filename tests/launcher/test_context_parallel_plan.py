@@ -61,3 +61,17 @@ def test_the_launch_renders_parallel_context_and_refuses_what_cannot_split(tmp_p
         resolve(LaunchRequest(model="llama3-8b", cluster=str(EXAMPLE_CLUSTER), context_parallel=2, strategy="zero3"))
     with pytest.raises(ConfigError, match="parallel.context: context parallelism splits packed rows"):
         resolve(LaunchRequest(model="tiny", executor="local", context_parallel=2, sets=["data.packing=false"]))
+
+
+def test_documents_longer_than_model_max_length_are_one_line_naming_what_keeps_them_whole():
+    from launcher.commands.plan_cmd import long_documents
+    from launcher.plan.datasize import DataEstimate
+
+    plan = make_plan(dataclasses.replace(LONG, micro_batch_tokens=8192))
+    data = DataEstimate(10**6, 100, "test", True, longer=3, longest=200_000)
+    assert long_documents(plan, data, 8192) == (
+        "~3 document(s) longer than model_max_length 8192 (longest ~200000 tokens, estimated) are cut to it; "
+        "whole with --model_max_length 262144 --context_parallel 2")
+    assert long_documents(plan, DataEstimate(10**6, 100, "test", True), 8192) is None
+    too_long = long_documents(plan, DataEstimate(10**7, 100, "test", True, longer=1, longest=5_000_000), 8192)
+    assert too_long and too_long.endswith("a 8388608-token sequence does not fit even split over the node's 8 GPUs")

@@ -211,6 +211,10 @@ def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches
     if batches.row_length:
         logger.info("packed rows filled up to %d tokens with a filler segment (compiled decoder layers see one "
                     "shape); the filler is not counted as tokens", batches.row_length)
+    if over := [n for n in batches.lengths if n > batches.budget]:  # the planner names them before the queue too
+        logger.warning("%d document(s) longer than the %d-token micro-batch (longest %d): %s; keep them whole with a "
+                       "micro-batch that holds them, split over GPUs with --context_parallel", len(over),
+                       batches.budget, max(over), "cut to it" if batches.row_length else "each alone in a longer row")
 
 
 class Loop:
