@@ -161,6 +161,13 @@ class TrainSection:
               "checkpoint's planning collectives and barriers run on the CPU, not through NCCL buffers on the "
               "card (at 8B on 4 H100s near full memory, through NCCL the steps after a save fell from 50% MFU "
               "to 25-33%); false = NCCL for everything, Accelerate's own group")
+    activation_offload: bool = documented(
+        False, "long sequences: the activations the forward saves for backward (with gradient_checkpointing: "
+               "each decoder layer's input) go to pinned CPU memory, copied on a side stream, and come back "
+               "in backward (train/kernels/long_context.py; the planner counts them against the node's RAM)")
+    mlp_chunk_tokens: int = documented(
+        0, "long sequences: run each decoder layer's MLP over chunks of this many tokens, each checkpointed, so "
+           "its intermediate is bounded by a chunk, not the sequence (one more MLP forward in backward); 0 = off")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"
@@ -185,6 +192,7 @@ class TrainSection:
         require(self.logging_steps >= 1, "train.logging_steps", "must be >= 1")
         require(self.gc_every_steps >= 0, "train.gc_every_steps", "must be >= 0 (0 = automatic collection)")
         require(self.eval_steps >= 0, "train.eval_steps", "must be >= 0")
+        require(self.mlp_chunk_tokens >= 0, "train.mlp_chunk_tokens", "must be >= 0 (0 = off)")
         for beta in ("adam_beta1", "adam_beta2"):  # what torch.optim.AdamW refuses, here before the queue
             require(0.0 <= getattr(self, beta) < 1.0, f"train.{beta}", "must be in [0, 1)")
         require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")

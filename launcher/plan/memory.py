@@ -34,7 +34,7 @@ the communication buffers and temporaries of each phase of a step and takes the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contract.config import Fp8Linears
 from contract.shape import LORA_TARGETS, NF4_BLOCK_SIZE, NF4_QUANT_UNIT, ModelShape
@@ -168,6 +168,8 @@ class MemoryOptions:
     fused_mlp: bool = False  # train.fused_mlp: the SwiGLU MLP in quack's GEMMs (train/kernels/swiglu.py)
     loss_backend: str = "fused"  # with loss_chunk_tokens > 0: fused (gradients in the forward), chunked, liger
     context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs
+    activation_offload: bool = False  # train.activation_offload: the forward's saved activations on the host
+    mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP's intermediate for this many tokens at a time
 
     @property
     def spec(self) -> StrategySpec:
@@ -331,19 +333,42 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     layer's activations (saved or recomputed alike) + its workspace.
     """
     tokens, d = opts.sequence_tokens, shape.hidden
-    per_layer = layer_activation_bytes_per_token(shape, elem, opts.compile, opts.fused_mlp, opts.fp8)
     weight_copy = fused_mlp_weight_bytes(shape, opts, elem)
     lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
     head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
+    layer = _layer_bytes(shape, opts, elem, tokens) + tokens * (lora_extra // shape.layers)
     if opts.gradient_checkpointing:
-        saved, copies = shape.layers * elem * d + head, 0
-        recompute = tokens * (per_layer + lora_extra // shape.layers) + weight_copy
+        saved, copies = tokens * (head + (0 if opts.activation_offload else shape.layers * elem * d)), 0
+        recompute = layer + weight_copy
     else:
-        saved, copies = shape.layers * per_layer + lora_extra + head, shape.layers * weight_copy
+        copies = shape.layers * weight_copy
+        saved = tokens * head + (0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True))
         recompute = 0
-    workspace = tokens * elem * 3 * (shape.intermediate + d) + float8_cast_bytes(shape, opts)
-    return {"saved": tokens * saved + copies, "recompute": recompute, "workspace": workspace,
-            "last_layer": tokens * (per_layer + lora_extra // shape.layers) + weight_copy + workspace}
+    mlp_rows = min(tokens, opts.mlp_chunk_tokens or tokens)
+    workspace = elem * 3 * (mlp_rows * shape.intermediate + tokens * d) + float8_cast_bytes(shape, opts)
+    return {"saved": saved + copies, "recompute": recompute, "workspace": workspace,
+            "last_layer": layer + weight_copy + workspace}
+
+
+def _layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int, tokens: int) -> int:
+    """One decoder layer's saved activations for `tokens` tokens; with train.mlp_chunk_tokens the MLP's
+    intermediate (the bytes that scale with I) exists for one chunk at a time."""
+    per_token = layer_activation_bytes_per_token(shape, elem, opts.compile, opts.fused_mlp, opts.fp8)
+    without_mlp = layer_activation_bytes_per_token(replace(shape, intermediate=0), elem, opts.compile,
+                                                   opts.fused_mlp, opts.fp8)
+    return tokens * without_mlp + min(tokens, opts.mlp_chunk_tokens or tokens) * (per_token - without_mlp)
+
+
+def offloaded_activation_bytes(shape: ModelShape, opts: MemoryOptions, always: bool = False) -> int:
+    """train.activation_offload: what one process keeps in pinned host memory at the end of its forward:
+    each layer's input (checkpointing), else every layer's saved activations (`always`: as if offloaded)."""
+    if not (opts.activation_offload or always):
+        return 0
+    elem, tokens = low_bytes(opts), opts.sequence_tokens
+    if opts.gradient_checkpointing:
+        return shape.layers * tokens * elem * shape.hidden
+    lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
+    return shape.layers * _layer_bytes(shape, opts, elem, tokens) + tokens * lora_extra
 
 
 def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:

@@ -80,6 +80,8 @@ class PlanInput:
     gradient_checkpointing: bool = True
     micro_batch_tokens: int = 8192  # packed tokens per micro-batch (per GPU; per context-parallel group)
     context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs (Ulysses)
+    activation_offload: bool = False  # train.activation_offload: saved activations in pinned host memory
+    mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP over chunks of this many tokens (0 = whole)
     gradient_accumulation_steps: int = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: Fp8Linears = ""  # train.precision = "fp8": whose float8 linears the decoder layers run (contract.config.fp8_linears)

@@ -75,3 +75,17 @@ def test_documents_longer_than_model_max_length_are_one_line_naming_what_keeps_t
     assert long_documents(plan, DataEstimate(10**6, 100, "test", True), 8192) is None
     too_long = long_documents(plan, DataEstimate(10**7, 100, "test", True, longer=1, longest=5_000_000), 8192)
     assert too_long and too_long.endswith("a 8388608-token sequence does not fit even split over the node's 8 GPUs")
+
+
+def test_activation_offload_moves_the_layer_inputs_to_the_host_and_mlp_chunks_bound_the_intermediate():
+    one_gpu = dict(arch=LLAMA3_8B, gpus_per_node=1, gpu_type="h200", lora=True, micro_batch_tokens=262144,
+                   loss_chunk_tokens=4096, compile=True, cpu_mem_per_node_gib=512)
+    plain, offloaded = make_plan(PlanInput(**one_gpu)), make_plan(PlanInput(**one_gpu, activation_offload=True))
+    inputs = 32 * 262144 * 2 * 4096  # every layer's bf16 input: 64 GiB
+    assert plain.gpu.activations - offloaded.gpu.activations == inputs
+    assert offloaded.cpu["offload"] - plain.cpu["offload"] == inputs
+    chunked = make_plan(PlanInput(**one_gpu, activation_offload=True, mlp_chunk_tokens=8192))
+    # compiled, stock MLP: gate, up and SiLU(gate) (3 x 2 B x 14,336 per token) for 8,192 tokens, not 262,144;
+    # the backward's workspace likewise (3 x 2 B x 14,336)
+    assert offloaded.gpu.activations - chunked.gpu.activations == (262144 - 8192) * 2 * 14336 * (3 + 3)
+    assert plain.fits is False and chunked.fits is True  # 8B LoRA at 256k tokens on one H200

@@ -36,6 +36,7 @@ from train.kernels import float8
 from train.kernels import context_parallel
 from train.kernels.attention import setup_attention
 from train.kernels.context_parallel import ContextParallel, label_tokens
+from train.kernels.long_context import ActivationOffload
 from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.engine.export import export_model
@@ -234,6 +235,8 @@ class Loop:
         self.recompiles = RecompileWatch()
         self.collector = StepGarbageCollector(cfg.train.gc_every_steps)  # entered around run() by train()
         self.float8_all_gather = float8.all_gathers_in_float8(model)
+        offload = ActivationOffload(accelerator.device) if cfg.train.activation_offload else None
+        self.saving = offload.saving if offload else contextlib.nullcontext  # around each training forward
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
             watchdog: Watchdog) -> bool:
@@ -318,7 +321,8 @@ class Loop:
         for i, batch in enumerate(micro):
             last = i == len(micro) - 1
             with self.acc.no_sync(self.model) if defers_gradient_sync(self.acc, last) else contextlib.nullcontext():
-                loss = self.model(**batch, num_items_in_batch=items_per_rank).loss
+                with self.saving():
+                    loss = self.model(**batch, num_items_in_batch=items_per_rank).loss
                 backward(self.acc, loss, last)
             loss_sum += loss.detach().float()
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
