@@ -4,7 +4,7 @@
   that cross the rank boundaries (loss 1e-5, gradients 1e-4), with plain replicas and under FSDP2, for the
   stock and the fused loss (tests/train/workers/context_parallel.py);
 - a real 2-rank training with parallel.context = 2 (one CP group, FSDP2 over both ranks) stopped at step 2
-  and resumed reproduces the uninterrupted CP run bitwise (losses and exported weights);
+  and resumed reproduces the uninterrupted CP run bitwise (losses, the final eval loss, exported weights);
 - the batch slicing itself (single process): padding, shifted labels, whole cu_seqlens.
 """
 
@@ -53,7 +53,8 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_context_parallel_training_resumes_bitwise(tmp_path):
-    settings = {"parallel": {"context": 2}, "train": {"max_steps": 4, "logging_steps": 1}}
+    settings = {"parallel": {"context": 2}, "train": {"max_steps": 4, "logging_steps": 1},
+                "data": {"eval_fraction": 0.05}}  # the final eval runs under context parallelism too
     reference = write_run(tmp_path / "reference", settings)
     assert run_training(reference) == 0, read_log(reference)
     assert "context parallel: 1 groups of 2 ranks" in read_log(reference)
@@ -64,6 +65,8 @@ def test_context_parallel_training_resumes_bitwise(tmp_path):
     assert run_training(run_dir, log_name="second.log") == 0, read_log(run_dir, "second.log")
     assert "resumed from" in read_log(run_dir, "second.log")
     assert _losses(run_dir) == _losses(reference) and len(_losses(reference)) == 4
+    evals = [[r["eval_loss"] for r in metrics(d) if "eval_loss" in r] for d in (reference, run_dir)]
+    assert evals[0] == evals[1] and len(evals[0]) == 1 and 0 < evals[0][0] < 10
     got, want = exported_tensors(run_dir), exported_tensors(reference)
     assert got.keys() == want.keys() and got
     assert all(torch.equal(got[name], tensor) for name, tensor in want.items())
