@@ -161,6 +161,13 @@ class TrainSection:
               "checkpoint's planning collectives and barriers run on the CPU, not through NCCL buffers on the "
               "card (at 8B on 4 H100s near full memory, through NCCL the steps after a save fell from 50% MFU "
               "to 25-33%); false = NCCL for everything, Accelerate's own group")
+    activation_offload: bool = documented(
+        False, "long sequences: the activations the forward saves for backward (with gradient_checkpointing: "
+               "each decoder layer's input) go to pinned CPU memory, copied on a side stream, and come back "
+               "in backward (train/kernels/long_context.py; the planner counts them against the node's RAM)")
+    mlp_chunk_tokens: int = documented(
+        0, "long sequences: run each decoder layer's MLP over chunks of this many tokens, each checkpointed, so "
+           "its intermediate is bounded by a chunk, not the sequence (one more MLP forward in backward); 0 = off")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"
@@ -185,6 +192,7 @@ class TrainSection:
         require(self.logging_steps >= 1, "train.logging_steps", "must be >= 1")
         require(self.gc_every_steps >= 0, "train.gc_every_steps", "must be >= 0 (0 = automatic collection)")
         require(self.eval_steps >= 0, "train.eval_steps", "must be >= 0")
+        require(self.mlp_chunk_tokens >= 0, "train.mlp_chunk_tokens", "must be >= 0 (0 = off)")
         for beta in ("adam_beta1", "adam_beta2"):  # what torch.optim.AdamW refuses, here before the queue
             require(0.0 <= getattr(self, beta) < 1.0, f"train.{beta}", "must be in [0, 1)")
         require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
@@ -226,6 +234,32 @@ class LoraSection:
 
 
 @dataclass
+class ParallelSection:
+    """[parallel]: how one sequence is split across GPUs (train/kernels/context_parallel.py)."""
+
+    # Context parallelism: each packed micro-batch (data.tokens_per_micro_batch tokens) is split across
+    # `context` consecutive ranks, which read the same micro-batch (Ulysses: attention heads all-to-all).
+    context: int = 1
+
+    def validate(self) -> None:
+        require(self.context >= 1, "parallel.context", "must be >= 1 (1 = off)")
+
+
+def context_blocker(context: int, world: int, heads: int | None, kv_heads: int | None) -> str | None:
+    """Why parallel.context = `context` cannot split `world` ranks and a model of these heads (None: it can).
+    Ulysses sends each rank a group of whole heads (train/kernels/context_parallel.py)."""
+    if context <= 1:
+        return None
+    if world % context:
+        return f"{context} does not divide the {world} ranks"
+    if heads and heads % context:
+        return f"{context} does not divide the model's {heads} attention heads (each rank attends for a group of them)"
+    if kv_heads and kv_heads % context and context % kv_heads:
+        return f"{context} and the model's {kv_heads} key/value heads: neither divides the other"
+    return None
+
+
+@dataclass
 class RunSection:
     dir: str = "."  # the run directory; relative paths below are inside it
     checkpoint_dir: str = protocol.CHECKPOINT_DIR
@@ -251,6 +285,7 @@ class TrainConfig:
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
     lora: LoraSection = field(default_factory=LoraSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
     run: RunSection = field(default_factory=RunSection)
 
     def validate(self) -> None:
@@ -270,6 +305,10 @@ class TrainConfig:
             require(self.train.fused_mlp is not True, "train.precision",
                     "fp8 runs the MLP's projections as float8 linears: not with train.fused_mlp = true "
                     "(quack's bf16 GEMMs)")
+
+        require(self.parallel.context == 1 or self.data.packing, "parallel.context",
+                "context parallelism splits packed rows (their cu_seqlens keep the documents apart): "
+                "set data.packing = true")
 
     def sharded_qlora_stays_eager(self, ranks: int) -> bool:
         """train.compile = "auto" leaves QLoRA over several ranks eager. Measured on 2 H100s (BENCHMARKS.md,

@@ -77,7 +77,7 @@ def attach(run_dir: str | Path) -> RunHandle:
 def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: str | None = None,
            executor: str = "submitit", output: str | None = None, data: str | list[str] | None = None,
            strategy: str | None = None, lora: bool = False, qlora: bool = False, time: str | None = None,
-           job_name: str | None = None, sets: list[str] | None = None, force: bool = False,
+           context_parallel: int | None = None, job_name: str | None = None, sets: list[str] | None = None, force: bool = False,
            **train_flags: Any) -> RunHandle:
     """Validate, plan, render and submit a run; train_flags are [train] keys (max_steps=60, learning_rate=1e-5).
     A plan that does not fit in memory or on disk is refused as the CLI refuses it (ConfigError) unless `force`."""
@@ -86,6 +86,7 @@ def submit(model: str, *, nodes: int = 1, cluster: str | None = None, profile: s
 
     request = LaunchRequest(model=model, nodes=nodes, cluster=cluster, profile=profile, data=data, output=output,
                             strategy=strategy, lora=lora, qlora=qlora, time=time, job_name=job_name, executor=executor,
+                            context_parallel=context_parallel,
                             sets=list(sets or []), train_flags=dict(train_flags))
     launch = resolve(request)
     from launcher.commands.plan_cmd import plan_launch, refuse_unless_fits, refuse_unless_room

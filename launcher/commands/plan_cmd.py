@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contract.schema import ConfigError
+from launcher.plan.autofit import context_parallel_for
 from launcher.plan.datasize import DataEstimate
 from launcher.plan.memory import GIB
 from launcher.ops.partition import ClusterCheck, check_cluster
@@ -104,6 +105,21 @@ def _launch_warnings(launch: Launch, plan: Plan, cluster: ClusterCheck | None) -
     return warnings
 
 
+def long_documents(plan: Plan, data: DataEstimate | None, model_max_length: int) -> str | None:
+    """Documents longer than model_max_length are cut to it when tokenized (train/dataset/load.py): one line
+    before the queue, how many, the longest, and what keeps them whole (a model_max_length that holds the
+    longest, split over the fewest GPUs that fit it: --context_parallel)."""
+    if data is None or not data.longer:
+        return None
+    need = 1 << (data.longest - 1).bit_length()  # a power of two: the micro-batch sizes the search tries
+    split = context_parallel_for(plan.input, need)
+    keep = f"--model_max_length {need}" + (f" --context_parallel {split}" if split and split > 1 else "")
+    how = f"whole with {keep}" if split else \
+        f"a {need}-token sequence does not fit even split over the node's {plan.input.gpus_per_node} GPUs"
+    return (f"~{data.longer} document(s) longer than model_max_length {model_max_length} (longest ~{data.longest} "
+            f"tokens, estimated) are cut to it; {how}")
+
+
 def data_lines(launch: Launch) -> list[str]:
     """One line per checked data file (empty when launcher/resolve/preflight.py has not run)."""
     allow = launch.train.data.allow_bad_rows
@@ -126,6 +142,8 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     plan = make_plan(plan_input_from_launch(launch, data))
     cluster = check_cluster(launch)  # the one `scontrol show partition` of the plan
     plan.warnings += _launch_warnings(launch, plan, cluster)
+    if (long := long_documents(plan, data, launch.train.train.model_max_length)) is not None:
+        plan.warnings.append(long)
     if launch.micro_batch is not None and launch.micro_batch.source == "none":
         plan.suggestions = launch.micro_batch.suggestions  # ways out under which a micro-batch fits
     disk = disk_needs(launch, plan, data)

@@ -66,6 +66,8 @@ class MicroBatchChoice:
     trials: list[Trial] = field(default_factory=list)
     # only when nothing fits: (a way out, the micro-batch the search would then choose)
     alternatives: list[tuple[Suggestion, int]] = field(default_factory=list)
+    # only when documents are cut: the fewest GPUs per sequence (parallel.context) that keep them whole
+    whole_with: int | None = None
 
     @property
     def suggestions(self) -> list[Suggestion]:
@@ -99,6 +101,9 @@ class MicroBatchChoice:
         if self.tokens < self.rules.model_max_length:
             text += (f"; documents longer than {self.tokens} tokens are cut to it "
                      f"(model_max_length {self.rules.model_max_length})")
+            if self.whole_with:
+                text += (f"; whole with --context_parallel {self.whole_with} ({self.rules.model_max_length} "
+                         f"tokens over {self.whole_with} GPUs)")
         return text
 
     def record(self) -> dict[str, Any]:
@@ -193,4 +198,19 @@ def fit_micro_batch(inp: PlanInput, model_max_length: int, user_set: Callable[[s
     chosen = trials[-1]
     choice.tokens, choice.checkpointing = chosen.tokens, chosen.checkpointing
     choice.source = "default" if len(trials) == 1 else "auto"
+    if chosen.tokens < model_max_length:
+        choice.whole_with = context_parallel_for(dataclasses.replace(inp, gradient_checkpointing=chosen.checkpointing),
+                                                 model_max_length)
     return choice
+
+
+def context_parallel_for(inp: PlanInput, tokens: int) -> int | None:
+    """The fewest GPUs of a node (1, 2, 4, ...: parallel.context, its all-to-alls on the node's links) to
+    split a micro-batch of `tokens` over so that it fits; None when even a whole node's do not."""
+    n = inp.context_parallel
+    while n <= inp.gpus_per_node:
+        split = dataclasses.replace(inp, micro_batch_tokens=tokens, context_parallel=n)
+        if split.context_blocker is None and make_plan(split).fits is not False:
+            return n
+        n *= 2
+    return None

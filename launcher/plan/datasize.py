@@ -40,6 +40,8 @@ class DataEstimate:
     rows: int
     method: str  # how it was obtained, shown in the plan
     exact_rows: bool  # False: extrapolated from a sample or from bytes
+    longer: int = 0  # rows longer than model_max_length (train cuts them to it); scaled like `rows`
+    longest: int = 0  # estimated tokens of the longest row read, before the cut
 
     @property
     def mean_tokens(self) -> float | None:
@@ -60,13 +62,22 @@ def _text_stats(value: Any, key: str = "") -> tuple[int, int]:
     return 0, 0
 
 
-def row_tokens(row: Any, max_length: int) -> int:
-    """Estimated tokens of one row after truncation (exact for pre-tokenized `input_ids`)."""
+def row_tokens(row: Any, max_length: int | None) -> int:
+    """Estimated tokens of one row after truncation to `max_length` (None: before; exact for pre-tokenized
+    `input_ids`)."""
     if isinstance(row, dict) and isinstance(row.get("input_ids"), list):
-        return min(len(row["input_ids"]), max_length)
-    chars, messages = _text_stats(row)
-    tokens = math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS * messages + SEQUENCE_OVERHEAD_TOKENS
-    return min(tokens, max_length)
+        tokens = len(row["input_ids"])
+    else:
+        chars, messages = _text_stats(row)
+        tokens = math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS * messages + SEQUENCE_OVERHEAD_TOKENS
+    return tokens if max_length is None else min(tokens, max_length)
+
+
+def _from_rows(lengths: list[int], max_length: int, scale: float, method: str, exact: bool) -> DataEstimate:
+    """The estimate of rows of these (uncut) lengths, `scale` times as many in the whole file."""
+    longer = sum(1 for n in lengths if n > max_length)
+    return DataEstimate(int(sum(min(n, max_length) for n in lengths) * scale), int(len(lengths) * scale), method,
+                        exact, longer=int(longer * scale), longest=max(lengths))
 
 
 def _json_rows(text: str, complete: bool) -> Iterator[Any]:
@@ -98,14 +109,13 @@ def _estimate_json(path: Path, size: int, max_length: int) -> DataEstimate | Non
         raw = handle.read(SAMPLE_BYTES)
     complete = size <= SAMPLE_BYTES
     text = raw.decode("utf-8", errors="ignore")
-    counts = [row_tokens(row, max_length) for row in _json_rows(text, complete)]
+    counts = [row_tokens(row, None) for row in _json_rows(text, complete)]
     if not counts:
         return None
     if complete:
-        return DataEstimate(sum(counts), len(counts), f"{len(counts)} rows read, chars/{CHARS_PER_TOKEN}", True)
-    scale = size / len(raw)
-    return DataEstimate(int(sum(counts) * scale), int(len(counts) * scale),
-                        f"first {len(counts)} rows ({len(raw) >> 20} MiB) scaled to {size >> 20} MiB", False)
+        return _from_rows(counts, max_length, 1.0, f"{len(counts)} rows read, chars/{CHARS_PER_TOKEN}", True)
+    return _from_rows(counts, max_length, size / len(raw),
+                      f"first {len(counts)} rows ({len(raw) >> 20} MiB) scaled to {size >> 20} MiB", False)
 
 
 def estimate_bytes(uncompressed: int, rows: int, what: str) -> DataEstimate | None:
@@ -129,13 +139,13 @@ def _estimate_csv(path: Path, size: int, max_length: int) -> DataEstimate | None
         raw = handle.read(SAMPLE_BYTES)
     lines = raw.decode("utf-8-sig", errors="ignore").splitlines()
     complete = size <= SAMPLE_BYTES
-    counts = [row_tokens(row, max_length) for row in csv.DictReader(lines if complete else lines[:-1])]
+    counts = [row_tokens(row, None) for row in csv.DictReader(lines if complete else lines[:-1])]
     if not counts:
         return None
     scale = 1.0 if complete else size / len(raw)
     how = f"{len(counts)} CSV rows read, chars/{CHARS_PER_TOKEN}" if complete else \
         f"first {len(counts)} CSV rows scaled to {size >> 20} MiB"
-    return DataEstimate(int(sum(counts) * scale), int(len(counts) * scale), how, complete)
+    return _from_rows(counts, max_length, scale, how, complete)
 
 
 def _estimate_shards(files: list[Path], max_length: int) -> DataEstimate | None:
@@ -145,7 +155,8 @@ def _estimate_shards(files: list[Path], max_length: int) -> DataEstimate | None:
         return None
     known = [part for part in parts if part is not None]
     return DataEstimate(sum(p.tokens for p in known), sum(p.rows for p in known),
-                        f"{len(known)} shards, {known[0].method}", all(p.exact_rows for p in known))
+                        f"{len(known)} shards, {known[0].method}", all(p.exact_rows for p in known),
+                        longer=sum(p.longer for p in known), longest=max(p.longest for p in known))
 
 
 def estimate_tokens(path: Path, max_length: int) -> DataEstimate | None:

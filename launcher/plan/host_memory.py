@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from contract.shape import ModelShape
-from launcher.plan.memory import GIB, MemoryOptions, ceil_div, low_bytes, shard_degree, trainable_params
+from launcher.plan.memory import (GIB, MemoryOptions, ceil_div, low_bytes, offloaded_activation_bytes, shard_degree,
+                                  trainable_params)
 
 PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
 PROCESS_CPU_ONLY_BYTES = 1 * GIB  # a CPU rank (no CUDA/NCCL libs): python + torch + transformers + dataloader
@@ -36,6 +37,7 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     else:
         loading = local * (4 if spec.fp32_params else low) * (trainable + frozen)
         offload = local * ceil_div(16 * trainable, p) if opts.cpu_offload else 0
+    offload += local * offloaded_activation_bytes(shape, opts)  # train.activation_offload, pinned
     baseline = (PROCESS_CPU_BYTES if opts.device == "gpu" else PROCESS_CPU_ONLY_BYTES) * local
     return {"process_baseline": baseline, "model_loading": loading, "offload": offload,
             "total": baseline + loading + offload}

@@ -34,7 +34,7 @@ the communication buffers and temporaries of each phase of a step and takes the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contract.config import Fp8Linears
 from contract.shape import LORA_TARGETS, NF4_BLOCK_SIZE, NF4_QUANT_UNIT, ModelShape
@@ -167,10 +167,18 @@ class MemoryOptions:
     model_source: str = "checkpoint"
     fused_mlp: bool = False  # train.fused_mlp: the SwiGLU MLP in quack's GEMMs (train/kernels/swiglu.py)
     loss_backend: str = "fused"  # with loss_chunk_tokens > 0: fused (gradients in the forward), chunked, liger
+    context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs
+    activation_offload: bool = False  # train.activation_offload: the forward's saved activations on the host
+    mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP's intermediate for this many tokens at a time
 
     @property
     def spec(self) -> StrategySpec:
         return STRATEGIES[self.strategy]
+
+    @property
+    def sequence_tokens(self) -> int:
+        """The tokens of a micro-batch one GPU holds: its 1/N share under context parallelism."""
+        return ceil_div(self.micro_batch_tokens, self.context_parallel)
 
 
 @dataclass
@@ -324,20 +332,43 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     left when backward reaches the first decoder layer (every later layer's tensors are freed): that
     layer's activations (saved or recomputed alike) + its workspace.
     """
-    tokens, d = opts.micro_batch_tokens, shape.hidden
-    per_layer = layer_activation_bytes_per_token(shape, elem, opts.compile, opts.fused_mlp, opts.fp8)
+    tokens, d = opts.sequence_tokens, shape.hidden
     weight_copy = fused_mlp_weight_bytes(shape, opts, elem)
     lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
     head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
+    layer = _layer_bytes(shape, opts, elem, tokens) + tokens * (lora_extra // shape.layers)
     if opts.gradient_checkpointing:
-        saved, copies = shape.layers * elem * d + head, 0
-        recompute = tokens * (per_layer + lora_extra // shape.layers) + weight_copy
+        saved, copies = tokens * (head + (0 if opts.activation_offload else shape.layers * elem * d)), 0
+        recompute = layer + weight_copy
     else:
-        saved, copies = shape.layers * per_layer + lora_extra + head, shape.layers * weight_copy
+        copies = shape.layers * weight_copy
+        saved = tokens * head + (0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True))
         recompute = 0
-    workspace = tokens * elem * 3 * (shape.intermediate + d) + float8_cast_bytes(shape, opts)
-    return {"saved": tokens * saved + copies, "recompute": recompute, "workspace": workspace,
-            "last_layer": tokens * (per_layer + lora_extra // shape.layers) + weight_copy + workspace}
+    mlp_rows = min(tokens, opts.mlp_chunk_tokens or tokens)
+    workspace = elem * 3 * (mlp_rows * shape.intermediate + tokens * d) + float8_cast_bytes(shape, opts)
+    return {"saved": saved + copies, "recompute": recompute, "workspace": workspace,
+            "last_layer": layer + weight_copy + workspace}
+
+
+def _layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int, tokens: int) -> int:
+    """One decoder layer's saved activations for `tokens` tokens; with train.mlp_chunk_tokens the MLP's
+    intermediate (the bytes that scale with I) exists for one chunk at a time."""
+    per_token = layer_activation_bytes_per_token(shape, elem, opts.compile, opts.fused_mlp, opts.fp8)
+    without_mlp = layer_activation_bytes_per_token(replace(shape, intermediate=0), elem, opts.compile,
+                                                   opts.fused_mlp, opts.fp8)
+    return tokens * without_mlp + min(tokens, opts.mlp_chunk_tokens or tokens) * (per_token - without_mlp)
+
+
+def offloaded_activation_bytes(shape: ModelShape, opts: MemoryOptions, always: bool = False) -> int:
+    """train.activation_offload: what one process keeps in pinned host memory at the end of its forward:
+    each layer's input (checkpointing), else every layer's saved activations (`always`: as if offloaded)."""
+    if not (opts.activation_offload or always):
+        return 0
+    elem, tokens = low_bytes(opts), opts.sequence_tokens
+    if opts.gradient_checkpointing:
+        return shape.layers * tokens * elem * shape.hidden
+    lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
+    return shape.layers * _layer_bytes(shape, opts, elem, tokens) + tokens * lora_extra
 
 
 def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
@@ -349,7 +380,18 @@ def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
     if not opts.fp8:
         return 0
     weights = sum(n_in * n_out for n_in, n_out in shape.linear_dims(list(LORA_TARGETS)))
-    return 2 * weights + 2 * opts.micro_batch_tokens * (shape.hidden + shape.intermediate)
+    return 2 * weights + 2 * opts.sequence_tokens * (shape.hidden + shape.intermediate)
+
+
+def all_to_all_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """Context parallelism's (Ulysses, train/kernels/context_parallel.py) buffers while a layer's attention
+    runs: q, k, v and the output each exist in both layouts (this GPU's sequence share with every head, and
+    the whole sequence for its head group: the same bytes), one copy beside the activations counted already
+    plus the contiguous send chunks. k and v carry at least N heads (fewer KV heads are repeated)."""
+    if opts.context_parallel <= 1:
+        return 0
+    kv_dim = max(shape.kv_heads, opts.context_parallel) * shape.head_dim
+    return 2 * elem * opts.sequence_tokens * (2 * shape.q_dim + 2 * kv_dim)
 
 
 def logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
@@ -368,11 +410,11 @@ def logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str,
     them in bf16; where Accelerate's `prepare_model` wraps forward in autocast (FSDP1, DDP) it also
     converts the outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
     if opts.loss_chunk_tokens > 0 and opts.loss_backend == "fused":
-        rows = min(opts.loss_chunk_tokens, opts.micro_batch_tokens)
+        rows = min(opts.loss_chunk_tokens, opts.sequence_tokens)
         head_grad = 0 if opts.lora else elem * shape.vocab * shape.hidden
         return {"forward": rows * shape.vocab * 2 * elem + head_grad, "head_backward": head_grad, "held": 0}
     fused = opts.loss_chunk_tokens > 0  # "chunked"/"liger": a chunk's logits, fp32 copy and log-softmax
-    rows = min(opts.loss_chunk_tokens, opts.micro_batch_tokens) if fused else opts.micro_batch_tokens
+    rows = min(opts.loss_chunk_tokens, opts.sequence_tokens) if fused else opts.sequence_tokens
     held_elem = 4 if opts.spec.fp32_params else elem
     held = held_elem * shape.vocab * rows if (opts.hold_outputs and not fused) else 0
     return {

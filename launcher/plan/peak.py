@@ -21,6 +21,7 @@ from launcher.plan.memory import (
     MemoryOptions,
     activation_terms,
     adapter_bytes,
+    all_to_all_bytes,
     ceil_div,
     dequantize_buffer,
     frozen_base_bytes,
@@ -129,6 +130,8 @@ def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str
     act = activation_terms(shape, opts, elem)
     logits = logits_terms(shape, opts, elem)
     comm = _comm_terms(shape, opts)
+    attention = all_to_all_bytes(shape, opts, elem)  # context parallelism: in every layer's forward and recompute
+    comm |= {"forward": comm["forward"] + attention, "layers_backward": comm["layers_backward"] + attention}
     persistent = opts.spec.engine == "deepspeed" or opts.gradient_accumulation_steps > 1
     early_grads = full_grads if persistent else 0
     terms = ("activations", "logits_loss", "comm_buffers", "optimizer_temporaries", "gradients")
@@ -195,9 +198,11 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
     loss = "full logits" if opts.loss_chunk_tokens == 0 else (
         "fused CE" if opts.loss_backend == "fused" else "chunked CE")
     breakdown.notes |= {
-        "activations": f"{opts.micro_batch_tokens} tok, {ckpt}{kernels}",
+        "activations": f"{opts.sequence_tokens} tok, {ckpt}{kernels}"
+                       + (f" (1/{opts.context_parallel} of {opts.micro_batch_tokens})" if opts.context_parallel > 1 else ""),
         "logits_loss": loss,
-        "comm_buffers": f"{opts.strategy} gather/reduce buffers",
+        "comm_buffers": f"{opts.strategy} gather/reduce buffers"
+                        + (" + context-parallel all-to-all" if opts.context_parallel > 1 else ""),
         "optimizer_temporaries": f"{opts.adamw_impl} AdamW" + (" sqrt(v)" if opts.adamw_impl == "foreach" else ""),
         "allocator_slack": "cached, not reused (reserved - allocated)",
         "cuda_context_nccl": "outside torch's allocator",

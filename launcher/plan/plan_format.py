@@ -90,7 +90,8 @@ def format_plan(plan: Plan) -> str:
         f"Plan    {_count(plan.params_total)} params{trainable} · {strategy}"
         f"{' + CPU offload' if inp.cpu_offload else ''} · {devices} · "
         f"{'fp8 linears + ' if inp.fp8 else ''}{inp.precision} · checkpointing {'on' if inp.gradient_checkpointing else 'off'} · "
-        f"micro-batch {inp.micro_batch_tokens} tok x GA {inp.gradient_accumulation_steps}",
+        f"micro-batch {inp.micro_batch_tokens} tok x GA {inp.gradient_accumulation_steps}"
+        + (f" · context parallel {inp.context_parallel}" if inp.context_parallel > 1 else ""),
         *_memory_lines(plan),
         f"Verdict {plan.verdict.upper() if plan.fits is False else plan.verdict}",
     ]
@@ -111,7 +112,7 @@ def suggestion_flags(suggestion: Suggestion) -> str:
         "micro_batch_tokens": lambda v: f"--set data.tokens_per_micro_batch={v}",
         "gradient_accumulation_steps": lambda v: f"--gradient_accumulation_steps {v}",
         "cpu_offload": lambda v: f"--set profile.cpu_offload={str(v).lower()}", "lora": lambda v: "--lora",
-        "quant": lambda v: "--qlora",
+        "quant": lambda v: "--qlora", "context_parallel": lambda v: f"--context_parallel {v}",
     }
     change = suggestion.change
     if change.get("quant", "none") != "none":  # --qlora is --lora with the quantized base

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import gpus
-from contract.config import Fp8Linears
+from contract.config import Fp8Linears, context_blocker
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
@@ -78,7 +78,10 @@ class PlanInput:
     lora_dropout: float = 0.05
     quant: Literal["none", "nf4"] = "none"  # QLoRA: LoRA over an NF4 base (FSDP2 only)
     gradient_checkpointing: bool = True
-    micro_batch_tokens: int = 8192  # packed tokens per micro-batch per GPU
+    micro_batch_tokens: int = 8192  # packed tokens per micro-batch (per GPU; per context-parallel group)
+    context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs (Ulysses)
+    activation_offload: bool = False  # train.activation_offload: saved activations in pinned host memory
+    mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP over chunks of this many tokens (0 = whole)
     gradient_accumulation_steps: int = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: Fp8Linears = ""  # train.precision = "fp8": whose float8 linears the decoder layers run (contract.config.fp8_linears)
@@ -106,7 +109,8 @@ class PlanInput:
     gpu_hour_price: float | None = None  # currency per GPU-hour, for the cost line
 
     def validate(self) -> None:
-        for key in ("nodes", "gpus_per_node", "micro_batch_tokens", "gradient_accumulation_steps", "lora_r"):
+        for key in ("nodes", "gpus_per_node", "micro_batch_tokens", "gradient_accumulation_steps", "lora_r",
+                    "context_parallel"):
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(0 < self.usable_gpu_fraction <= 1, "usable_gpu_fraction", "must be in (0, 1]")
         require(0 < self.packing_efficiency <= 1, "packing_efficiency", "must be in (0, 1]")
@@ -123,6 +127,13 @@ class PlanInput:
                                  and self.spec.engine != "deepspeed"),
                 "fp8", "float8 linears train full weights on GPUs under FSDP2 (or DDP on one GPU)")
         ModelShape.from_arch(self.arch)  # raises naming the arch key
+        require(self.context_blocker is None, "context_parallel", self.context_blocker or "")
+
+    @property
+    def context_blocker(self) -> str | None:
+        """Why context_parallel cannot split this world and model's heads (contract.config's rule); None: it can."""
+        shape = ModelShape.from_arch(self.arch)
+        return context_blocker(self.context_parallel, self.world_size, shape.heads, shape.kv_heads)
 
     @property
     def world_size(self) -> int:
@@ -255,6 +266,19 @@ def _smaller_micro_batch(inp: PlanInput) -> Suggestion | None:
     return None
 
 
+def _context_parallel(inp: PlanInput) -> Suggestion | None:
+    """The fewest GPUs of a node to split each sequence over (its all-to-alls stay on the node's links) that
+    fit: documents stay whole, where a smaller micro-batch would cut the longer ones."""
+    n = inp.context_parallel * 2
+    while n <= inp.gpus_per_node:
+        if dataclasses.replace(inp, context_parallel=n).context_blocker is None:
+            found = _try(inp, f"split each sequence over {n} GPUs (context parallelism)", context_parallel=n)
+            if found:
+                return found
+        n *= 2
+    return None
+
+
 def suggestions_for(inp: PlanInput) -> list[Suggestion]:
     """Settings that would make a non-fitting run fit, cheapest first; empty when it fits already."""
     if _fits(inp)[0]:
@@ -264,6 +288,7 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
         candidates.append(_try(inp, "enable gradient checkpointing", gradient_checkpointing=True))
     if not inp.cpu_ram_efficient_loading:
         candidates.append(_try(inp, "load weights on rank 0 only", cpu_ram_efficient_loading=True))
+    candidates.append(_context_parallel(inp))
     candidates.append(_smallest_nodes(inp))
     candidates.append(_smaller_micro_batch(inp))
     if inp.spec.sharded and not inp.cpu_offload and not inp.spec.no_cpu_offload:
@@ -323,7 +348,7 @@ def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) 
     mfu = _expected_mfu(inp)
     spec = gpus.lookup(inp.gpu_type)
     tokens_per_step = int(inp.micro_batch_tokens * inp.packing_efficiency) * inp.gradient_accumulation_steps \
-        * inp.world_size
+        * (inp.world_size // inp.context_parallel)  # a context-parallel group shares its micro-batches
     steps = inp.max_steps if inp.max_steps > 0 else None
     if steps is None and inp.dataset_tokens is not None:
         steps = max(1, math.ceil(inp.dataset_tokens * inp.num_train_epochs / tokens_per_step))

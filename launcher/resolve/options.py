@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract import gpus
-from contract.config import TrainConfig, TrainSection
+from contract.config import TrainConfig, TrainSection, context_blocker
 from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.shape import ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
@@ -35,7 +35,7 @@ from launcher.resolve.profile import (
 if TYPE_CHECKING:
     from contract.datacheck import DataCheck
 
-TRAIN_NAMESPACES = ("model", "data", "train", "lora", "run")
+TRAIN_NAMESPACES = ("model", "data", "train", "lora", "parallel", "run")
 DEFAULT_CLUSTER_FILE = "cluster.toml"
 
 
@@ -52,6 +52,7 @@ class LaunchRequest:
     strategy: str | None = None
     lora: bool = False
     qlora: bool = False  # --qlora: LoRA over an NF4-quantized base (lora.quant = "nf4")
+    context_parallel: int | None = None  # --context_parallel N: parallel.context (each sequence over N GPUs)
     time: str | None = None
     job_name: str | None = None
     executor: str = "sbatch"
@@ -189,6 +190,7 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
         "train": dict(preset.train_defaults),
         "lora": ({"enabled": True} if request.lora or request.qlora else {})
                 | ({"quant": "nf4"} if request.qlora else {}),
+        "parallel": {"context": request.context_parallel} if request.context_parallel is not None else {},
         # run.dir "." = the folder holding train.toml, so the run directory stays relocatable.
         "run": {"dir": ".", "gpu_type": profile.gpu_type, "hang_timeout_s": profile.hang_timeout_s,
                 "collective_timeout_s": profile.collective_timeout_s},
@@ -287,6 +289,24 @@ def check_fp8(launch: Launch, spec: gpus.GpuSpec | None) -> None:
                           f"not {launch.strategy}", "train.precision")
 
 
+def check_context_parallel(launch: Launch) -> None:
+    """parallel.context (train/kernels/context_parallel.py): N divides the ranks and the model's heads (Ulysses
+    sends each rank whole heads), under FSDP2 or DDP, whose gradient average over every rank it relies on."""
+    context = launch.train.parallel.context
+    if context == 1:
+        return
+    flag = f"--context_parallel {context}"
+    strategy = launch.strategy_spec
+    if strategy.engine == "deepspeed" or strategy.fsdp_version == 1:
+        raise ConfigError(f"{flag}: needs --strategy fsdp (FSDP2) or ddp, not {launch.strategy}", "parallel.context")
+    arch = launch.train.model.arch or launch.preset.arch
+    shape = ModelShape.from_arch(arch) if arch else None
+    blocker = context_blocker(context, launch.world_size, shape.heads if shape else None,
+                              shape.kv_heads if shape else None)
+    if blocker:
+        raise ConfigError(f"{flag}: {blocker}", "parallel.context")
+
+
 def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
@@ -300,6 +320,7 @@ def check_combinations(launch: Launch) -> None:
     check_quantized_base(launch)
     check_fp8(launch, spec)
     check_sharded_init(launch)
+    check_context_parallel(launch)
     if launch.train.train.fused_mlp is True:
         blocker = gpus.fused_mlp_blocker(profile.gpus_per_node > 0, spec.compute_capability if spec else None,
                                          launch.train.lora.enabled, launch.strategy_spec.zero_stage)

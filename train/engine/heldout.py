@@ -30,15 +30,20 @@ from contract.schema import ConfigError
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.kernels.attention import setup_attention
+from train.kernels.context_parallel import ContextParallel, label_tokens
 
 logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
 def eval_sums(model: torch.nn.Module, dataset: Any, budget: int, seed: int, packed: bool, pad_id: int,
-              device: torch.device, world: int, rank: int, fixed_length: int | None = None) -> torch.Tensor:
+              device: torch.device, world: int, rank: int, fixed_length: int | None = None,
+              cp: ContextParallel | None = None) -> torch.Tensor:
     """(token-loss sum, label tokens) of one eval set over all ranks, as float64 on the CPU.
-    `fixed_length`: packed rows filled up to it, as the training's (its filler has no label tokens)."""
+    `fixed_length`: packed rows filled up to it, as the training's (its filler has no label tokens).
+    `cp`: context parallelism, as the training's: a group's ranks share a micro-batch, a slice each."""
+    cp = cp or ContextParallel()
+    world, rank = cp.data_world(world), cp.data_rank(rank)
     plan = plan_micro_batches(list(dataset["length"]), budget, seed, 0)
     sums = torch.zeros(2, dtype=torch.float64, device=device)
     was_training = model.training
@@ -47,10 +52,11 @@ def eval_sums(model: torch.nn.Module, dataset: Any, budget: int, seed: int, pack
     for j in range(math.ceil(len(plan) / world)):
         g = j * world + rank
         examples = [dataset[i] for i in plan[min(g, len(plan) - 1)]]
-        batch = to_device(collate(examples, packed, pad_id, fixed_length), device)
-        loss_sum = model(**batch, num_items_in_batch=one).loss
+        batch = cp.shard(collate(examples, packed, pad_id, fixed_length), pad_id)
+        loss_sum = model(**to_device(batch, device), num_items_in_batch=one).loss
         if g < len(plan):
-            sums += torch.stack([loss_sum.double(), (batch["labels"][..., 1:] != -100).sum().double()])
+            sums += torch.stack([loss_sum.double(), torch.tensor(label_tokens(batch), dtype=torch.float64,
+                                                                 device=device)])
     model.train(was_training)
     return reduce(sums, reduction="sum").cpu()
 

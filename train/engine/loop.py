@@ -33,14 +33,17 @@ from contract.protocol import EXIT_REQUEUE, LOGS_DIR, PROFILE_DIR
 from contract.schema import ConfigError
 from contract.sources import Mixture
 from train.kernels import float8
+from train.kernels import context_parallel
 from train.kernels.attention import setup_attention
+from train.kernels.context_parallel import ContextParallel, label_tokens
+from train.kernels.long_context import ActivationOffload
 from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.engine.export import export_model
 from train.engine.hooks import HOOKS
 from train.observe.metrics import (MetricsSink, Stopwatch, Window, attended_length, lora_params, peak_flops_per_gpu,
                                    step_record)
-from train.engine.model import build_model, log_model_ready, log_placement
+from train.engine.model import attention_heads, build_model, log_model_ready, log_placement
 from train.engine.optim import clip_and_step, prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
@@ -64,6 +67,7 @@ class Batches:
     pad_id: int
     mixture: Mixture | None = None  # several sources / weights: the examples each epoch takes
     fixed_length: bool = False  # packed rows filled up to the budget (compiled layers: train/dataset/packing.py)
+    cp: ContextParallel = field(default_factory=ContextParallel)  # this rank's slice of each row (parallel.context)
     _plans: dict[int, list[list[int]]] = field(default_factory=dict)
 
     def plan(self, epoch: int) -> list[list[int]]:
@@ -80,9 +84,10 @@ class Batches:
         return [[chosen[j] for j in micro_batch] for micro_batch in bins]
 
     def collate(self, indices: list[int]) -> dict[str, Any]:
-        """The micro-batch on the CPU (counting its tokens there costs no device sync)."""
+        """The micro-batch on the CPU (counting its tokens there costs no device sync); this rank's slice
+        of it under context parallelism."""
         examples = [self.dataset[i] for i in indices]
-        return collate(examples, self.packed, self.pad_id, self.row_length)
+        return self.cp.shard(collate(examples, self.packed, self.pad_id, self.row_length), self.pad_id)
 
     @property
     def row_length(self) -> int | None:
@@ -112,14 +117,18 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     # Rank 0 tokenizes and caches; the others wait at the barrier, then read the cache.
     bundle = build_datasets(cfg, tokenizer, is_main=accelerator.is_main_process,
                             barrier=accelerator.wait_for_everyone)
+    cp = context_parallel.setup(cfg.parallel.context, accelerator.num_processes, accelerator.process_index,
+                                *attention_heads(cfg))
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
                       cfg.data.packing, pad_id(tokenizer), bundle.mixture,
-                      fixed_length=compiles_decoder_layers(cfg, accelerator.num_processes))
-    attn = setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing)
+                      fixed_length=compiles_decoder_layers(cfg, accelerator.num_processes), cp=cp)
+    attn = context_parallel.register_attention(
+        setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing), cp)
     started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)
 
-    steps_per_epoch = _steps_per_epoch(batches, accelerator.num_processes, cfg.train.gradient_accumulation_steps)
+    steps_per_epoch = _steps_per_epoch(batches, cp.data_world(accelerator.num_processes),
+                                       cfg.train.gradient_accumulation_steps)
     total_steps = cfg.train.max_steps if cfg.train.max_steps > 0 else math.ceil(
         cfg.train.num_train_epochs * steps_per_epoch)
     model, optimizer, scheduler = prepare_for_training(accelerator, model, cfg, total_steps)
@@ -190,7 +199,8 @@ def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches
         logger.info("source %s: %d examples (%d rows, %d skipped), %d per epoch, %d eval", source["name"],
                     source["train_examples"], source["rows"], source["skipped"], source["epoch_examples"],
                     source["eval_examples"])
-    per_step = cfg.micro_batch_tokens * cfg.train.gradient_accumulation_steps * accelerator.num_processes
+    per_step = cfg.micro_batch_tokens * cfg.train.gradient_accumulation_steps * batches.cp.data_world(
+        accelerator.num_processes)
     data_stats = {k: stats.get(k) for k in ("rows", "skipped", "truncated", "eval_examples")}
     logger.info(
         "world size %d (%s) | %d examples, %d tokens, data stats %s | %d micro-batches/epoch, "
@@ -202,6 +212,10 @@ def _log_summary(cfg: TrainConfig, accelerator: Accelerator, stats: Any, batches
     if batches.row_length:
         logger.info("packed rows filled up to %d tokens with a filler segment (compiled decoder layers see one "
                     "shape); the filler is not counted as tokens", batches.row_length)
+    if over := [n for n in batches.lengths if n > batches.budget]:  # the planner names them before the queue too
+        logger.warning("%d document(s) longer than the %d-token micro-batch (longest %d): %s; keep them whole with a "
+                       "micro-batch that holds them, split over GPUs with --context_parallel", len(over),
+                       batches.budget, max(over), "cut to it" if batches.row_length else "each alone in a longer row")
 
 
 class Loop:
@@ -212,6 +226,8 @@ class Loop:
         self.optimizer, self.scheduler, self.batches = optimizer, scheduler, batches
         self.evals, self.total_steps, self.steps_per_epoch = evals, total_steps, steps_per_epoch
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        # Ranks reading different micro-batches: context-parallel ranks share theirs (one slice each).
+        self.data_world, self.data_rank = batches.cp.data_world(self.world), batches.cp.data_rank(self.rank)
         self.accumulation = cfg.train.gradient_accumulation_steps
         self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type)
         self.arch = accelerator.unwrap_model(model).config.to_dict()
@@ -219,6 +235,8 @@ class Loop:
         self.recompiles = RecompileWatch()
         self.collector = StepGarbageCollector(cfg.train.gc_every_steps)  # entered around run() by train()
         self.float8_all_gather = float8.all_gathers_in_float8(model)
+        offload = ActivationOffload(accelerator.device) if cfg.train.activation_offload else None
+        self.saving = offload.saving if offload else contextlib.nullcontext  # around each training forward
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
             watchdog: Watchdog) -> bool:
@@ -277,12 +295,12 @@ class Loop:
     def _my_micro_batches(self, state: TrainState) -> list[list[int]]:
         plan = self.batches.plan(state.epoch)
         first = state.micro_batch_index
-        return [plan[first + k * self.world + self.rank] for k in range(self.accumulation)]
+        return [plan[first + k * self.data_world + self.data_rank] for k in range(self.accumulation)]
 
     def _advance(self, state: TrainState) -> None:
         state.step += 1
-        state.micro_batch_index += self.world * self.accumulation
-        if state.micro_batch_index + self.world * self.accumulation > len(self.batches.plan(state.epoch)):
+        state.micro_batch_index += self.data_world * self.accumulation
+        if state.micro_batch_index + self.data_world * self.accumulation > len(self.batches.plan(state.epoch)):
             state.epoch, state.micro_batch_index = state.epoch + 1, 0
 
     def step(self, state: TrainState, window: Window) -> None:
@@ -290,11 +308,12 @@ class Loop:
         numbers go to `window.pending` as a device tensor (no host sync)."""
         index_lists = self._my_micro_batches(state)
         micro_cpu = [self.batches.collate(ix) for ix in index_lists]
-        doc_lengths = [n for ix in index_lists for n in self.batches.real_lengths(ix)]
-        label_tokens = sum(int((b["labels"][..., 1:] != -100).sum()) for b in micro_cpu)
-        slots = sum(b["input_ids"].numel() if not self.cfg.data.packing else self.batches.budget for b in micro_cpu)
-        counts = torch.tensor([label_tokens, sum(doc_lengths), attended_length(doc_lengths) * sum(doc_lengths),
-                               slots], dtype=torch.float64)
+        books = self.batches.cp.rank == 0  # a context-parallel group's documents are counted once
+        doc_lengths = [n for ix in index_lists for n in self.batches.real_lengths(ix)] if books else []
+        slots = sum(b["input_ids"].numel() if not self.cfg.data.packing else self.batches.budget
+                    for b in micro_cpu) if books else 0
+        counts = torch.tensor([sum(label_tokens(b) for b in micro_cpu), sum(doc_lengths),
+                               attended_length(doc_lengths) * sum(doc_lengths), slots], dtype=torch.float64)
         counts = self.acc.reduce(to_device({"c": counts}, self.acc.device)["c"], reduction="sum")
         micro = [to_device(b, self.acc.device) for b in micro_cpu]
         items_per_rank = torch.clamp(counts[0], min=1.0).float() / self.world
@@ -302,7 +321,8 @@ class Loop:
         for i, batch in enumerate(micro):
             last = i == len(micro) - 1
             with self.acc.no_sync(self.model) if defers_gradient_sync(self.acc, last) else contextlib.nullcontext():
-                loss = self.model(**batch, num_items_in_batch=items_per_rank).loss
+                with self.saving():
+                    loss = self.model(**batch, num_items_in_batch=items_per_rank).loss
                 backward(self.acc, loss, last)
             loss_sum += loss.detach().float()
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
@@ -331,7 +351,7 @@ class Loop:
         `eval_loss/<source>`, each source's own (train/engine/heldout.py)."""
         b = self.batches
         return loss_record({name: eval_sums(self.model, dataset, b.budget, self.cfg.train.seed, b.packed, b.pad_id,
-                                            self.acc.device, self.world, self.rank, b.row_length)
+                                            self.acc.device, self.world, self.rank, b.row_length, b.cp)
                             for name, dataset in self.evals.items()})
 
 

@@ -36,6 +36,7 @@ from contract import gpus
 from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
 from train.kernels import float8, swiglu
+from train.kernels.long_context import chunk_mlps
 from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import gpu_spec, mfu_peaks_line, peak_rss_mib
 from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers,
@@ -75,6 +76,13 @@ def build_config(cfg: TrainConfig) -> PretrainedConfig:
     if cfg.model.rope_scaling:
         apply_rope_scaling(config, cfg.train.model_max_length)
     return config
+
+
+def attention_heads(cfg: TrainConfig) -> tuple[int, int]:
+    """(query heads, key/value heads) of the model to build: what context parallelism splits."""
+    config = build_config(cfg)
+    heads = config.num_attention_heads
+    return heads, getattr(config, "num_key_value_heads", None) or heads
 
 
 def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
@@ -136,6 +144,9 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         apply_float8(model, cfg, accelerator)
     elif cfg.asks_for_fused_mlp:
         apply_fused_mlp(model, cfg, accelerator)
+    if cfg.train.mlp_chunk_tokens:  # after the fused MLP or FP8: it chunks whichever MLP forward runs
+        count = chunk_mlps([layer.mlp for layer in decoder_layers(model)], cfg.train.mlp_chunk_tokens)
+        logger.info("MLP over chunks of %d tokens in %d decoder layers", cfg.train.mlp_chunk_tokens, count)
     if compiles_decoder_layers(cfg, accelerator.num_processes):
         compile_decoder_layers(model)  # +32% tokens/s on H200 in files removed in #33; slow to compile on CPU
     elif cfg.sharded_qlora_stays_eager(accelerator.num_processes):

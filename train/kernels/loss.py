@@ -165,14 +165,17 @@ def fused_linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, t
 
 
 def linear_cross_entropy_sum(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, backend: str = "auto"
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, backend: str = "auto",
+    shifted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sum of next-token CE for hidden [B, T, d] projected by weight [V, d] against labels [B, T].
+    `shifted`: the targets already shifted, used instead of shift_labels(labels) (a context-parallel
+    slice's last token predicts the next rank's first: train/kernels/context_parallel.py).
 
     backend: "auto" (fused on CUDA, chunked elsewhere), "fused", "liger", "chunked", "dense".
     """
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-    targets = shift_labels(labels).reshape(-1)
+    targets = (shift_labels(labels) if shifted is None else shifted).reshape(-1)
     if backend == "auto":
         backend = "fused" if hidden.is_cuda else "chunked"
     if backend == "fused":

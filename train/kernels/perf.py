@@ -18,7 +18,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from contract.config import TrainConfig
-from train.kernels.loss import IGNORE_INDEX, linear_cross_entropy_sum
+from train.kernels.loss import IGNORE_INDEX, linear_cross_entropy_sum, shift_labels
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +30,11 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
 
     Runs inside the root module's forward, so under FSDP2 the root's parameters (embedding, final
     norm, lm_head) are unsharded here exactly as in the stock forward. Loss semantics match
-    transformers' ForCausalLMLoss: sum over tokens / num_items_in_batch (or / label count).
+    transformers' ForCausalLMLoss: sum over tokens / num_items_in_batch (or / label count), and, as there,
+    `shift_labels` are targets already shifted (a context-parallel slice's: train/kernels/context_parallel.py).
     """
     kwargs.pop("logits_to_keep", None)
+    shifted = kwargs.pop("shift_labels", None)
     hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
     if labels is None:
         return CausalLMOutputWithPast(logits=self.lm_head(hidden))
@@ -41,9 +43,10 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
         # Autocast would run the lm_head matmul in bf16/fp16; the fused kernels do not see autocast.
         dtype = torch.get_autocast_dtype(hidden.device.type)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
-    loss_sum = linear_cross_entropy_sum(hidden, weight, labels, backend=loss_backend)
+    loss_sum = linear_cross_entropy_sum(hidden, weight, labels, backend=loss_backend, shifted=shifted)
     if num_items_in_batch is None:
-        num_items_in_batch = (labels[..., 1:] != IGNORE_INDEX).sum().clamp(min=1)
+        targets = shift_labels(labels) if shifted is None else shifted
+        num_items_in_batch = (targets != IGNORE_INDEX).sum().clamp(min=1)
     return CausalLMOutputWithPast(loss=loss_sum / num_items_in_batch)
 
 
