@@ -2,8 +2,8 @@
 the activation offload and the chunked MLP (train/kernels/long_context.py); 128k without them was the
 ceiling (37.3-39.9% MFU at 32k-128k, 87 GiB at 128k).
 
-    python -m bench.gpu_long_context                 # one H200: 8B LoRA, 256k tokens a sequence (< 8 min)
-    python -m bench.gpu_long_context --cpu-smoke     # tiny shape on CPU: proves the script runs
+    python -m bench.suites.gpu_long_context                 # one H200: 8B LoRA, 256k tokens a sequence (< 8 min)
+    python -m bench.suites.gpu_long_context --cpu-smoke     # tiny shape on CPU: proves the script runs
 
 Each variant trains `--steps` optimizer steps on documents of exactly `--tokens` tokens (one document a
 micro-batch, FA4 varlen attention, per-layer checkpointing, eager layers: at 256k attention is ~85% of the
@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_single import TINY, write_train_toml
-from bench.processes import TIMED_OUT, run_logged
-from bench.synthetic import SHAPES, write_token_jsonl
+from bench.suites.gpu_single import TINY, write_train_toml
+from bench.common.processes import TIMED_OUT, run_logged
+from bench.common.synthetic import SHAPES, write_token_jsonl
 from launcher.plan.memory import GIB
 from launcher.plan.planner import PlanInput, make_plan
 
