@@ -9,8 +9,9 @@ Each variant trains `--steps` optimizer steps on documents of exactly `--tokens`
 micro-batch, FA4 varlen attention, per-layer checkpointing, eager layers: at 256k attention is ~85% of the
 FLOPs, and compiling would add minutes). The last step's numbers are reported (the first one includes
 CUDA/FA4 warm-up): tokens/s, MFU (contract.shape's FLOPs, LoRA counted as 4N + 6N_lora), the allocator's
-peak and what the planner predicted for the same settings. Prints a table; writes nothing else but the
-runs under --out.
+peak and what the planner predicted for the same settings. Prints a table and, with --results, one
+`longctx-<shape>-lora-<tokens>.json` per variant through bench/report/results_io (fields `seq_len`,
+`context_parallel`; tests/bench/test_results.py re-derives its FLOPs and MFU).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.suites.gpu_single import TINY, write_train_toml
+from bench.suites.gpu_single import TINY, device_peak, write_train_toml
 from bench.common.processes import TIMED_OUT, run_logged
 from bench.common.synthetic import SHAPES, write_token_jsonl
+from bench.report.results_io import write_result
+from contract.config import LoraSection
+from contract.shape import ModelShape
 from launcher.plan.memory import GIB
 from launcher.plan.planner import PlanInput, make_plan
 
@@ -58,13 +62,26 @@ def run(name: str, out: Path, data: Path, arch: dict[str, Any], tokens: int, ste
     toml = write_train_toml(run_dir, data, arch, tokens, overrides)
     log = run_dir / "train.log"
     code = run_logged([sys.executable, "-m", "train", "--config", str(toml)], log, RUN_TIMEOUT_S, dict(os.environ))
-    row: dict[str, Any] = {"variant": name, "tokens": tokens, "planned_gib": planned_gib(arch, tokens, overrides)}
+    row: dict[str, Any] = {"variant": name, "tokens": tokens, "planned_gib": planned_gib(arch, tokens, overrides),
+                           "settings": overrides}
     if code != 0:
         print(log.read_text()[-3000:])
         return row | {"error": f"timeout {RUN_TIMEOUT_S} s" if code == TIMED_OUT else f"exit {code}"}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    last = [r for r in records if "tokens_per_s" in r][-1]
-    return row | {key: last.get(key) for key in ("step", "tokens_per_s", "mfu", "peak_mem_gib", "peak_reserved_gib")}
+    steps = [r for r in records if "tokens_per_s" in r]
+    last = steps[-1]
+    return row | {key: last.get(key) for key in ("step", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib",
+                                                 "peak_reserved_gib")} | {"step_records": steps}
+
+
+def record(row: dict[str, Any], arch: dict[str, Any], shape: str) -> dict[str, Any]:
+    """The results file of one variant: the last step's rate (the first includes CUDA/FA4 warm-up), its
+    FLOPs by contract.shape (one document of seq_len tokens: s̄ = seq_len; LoRA r16 on the default targets)."""
+    lora = LoraSection()
+    gpu, peak = device_peak()
+    return {"shape": shape, "arch": arch, "seq_len": row["tokens"], "context_parallel": 1, "gpu_count": 1, "gpu": gpu,
+            "peak_flops": peak, "lora_r": lora.r, "lora_targets": lora.target_modules,
+            "lora_params": ModelShape.from_arch(arch).lora_params(lora.r, lora.target_modules), **row}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -87,10 +104,11 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=262144, help="tokens per document (= per micro-batch)")
-    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per variant (the last is reported)")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per variant (the last is reported)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-long-context"))
     parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--results", type=Path, help="write longctx-*.json results files into this folder")
     args = parser.parse_args()
     arch, tokens = (TINY, 512) if args.cpu_smoke else (SHAPES["llama3-8b"], args.tokens)
     if args.cpu_smoke:
@@ -98,6 +116,11 @@ def main() -> None:
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, [tokens] * args.steps, arch["vocab_size"])
     rows = [run(name, args.out, data, arch, tokens, args.steps, args.cpu_smoke) for name in args.variants.split(",")]
+    shape = "tiny" if args.cpu_smoke else "llama3-8b"
+    for row in rows:
+        if args.results and "error" not in row:
+            write_result(args.results / f"longctx-{shape}-lora-{row['tokens']}-{row['variant']}.json",
+                         record(row, arch, shape))
     print(table(rows))
 
 
