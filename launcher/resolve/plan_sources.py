@@ -86,7 +86,7 @@ def mixture_estimate(rows: list[SourceRow]) -> DataEstimate | None:
     if any(t is None for t in tokens):
         return None
     examples = sum(row.takes for row in rows)
-    return DataEstimate(sum(t for t in tokens if t), examples, f"mixture of {len(rows)} sources", False)
+    return DataEstimate(sum(t for t in tokens if t), examples, f"mixture of {len(rows)} source{'' if len(rows) == 1 else 's'}", False)
 
 
 def source_table(launch: SourcesView, plan: Plan, rows: list[SourceRow]) -> list[str]:

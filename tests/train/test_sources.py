@@ -151,3 +151,45 @@ def test_one_source_plans_exactly_as_before(tmp_path, tiny_tokenizer):
     batches = Batches(bundle.train, lengths, 256, 7, True, 0, bundle.mixture)
     assert bundle.mixture.is_plain and not bundle.eval_parts and "sources" not in bundle.stats
     assert batches.plan(3) == plan_micro_batches(lengths, 256, 7, 3)
+
+
+def _parquet(path: Path, rows: list[dict]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_splits_named_by_files_are_honoured_and_never_overlap(tmp_path, tiny_tokenizer):
+    """The layouts of public sets: ultrachat's `train_sft-*.parquet` beside `test_sft-*`, the hub's
+    `data/train-*.parquet`, a folder per split, and a file whose eval split lies beside it."""
+    train, test = QA[:8], QA[8:]
+    _parquet(tmp_path / "ultra" / "data" / "train_sft-00000-of-00001.parquet", train)
+    _parquet(tmp_path / "ultra" / "data" / "test_sft-00000-of-00001.parquet", test)
+    _parquet(tmp_path / "hub" / "data" / "train-00000-of-00002.parquet", train[:4])
+    _parquet(tmp_path / "hub" / "data" / "train-00001-of-00002.parquet", train[4:])
+    _parquet(tmp_path / "hub" / "data" / "test-00000-of-00001.parquet", test)
+    for split, rows in (("train", train), ("validation", test)):
+        (tmp_path / "per_split" / split).mkdir(parents=True)
+        (tmp_path / "per_split" / split / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _parquet(tmp_path / "beside" / "train-00000-of-00001.parquet", train)
+    _parquet(tmp_path / "beside" / "test-00000-of-00001.parquet", test)
+    cases = {"ultra": DataSource(str(tmp_path / "ultra"), split="train_sft", eval_split="test_sft", **QA_SOURCE),
+             "hub": DataSource(str(tmp_path / "hub"), eval_split="test", **QA_SOURCE),
+             "per_split": DataSource(str(tmp_path / "per_split"), eval_split="validation", **QA_SOURCE),
+             "beside": DataSource(str(tmp_path / "beside" / "train-00000-of-00001.parquet"), eval_split="test",
+                                  **QA_SOURCE)}
+    for name, source in cases.items():
+        bundle = build_datasets(sources_cfg(tmp_path / f"run-{name}", source), tiny_tokenizer)
+        trained, evaluated = set(map(tuple, bundle.train["input_ids"])), set(map(tuple, bundle.eval["input_ids"]))
+        assert (len(trained), len(evaluated), len(trained & evaluated)) == (8, 4, 0), name
+    with pytest.raises(ConfigError, match=r"ultra: no split 'train' \(has test_sft, train_sft\); set the source's split"):
+        build_datasets(sources_cfg(tmp_path / "run-default", DataSource(str(tmp_path / "ultra"), **QA_SOURCE)),
+                       tiny_tokenizer)
+    plain = tmp_path / "plain" / "qa.parquet"
+    _parquet(plain, QA)
+    for source, message in ((DataSource(str(plain), eval_split="validation", **QA_SOURCE), "no split 'validation'"),
+                            (DataSource(str(plain), split="train_sft", **QA_SOURCE), "no split 'train_sft'")):
+        with pytest.raises(ConfigError, match=message):
+            build_datasets(sources_cfg(tmp_path / "run-plain", source), tiny_tokenizer)

@@ -38,7 +38,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from contract.config import SHIPPED_TOKENIZER, TrainConfig
 from contract.failure import PeerFailedError
 from contract.formats import BadRowError, detect_format, parse_row
-from contract.readers import RawRow, hub_cache_folder, iter_hub_rows, iter_rows
+from contract.datacheck import LocalData
+from contract.readers import DEFAULT_SPLIT, RawRow, hub_cache_folder, iter_hub_rows
 from contract.schema import ConfigError
 from contract.sources import DataSource, Mixture, epoch_examples, looks_like_hub_id
 from train.dataset.chat import IGNORE_INDEX, MaskError, has_generation_markers, tokenize_chat, tokenize_text
@@ -137,22 +138,28 @@ class SourceInput:
     path: Path | None  # None: the hub dataset `source.path`, split `split`
     split: str
     key: str  # the config key that named it, for errors
+    beside: bool = False  # a file's eval_split: in the files beside it (contract/readers.py)
 
     @property
     def where(self) -> str:
         return str(self.path) if self.path is not None else f"{self.source.path}[{self.split}]"
 
+    @property
+    def local(self) -> LocalData:
+        assert self.path is not None
+        return LocalData(self.path, self.split, self.key, self.beside)
+
     def rows(self) -> Iterator[RawRow]:
         if self.path is not None:
-            return iter_rows(self.path, self.split, self.key)
+            return self.local.rows()
         return iter_hub_rows(self.source.path, self.source.config, self.split, "", self.key)
 
     def files(self) -> list[Path]:
-        """What the tokenized cache is keyed on: the data's files (a hub id: its prepared cache)."""
+        """What the tokenized cache is keyed on: the split's files (a hub id: its prepared cache)."""
         if self.path is None:
             root = hub_cache_folder(self.source.path, "")
             return sorted(p for p in root.rglob("*") if p.is_file())
-        return sorted(p for p in self.path.rglob("*") if p.is_file()) if self.path.is_dir() else [self.path]
+        return self.local.files()
 
 
 def source_inputs(cfg: TrainConfig, index: int, source: DataSource) -> tuple[SourceInput, SourceInput | None]:
@@ -160,9 +167,9 @@ def source_inputs(cfg: TrainConfig, index: int, source: DataSource) -> tuple[Sou
     key = cfg.data.key(index, "path")
     train = _source_input(cfg, source, source.path, source.split, key)
     if source.eval_path:
-        return train, _source_input(cfg, source, source.eval_path, "train", cfg.data.key(index, "eval_path"))
+        return train, _source_input(cfg, source, source.eval_path, DEFAULT_SPLIT, cfg.data.key(index, "eval_path"))
     if source.eval_split:
-        return train, SourceInput(source, train.path, source.eval_split, cfg.data.key(index, "eval_split"))
+        return train, SourceInput(source, train.path, source.eval_split, cfg.data.key(index, "eval_split"), beside=True)
     return train, None
 
 
