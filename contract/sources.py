@@ -15,13 +15,15 @@ so the epoch's plan is a function of (lengths, budget, seed, epoch, weights), an
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from contract.formats import COLUMNS, ROLES, RowMapping
+from contract.formats import COLUMNS, MAPPED_ROLES, RowMapping
 from contract.readers import DATA_SUFFIXES, DEFAULT_SPLIT
 from contract.schema import ConfigError, require
 
@@ -50,6 +52,7 @@ class DataSource:
     columns: dict[str, str] = field(default_factory=dict)  # the format's column -> the data's, e.g. prompt = "question"
     roles: dict[str, str] = field(default_factory=dict)  # the data's role -> system/user/assistant/tool
     system_prompt: str = ""  # the first turn of every conversation that has no system turn
+    tools: str = ""  # a JSON file: tool definitions for rows without a `tools` column (the template's `tools`)
     weight: float = 1.0  # examples per epoch = weight x the source's examples (1 = each once)
     samples: int = 0  # > 0: exactly this many examples per epoch (instead of weight)
     eval_fraction: float = 0.0  # split off this share of the source for eval
@@ -75,12 +78,25 @@ class DataSource:
         unknown = sorted(set(self.columns) - known)
         require(not unknown, "columns", f"unknown column name(s) {unknown} for format {self.format!r}; "
                 f"valid: {', '.join(sorted(known))}")
-        bad_roles = sorted(r for r in self.roles.values() if r not in ROLES)
-        require(not bad_roles, "roles", f"roles map onto {', '.join(ROLES)}; got {bad_roles}")
+        bad_roles = sorted(r for r in self.roles.values() if r not in MAPPED_ROLES)
+        require(not bad_roles, "roles", f"roles map onto {', '.join(MAPPED_ROLES)}; got {bad_roles}")
+        self._tool_definitions()  # a tools file that cannot be read is a config error, named here
 
-    @property
+    @cached_property
     def mapping(self) -> RowMapping:
-        return RowMapping(dict(self.columns), dict(self.roles), self.system_prompt)
+        return RowMapping(dict(self.columns), dict(self.roles), self.system_prompt, self._tool_definitions())
+
+    def _tool_definitions(self) -> list:
+        """The `tools` file's definitions (a JSON list), read once."""
+        if not self.tools:
+            return []
+        try:
+            tools = json.loads(Path(self.tools).expanduser().read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"tools: {self.tools}: {getattr(err, 'strerror', None) or err}", "tools") from None
+        if not isinstance(tools, list):
+            raise ConfigError(f"tools: {self.tools}: expected a JSON list of tool definitions", "tools")
+        return tools
 
     @property
     def label(self) -> str:

@@ -193,3 +193,53 @@ def test_splits_named_by_files_are_honoured_and_never_overlap(tmp_path, tiny_tok
                             (DataSource(str(plain), split="train_sft", **QA_SOURCE), "no split 'train_sft'")):
         with pytest.raises(ConfigError, match=message):
             build_datasets(sources_cfg(tmp_path / "run-plain", source), tiny_tokenizer)
+
+
+WEATHER_TOOL = {"name": "get_weather", "description": "Current weather of a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def function_calling_rows() -> list[dict]:
+    """ShareGPT's function-calling layout (glaive / xLAM / LLaMA-Factory): function_call and observation
+    turns, the tool definitions as a JSON string column."""
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "Lima"}})
+    return [{"conversations": [{"from": "human", "value": f"Weather in Lima, take {i}?"},
+                               {"from": "function_call", "value": call},
+                               {"from": "observation", "value": '{"temp_c": 22, "sky": "sunny"}'},
+                               {"from": "gpt", "value": f"Sunny, 22 C ({i})."}],
+             "tools": json.dumps([WEATHER_TOOL])} for i in range(3)]
+
+
+def test_function_calling_sharegpt_trains_real_tool_calls_with_the_tools_in_the_prompt(tmp_path, family_tokenizers):
+    """Llama 3.2's template: the call is learned as the template writes it, the tools' schema and the tool
+    result are in the prompt, not learned; the launcher's render check accepts the `tojson`-rendered result."""
+    from train.dataset.maskcheck import check
+
+    tokenizer = family_tokenizers["llama-3.2"]
+    _parquet(tmp_path / "fc.parquet", function_calling_rows())
+    bundle = build_datasets(sources_cfg(tmp_path / "run", DataSource(str(tmp_path / "fc.parquet"))), tokenizer)
+    ids, labels = bundle.train[0]["input_ids"], bundle.train[0]["labels"]
+    whole, learned = tokenizer.decode(ids), learned_text(tokenizer, labels)
+    assert '"description": "Current weather of a city."' in whole and "Current weather" not in learned
+    assert '{"name": "get_weather", "parameters": {"city": "Lima"}}' in learned
+    assert '"{\\"temp_c\\": 22, \\"sky\\": \\"sunny\\"}"' in whole and "temp_c" not in learned
+    assert "Sunny, 22 C (0)." in learned
+    sample = {"path": str(tmp_path / "fc.parquet"), "format": "sharegpt", "tool_row": f"{tmp_path}/fc.parquet[row 1]"}
+    assert check(str(Path(tokenizer.name_or_path)), [sample]) is None
+    openai = {"path": str(tmp_path / "tools.jsonl"), "format": "messages", "tool_row": "tools.jsonl:1"}
+    (tmp_path / "tools.jsonl").write_text(json.dumps(TOOL_ROW) + "\n")
+    assert check(str(Path(tokenizer.name_or_path)), [openai]) is None  # refused before: "22 C, sunny" via tojson
+
+
+def test_a_bad_tool_call_is_named_by_row_and_a_tools_file_reaches_the_template(tmp_path, family_tokenizers):
+    tokenizer = family_tokenizers["qwen2.5"]
+    rows = function_calling_rows()
+    rows[1]["conversations"][1]["value"] = '{"name": "get_weather", "arguments": '
+    _parquet(tmp_path / "bad.parquet", rows)
+    with pytest.raises(ConfigError, match=r"bad.parquet\[row 2\]: conversations\[1\]: the tool call is not JSON"):
+        build_datasets(sources_cfg(tmp_path / "bad", DataSource(str(tmp_path / "bad.parquet"))), tokenizer)
+    (tmp_path / "tools.json").write_text(json.dumps([WEATHER_TOOL]))
+    (tmp_path / "calls.jsonl").write_text(json.dumps(TOOL_ROW) + "\n")
+    source = DataSource(str(tmp_path / "calls.jsonl"), tools=str(tmp_path / "tools.json"))
+    whole = tokenizer.decode(build_datasets(sources_cfg(tmp_path / "file", source), tokenizer).train[0]["input_ids"])
+    assert '"description": "Current weather of a city."' in whole  # Qwen writes the tools into its system turn

@@ -46,7 +46,7 @@ from train.dataset.chat import IGNORE_INDEX, MaskError, has_generation_markers, 
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # bump when tokenization/masking changes so old caches are not reused
+CACHE_VERSION = 4  # bump when tokenization/masking changes so old caches are not reused
 CHUNK_EXAMPLES = 8192  # examples per Arrow chunk while tokenizing (bounds Python-list memory)
 MAX_LISTED_SKIPS = 20  # skipped rows named individually in stats/logs; the rest only counted
 FEATURES = datasets.Features(
@@ -371,7 +371,7 @@ def _tokenize_row(
         elif example.text is not None:
             input_ids, labels = tokenize_text(tokenizer, example.text)
         else:
-            input_ids, labels = tokenize_chat(tokenizer, example.messages, use_markers)
+            input_ids, labels = tokenize_chat(tokenizer, example.messages, use_markers, example.tools)
     except MaskError as err:
         stats.skip("skipped_mask", index, raw.location, f"assistant mask: {err}")
         return None
