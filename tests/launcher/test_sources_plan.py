@@ -171,3 +171,27 @@ def test_a_hub_id_plan_accepts_is_read_by_a_local_run_from_the_same_cache(tmp_pa
     result = run_cli([*args, "--executor", "local", "--output", str(tmp_path / "run")], tmp_path, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "run" / "read.txt").read_text() == f"{tmp_path / 'hf_home'} 12"
+
+
+def test_a_large_sources_count_is_sampled_said_and_cached(tmp_path: Path) -> None:
+    """The plan counts the first SAMPLE_ROWS rows with the tokenizer, says so, and keeps the count beside
+    the data (.NAME.tokens.json) for the next plan; the row count comes from the check of every row."""
+    from types import SimpleNamespace
+
+    from contract.config import TrainConfig
+    from launcher.plan.tokencount import SAMPLE_ROWS
+    from launcher.resolve import plan_sources
+    from launcher.resolve.profile import ClusterProfile
+
+    rows = [{"prompt": f"Spell {i} in words, please, and add a short note on it.", "completion": "x" * 400}
+            for i in range(3000)]
+    data = tmp_path / "big.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = TrainConfig()
+    cfg.data.sources = [plan_sources.DataSource(str(data), name="big")]
+    launch = SimpleNamespace(profile=ClusterProfile(), train=cfg, data_checks=[])
+    first = plan_sources.estimate_source(launch, cfg.data.sources[0])
+    assert first.method == f"the first {SAMPLE_ROWS:,} rows counted with tiny-tokenizer's tokenizer"
+    assert first.rows == 3000 and (tmp_path / ".big.jsonl.tokens.json").is_file()
+    plan_sources._COUNTED.clear()  # as a new process would: from the file beside the data
+    assert plan_sources.estimate_source(launch, cfg.data.sources[0]) == first

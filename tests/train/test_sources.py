@@ -243,3 +243,31 @@ def test_a_bad_tool_call_is_named_by_row_and_a_tools_file_reaches_the_template(t
     source = DataSource(str(tmp_path / "calls.jsonl"), tools=str(tmp_path / "tools.json"))
     whole = tokenizer.decode(build_datasets(sources_cfg(tmp_path / "file", source), tokenizer).train[0]["input_ids"])
     assert '"description": "Current weather of a city."' in whole  # Qwen writes the tools into its system turn
+
+
+def test_the_plans_token_count_is_the_trainings_in_every_layout(tmp_path, tiny_tokenizer, family_tokenizers,
+                                                                 monkeypatch):
+    """launcher/plan/tokencount.py (tokenizers + Jinja, no torch) counts what train/dataset/load.py tokenizes:
+    Q&A rows in every kind of file, a folder, a saved dataset and a hub id; ShareGPT chats; function
+    calling with its tools in Llama 3.2's prompt. (characters / 3.5 was off by up to 2.6x.)"""
+    from types import SimpleNamespace
+
+    from launcher.resolve.plan_sources import estimate_source
+    from launcher.resolve.profile import ClusterProfile
+
+    hf_home = build_hub_cache(tmp_path / "hf", "sft-test/tiny_qa", {"train": QA})
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    cases = {kind: (DataSource(path, **QA_SOURCE), tiny_tokenizer)
+             for kind, path in write_every_kind(tmp_path / "data", QA).items()}
+    cases["hub"] = (DataSource("sft-test/tiny_qa", **QA_SOURCE), tiny_tokenizer)
+    chat = Path(__file__).resolve().parents[2] / "train" / "assets" / "sample_chat.jsonl"
+    cases["sharegpt"] = (DataSource(str(chat)), tiny_tokenizer)
+    _parquet(tmp_path / "fc.parquet", function_calling_rows())
+    cases["function_calling"] = (DataSource(str(tmp_path / "fc.parquet")), family_tokenizers["llama-3.2"])
+    for kind, (source, tokenizer) in cases.items():
+        cfg = sources_cfg(tmp_path / f"run-{kind}", source)
+        cfg.model.tokenizer = str(Path(tokenizer.name_or_path))
+        trained = build_datasets(cfg, tokenizer).stats["tokens"]
+        launch = SimpleNamespace(profile=ClusterProfile(hf_home=str(hf_home)), train=cfg, data_checks=[])
+        planned = estimate_source(launch, source)
+        assert planned.tokens == trained and "rows counted with" in planned.method, (kind, planned, trained)
