@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from contract.config import TrainConfig
+from contract.datacheck import LocalData
 from contract.schema import ConfigError
 from contract.sources import DataSource
 from tests.hub_fixture import build_hub_cache
@@ -271,3 +272,21 @@ def test_the_plans_token_count_is_the_trainings_in_every_layout(tmp_path, tiny_t
         launch = SimpleNamespace(profile=ClusterProfile(hf_home=str(hf_home)), train=cfg, data_checks=[])
         planned = estimate_source(launch, source)
         assert planned.tokens == trained and "rows counted with" in planned.method, (kind, planned, trained)
+
+
+def test_tokenizing_on_several_cores_gives_what_one_process_gives(tmp_path, tiny_tokenizer):
+    """train/dataset/tokenize.py: blocks handed to 2 spawned workers come back in order: the same
+    columns, the same stats, the same skipped rows named, as tokenizing in this process."""
+    from train.dataset.tokenize import tokenize_input
+
+    rows = [json.loads(line) for line in (Path(__file__).resolve().parents[2] / "train" / "assets"
+                                          / "sample_chat.jsonl").read_text().splitlines()[:40]]
+    rows[5] = {"conversations": [{"from": "human", "value": "no reply"}]}  # skipped (allow_bad_rows)
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = make_cfg(tmp_path, allow_bad_rows=True)
+    source = DataSource(str(tmp_path / "chats.jsonl"))
+    results = [tokenize_input(LocalData(Path(source.path)).rows(), source, source.path, "data.path", tiny_tokenizer,
+                              cfg, workers=workers, block_rows=7) for workers in (1, 2)]
+    (one, one_stats), (two, two_stats) = results
+    assert one.to_dict() == two.to_dict() and one_stats == two_stats
+    assert (two_stats.rows, two_stats.skipped_bad_rows, len(two)) == (40, 1, 39)
