@@ -34,7 +34,8 @@ def test_verdict_is_cached_next_to_the_data_until_the_file_changes(tmp_path: Pat
         handle.write(BAD + "\n")
     changed = check_data(data)
     assert not changed.cached and changed.rows == first.rows + 1 and changed.bad_rows == 1
-    assert changed.problems == [f"{data}:{changed.rows}: conversations[1]: unknown role 'wizard' (valid: system, human, gpt)"]
+    assert changed.problems == [f"{data}:{changed.rows}: conversations[1]: unknown role 'wizard' (valid: system, human, gpt, "
+                                "function_call, observation)"]
     assert changed.sha256 != first.sha256
 
 

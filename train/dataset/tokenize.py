@@ -190,7 +190,22 @@ _JOB: RowTokenizer | None = None  # a worker process's tokenizer and settings (s
 def _start_worker(job: RowTokenizer) -> None:
     global _JOB
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process: the processes are the parallelism
+    _die_with_parent()
     _JOB = job
+
+
+def _die_with_parent() -> None:
+    """A training process killed while tokenizing (a preemption's SIGKILL) takes its workers with it (Linux)."""
+    import ctypes
+    import signal
+
+    parent = multiprocessing.parent_process()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if parent is not None and not parent.is_alive():  # it died while this one was starting
+        os._exit(1)
 
 
 def _worker_block(block: Block, fmt: str) -> tuple[Columns, SplitStats]:
