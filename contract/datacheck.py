@@ -20,10 +20,10 @@ from pathlib import Path
 
 from contract import protocol
 from contract.formats import NO_MAPPING, BadRowError, RowMapping, detect_format, parse_row
-from contract.readers import RawRow, iter_hub_rows, iter_rows, parse_jsonl_line
+from contract.readers import DEFAULT_SPLIT, RawRow, data_files, is_saved_dataset, iter_hub_rows, iter_rows, parse_jsonl_line
 from contract.schema import ConfigError
 
-CHECK_VERSION = 2  # bump when parse_row's rules change, so cached verdicts are not reused
+CHECK_VERSION = 3  # bump when parse_row's rules change, so cached verdicts are not reused
 MAX_LISTED = 5  # problems kept individually; the rest are only counted
 CACHE_MIN_BYTES = 1 << 20  # files below this are simply checked again
 PROGRESS_EVERY_BYTES = 16 << 20
@@ -61,11 +61,32 @@ class DataCheck:
         return text + (" [cached]" if self.cached else "")
 
 
-def check_data(path: Path, fmt: str = "auto", text_field: str = "text", progress: Progress | None = None,
-               mapping: RowMapping = NO_MAPPING, split: str = "train") -> DataCheck:
+@dataclass(frozen=True)
+class LocalData:
+    """A split of a local file, folder of shards or saved `datasets` folder (contract/readers.py's rules)."""
+
+    path: Path
+    split: str = DEFAULT_SPLIT
+    key: str = "data.path"  # the key its errors name
+    beside: bool = False  # a file's eval_split: in the files next to it
+
+    def rows(self):  # type: ignore[no-untyped-def]
+        return iter_rows(self.path, self.split, self.key, self.beside)
+
+    def files(self) -> list[Path]:
+        """What the data's bytes are: the split's files (a folder of several: all of its files)."""
+        if is_saved_dataset(self.path):
+            return _files(self.path)
+        return data_files(self.path, self.split, self.key, self.beside)
+
+
+def check_data(path: Path | LocalData, fmt: str = "auto", text_field: str = "text", progress: Progress | None = None,
+               mapping: RowMapping = NO_MAPPING) -> DataCheck:
     """Check every row of `path` (cached by size/mtime); format errors raise ConfigError."""
-    key = _cache_key(path, fmt, text_field, mapping, split)
-    cache = cache_file(path)
+    data = path if isinstance(path, LocalData) else LocalData(path)
+    path = data.path
+    key = _cache_key(data, fmt, text_field, mapping)
+    cache = cache_file(data)
     if cache is not None:
         try:
             stored = json.loads(cache.read_text(encoding="utf-8"))
@@ -73,8 +94,8 @@ def check_data(path: Path, fmt: str = "auto", text_field: str = "text", progress
                 return DataCheck(**stored["check"] | {"cached": True})
         except (OSError, ValueError, TypeError, KeyError):
             pass  # absent or unreadable: check again
-    result = _scan(path, fmt, text_field, progress, mapping, split)
-    result.sha256 = content_sha256(path)
+    result = _scan(data, fmt, text_field, progress, mapping)
+    result.sha256 = content_sha256(path, data.files())
     if cache is not None:
         _store(cache, {"key": key, "check": asdict(result)})
     return result
@@ -119,14 +140,17 @@ def _check_row(check: DataCheck, raw: RawRow, text_field: str, mapping: RowMappi
         check.first_tool_row = check.first_tool_row or raw.location
 
 
-def _scan(path: Path, fmt: str, text_field: str, progress: Progress | None, mapping: RowMapping = NO_MAPPING,
-          split: str = "train") -> DataCheck:
-    if path.suffix == ".jsonl" and path.is_file() and path.stat().st_size >= PARALLEL_MIN_BYTES and _workers() > 1:
+def _scan(data: LocalData, fmt: str, text_field: str, progress: Progress | None,
+          mapping: RowMapping = NO_MAPPING) -> DataCheck:
+    path = data.path
+    whole = data.split == DEFAULT_SPLIT and not data.beside
+    if whole and path.suffix == ".jsonl" and path.is_file() and path.stat().st_size >= PARALLEL_MIN_BYTES \
+            and _workers() > 1:
         return _scan_parallel(path, fmt, text_field, progress, mapping)
     check = DataCheck(str(path), fmt)
-    total = _size(path)
+    total = sum(p.stat().st_size for p in data.files())
     reported = 0
-    for raw in iter_rows(path, split):
+    for raw in data.rows():
         _check_row(check, raw, text_field, mapping)
         if progress is not None and raw.offset - reported >= PROGRESS_EVERY_BYTES:
             reported = raw.offset
@@ -211,37 +235,36 @@ def _files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
 
 
-def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in _files(path))
-
-
-def content_sha256(path: Path) -> str:
-    """SHA-256 of the data's bytes (a directory: every file's relative name and bytes, in order)."""
+def content_sha256(path: Path, files: list[Path] | None = None) -> str:
+    """SHA-256 of the data's bytes (a directory: every file's relative name and bytes, in order; `files`:
+    those of the split read)."""
     digest = hashlib.sha256()
-    for file in _files(path):
-        if path.is_dir():
-            digest.update(str(file.relative_to(path)).encode() + b"\0")
+    for file in _files(path) if files is None else files:
+        if file != path:
+            digest.update(str(file.relative_to(path.parent if path.is_file() else path)).encode() + b"\0")
         with file.open("rb") as handle:
             digest.update(hashlib.file_digest(handle, "sha256").digest())
     return digest.hexdigest()
 
 
-def _cache_key(path: Path, fmt: str, text_field: str, mapping: RowMapping, split: str) -> str:
-    files = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(path)]
+def _cache_key(data: LocalData, fmt: str, text_field: str, mapping: RowMapping) -> str:
+    files = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in data.files()]
     parts = {"version": CHECK_VERSION, "files": files, "format": fmt, "text_field": text_field,
-             "mapping": asdict(mapping), "split": split}
+             "mapping": asdict(mapping), "split": data.split, "beside": data.beside}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def cache_file(path: Path) -> Path | None:
-    """Where the verdict on `path` is kept: next to it, else in the user's cache; None for small files."""
-    if _size(path) < CACHE_MIN_BYTES:
+def cache_file(data: Path | LocalData, kind: str = "sft-check") -> Path | None:
+    """Where the verdict on `data` (of `kind`) is kept: next to it, else in the user's cache; None for small files."""
+    data = data if isinstance(data, LocalData) else LocalData(data)
+    if sum(p.stat().st_size for p in data.files()) < CACHE_MIN_BYTES:
         return None
-    path = path.resolve()
+    path = data.path.resolve()
+    split = "" if data.split == DEFAULT_SPLIT and not data.beside else f".{data.split}"
     if os.access(path.parent, os.W_OK):
-        return path.parent / f".{path.name}.sft-check.json"
+        return path.parent / f".{path.name}{split}.{kind}.json"
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sft-launch" / "data-checks"
-    return root / f"{hashlib.sha256(str(path).encode()).hexdigest()[:20]}.json"
+    return root / f"{hashlib.sha256(f'{path}{split}.{kind}'.encode()).hexdigest()[:20]}.json"
 
 
 def _store(cache: Path, record: dict) -> None:

@@ -10,8 +10,12 @@ Formats (the column names are the defaults; a source's `columns` maps them to th
   text               {<text_field>: ...}  — loss on every token
   tokens             {"input_ids": [...], "labels": [...] (optional, -100 = no loss; absent = loss everywhere)}
                      — pre-tokenized (benchmarks, or data tokenized elsewhere); used as is
-A source's `roles` maps the data's role names onto system/user/assistant/tool, and its
-`system_prompt` becomes the first turn of every conversation that has none.
+A source's `roles` maps the data's role names onto system/user/assistant/tool, or onto `tool_call`: an
+assistant turn whose content is the call as JSON ({"name": ..., "arguments": {...}} or a list of them),
+made into OpenAI `tool_calls` (ShareGPT's function-calling layout: `function_call` and `observation`
+turns, mapped to tool_call and tool by default). Its `system_prompt` becomes the first turn of every
+conversation that has none. Tool definitions (a `tools` column of sharegpt / messages rows, a list or
+its JSON text, else the source's `tools` file) go to the chat template's `tools` argument.
 
 One implementation for both sides: `train.dataset.load` tokenizes what `parse_row` returns, and the
 launcher's pre-submission check (`contract.datacheck`) runs every row through the same `parse_row`
@@ -29,12 +33,15 @@ from contract.schema import ConfigError
 
 FORMATS = ("sharegpt", "messages", "alpaca", "prompt_completion", "text", "tokens")
 ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+TOOL_CALL = "tool_call"  # a role mapped to it: an assistant turn whose content is the call's JSON
+MAPPED_ROLES = (*ROLES, TOOL_CALL)
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "function_call": TOOL_CALL, "observation": "tool"}
 MESSAGE_ROLES = {role: role for role in ROLES}
 # The columns each format reads (a source's `columns` may rename any of them).
 COLUMNS = {
-    "sharegpt": ("conversations", "from", "value"),
-    "messages": ("messages", "role", "content"),
+    "sharegpt": ("conversations", "from", "value", "tools"),
+    "messages": ("messages", "role", "content", "tools"),
     "alpaca": ("instruction", "input", "output", "system"),
     "prompt_completion": ("prompt", "completion", "system"),
     "text": ("text",),
@@ -52,8 +59,9 @@ class RowMapping:
     """How one source's rows differ from a format's defaults (a `[[data.sources]]` table's mapping)."""
 
     columns: dict[str, str] = field(default_factory=dict)  # the format's column name -> the data's
-    roles: dict[str, str] = field(default_factory=dict)  # the data's role name -> system/user/assistant/tool
+    roles: dict[str, str] = field(default_factory=dict)  # the data's role name -> system/user/assistant/tool/tool_call
     system_prompt: str = ""
+    tools: list[Any] = field(default_factory=list)  # tool definitions of rows without a tools column (the source's file)
 
     def column(self, name: str) -> str:
         return self.columns.get(name, name)
@@ -69,10 +77,11 @@ class Example:
     messages: list[dict[str, Any]] | None = None
     text: str | None = None
     tokens: tuple[list[int], list[int]] | None = None  # (input_ids, labels), already tokenized
+    tools: list[dict[str, Any]] | None = None  # tool definitions, for the chat template's `tools` argument
 
     @property
     def has_tool_calls(self) -> bool:
-        return any(m.get("tool_calls") or m["role"] == "tool" for m in self.messages or [])
+        return bool(self.tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in self.messages or [])
 
 
 def detect_format(row: Any, text_field: str, location: str, mapping: RowMapping = NO_MAPPING) -> str:
@@ -126,7 +135,31 @@ def normalize(row: Any, fmt: str, text_field: str, mapping: RowMapping = NO_MAPP
     if mapping.system_prompt and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": mapping.system_prompt})
     _check_conversation(messages)
-    return Example(messages=messages)
+    tools = _tools(row.get(mapping.column("tools")), mapping.column("tools")) if fmt in ("sharegpt", "messages") else None
+    return Example(messages=messages, tools=tools or _tools(mapping.tools, "tools (the source's file)"))
+
+
+def _tools(value: Any, key: str) -> list[dict[str, Any]] | None:
+    """Tool definitions in OpenAI's form ({"type": "function", "function": {name, ...}}), from a list or its
+    JSON text, each given in that form or as the bare function {name, description, parameters}."""
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise BadRowError(f"field {key!r} is not JSON ({err.msg}, column {err.colno})") from None
+    if not value:
+        return None
+    if not isinstance(value, list):
+        value = [value]
+    tools = []
+    for number, tool in enumerate(value):
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise BadRowError(f"{key}[{number}] needs a name (a function definition)")
+        tools.append({"type": "function", "function": function})
+    return tools
 
 
 def _required_text(row: dict, key: str, allow_empty: bool = False) -> str:
@@ -158,10 +191,10 @@ def _required_list(row: dict, key: str) -> list:
 
 def _chat_messages(row: dict, fmt: str, mapping: RowMapping) -> list[dict[str, Any]]:
     """sharegpt / messages rows: each turn's role mapped, its content checked, tool fields kept."""
-    list_key, role_key, content_key = (mapping.column(name) for name in COLUMNS[fmt])
+    list_key, role_key, content_key = (mapping.column(name) for name in COLUMNS[fmt][:3])
     defaults = SHAREGPT_ROLES if fmt == "sharegpt" else MESSAGE_ROLES
     roles = {**defaults, **mapping.roles}
-    shown = (["system", "human", "gpt"] if fmt == "sharegpt" else list(ROLES)) + \
+    shown = (["system", "human", "gpt", "function_call", "observation"] if fmt == "sharegpt" else list(ROLES)) + \
         [name for name in mapping.roles if name not in defaults]
     messages = []
     for index, turn in enumerate(_required_list(row, list_key)):
@@ -177,6 +210,8 @@ def _chat_messages(row: dict, fmt: str, mapping: RowMapping) -> list[dict[str, A
 
 def _turn(turn: dict, role: str, content_key: str, where: str) -> dict[str, Any]:
     """One message: {role, content} plus an assistant's `tool_calls` or a tool result's id and name."""
+    if role == TOOL_CALL:
+        return {"role": "assistant", "content": "", "tool_calls": _tool_calls(_call_json(turn, content_key, where), where)}
     calls = turn.get("tool_calls") if role == "assistant" else None
     if calls is not None:
         message: dict[str, Any] = {"role": role, "tool_calls": _tool_calls(calls, where)}
@@ -186,6 +221,17 @@ def _turn(turn: dict, role: str, content_key: str, where: str) -> dict[str, Any]
     if role == "tool":
         message |= {key: _required_text(turn, key) for key in ("tool_call_id", "name") if turn.get(key) is not None}
     return message
+
+
+def _call_json(turn: dict, content_key: str, where: str) -> list[dict[str, Any]]:
+    """A tool_call turn's content, {"name": ..., "arguments": ...} or a list of them, as OpenAI tool calls."""
+    text = _required_text(turn, content_key)
+    try:
+        calls = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BadRowError(f"{where}: the tool call is not JSON ({err.msg}, column {err.colno})") from None
+    calls = calls if isinstance(calls, list) else [calls]
+    return [call if not isinstance(call, dict) or "function" in call else {"function": call} for call in calls]
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:

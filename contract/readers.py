@@ -1,8 +1,15 @@
 """Reading raw dataset rows, wherever a user keeps them: one file, a folder of shards, a saved
 `datasets` folder, or a hub dataset in the Hugging Face cache (read offline).
 
-Every row carries its location (`file:line`, 1-based, for JSON/JSONL/CSV; `file[row N]` for Parquet,
-saved `datasets` folders and hub datasets) so a bad row is reported where the user can find it.
+Every row carries its location (`file:line` for JSON/JSONL/CSV; `file[row N]` for Parquet, saved
+`datasets` folders and hub datasets; both 1-based) so a bad row is reported where the user can find it.
+
+Splits of files and folders: a file's name says which split it holds (`split_of`): a shard
+`SPLIT-00000-of-00003.parquet` (the hub's layout, `data/train-*.parquet`), a folder `SPLIT/` on its
+way, or a name `SPLIT.jsonl` / `SPLIT-*.jsonl`, where SPLIT is a usual split name (train, test,
+validation, valid, val, dev, eval, or one of them + `_…`, as train_sft) or the split the source asks
+for. `data_files` picks a split's files; where the names say nothing, only the default split
+("train" = every row) exists, and asking for another is a one-line error, never ignored.
 Torch-free; JSONL is read line by line (a multi-GB file never sits in memory). `contract.formats`
 turns what these yield into examples; train and the launcher's check both read through here.
 """
@@ -22,6 +29,9 @@ from typing import Any, BinaryIO
 from contract.schema import ConfigError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+DEFAULT_SPLIT = "train"  # of data that names no splits: all of it
+SPLIT_WORDS = ("train", "test", "validation", "valid", "val", "dev", "eval")
+_SHARD = re.compile(r"^(?P<split>.+?)-\d+-of-\d+")  # train_sft-00000-of-00001[-hash]
 BINARY_SNIFF_BYTES = 8192  # the head of a JSON file searched for NUL bytes
 
 
@@ -50,14 +60,66 @@ def shard_files(path: Path, key: str = "data.path") -> list[Path]:
     return files
 
 
-def iter_rows(path: Path, split: str = "train", key: str = "data.path") -> Iterator[RawRow]:
-    """Every row of a JSON / JSONL / Parquet / CSV file, a folder of such shards, or a saved `datasets` folder."""
+def _is_split_name(name: str, asked: str) -> bool:
+    return name == asked or name in SPLIT_WORDS or name.split("_")[0] in SPLIT_WORDS
+
+
+def split_of(relative: Path, asked: str = "") -> str | None:
+    """The split a data file's name (relative to its source's folder) says it holds; None: it says none."""
+    stem = relative.name
+    for suffix in DATA_SUFFIXES:
+        stem = stem.removesuffix(suffix)
+    shard = _SHARD.match(stem)
+    names = [*relative.parent.parts, shard["split"] if shard else stem, stem.split("-")[0]]
+    return next((name for name in names if _is_split_name(name, asked)), None)
+
+
+def data_files(path: Path, split: str = DEFAULT_SPLIT, key: str = "data.path", beside: bool = False) -> list[Path]:
+    """The files of a file or folder source that hold `split` (see the module doc). `beside`: a single
+    file's other split (eval_split) lies in the files next to it that name it."""
+    beside = beside and path.is_file()
+    if path.is_dir():
+        files = shard_files(path, key)
+        named = {file: split_of(file.relative_to(path), split) for file in files}
+    elif beside:  # never the file itself: that is the training data
+        files = sorted(p for p in path.parent.iterdir() if p.is_file() and p.suffix == path.suffix and p != path)
+        named = {file: split_of(Path(file.name), split) for file in files}
+    else:
+        files, named = [path], {path: split_of(Path(path.name), split)}
+    chosen = [file for file, name in named.items() if name == split]
+    if chosen and (path.is_file() or None not in named.values()):
+        return chosen
+    if path.is_file() and not beside and split == DEFAULT_SPLIT:
+        return [path]  # the file the user named, whole
+    splits = sorted({name for name in named.values() if name})
+    unnamed = [file for file, name in named.items() if not name]
+    if splits and unnamed and chosen:
+        raise ConfigError(f"{key}: {unnamed[0]}: its name says no split, while its folder's other files do "
+                          f"({', '.join(splits)}); rename or move it", key)
+    if not splits and split == DEFAULT_SPLIT:
+        return files
+    where = f"the files beside {path}" if beside else str(path)
+    suffix = path.suffix or (files[0].suffix if files else ".jsonl")
+    has = f"has {', '.join(splits)}" if splits else \
+        f"no file names a split, as {split}-00000-of-00001{suffix}, {split}{suffix} or a {split}/ folder would"
+    hint = "; set the source's split" if split == DEFAULT_SPLIT else "; or use eval_path / eval_fraction" if beside else ""
+    raise ConfigError(f"{key}: {where}: no split {split!r} ({has}){hint}", key)
+
+
+def iter_rows(path: Path, split: str = DEFAULT_SPLIT, key: str = "data.path", beside: bool = False) -> Iterator[RawRow]:
+    """Every row of a split of a JSON / JSONL / Parquet / CSV file, a folder of such shards, or a saved
+    `datasets` folder (`data_files`; `beside`: a file's eval split in the files next to it)."""
     if is_saved_dataset(path):
         yield from _iter_saved_dataset(path, split, key)
-    elif path.is_dir():
-        for file in shard_files(path, key):
-            yield from iter_rows(file, split, key)
-    elif path.suffix == ".parquet":
+    elif path.is_dir() or beside or split != DEFAULT_SPLIT:
+        for file in data_files(path, split, key, beside):
+            yield from _iter_file(file, key)
+    else:
+        yield from _iter_file(path, key)
+
+
+def _iter_file(path: Path, key: str) -> Iterator[RawRow]:
+    if path.suffix == ".parquet":
         yield from _iter_parquet(path)
     elif path.suffix == ".csv":
         yield from _iter_csv(path, key)
@@ -155,7 +217,7 @@ def _iter_csv(path: Path, key: str) -> Iterator[RawRow]:
 def _iter_parquet(path: Path) -> Iterator[RawRow]:
     import pyarrow.parquet as pq
 
-    index = 0
+    index = 1
     for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
         for row in batch.to_pylist():
             yield RawRow(f"{path}[row {index}]", row)
@@ -166,9 +228,12 @@ def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:
     import datasets
 
     if not isinstance(loaded, datasets.DatasetDict):
+        if split != DEFAULT_SPLIT:
+            raise ConfigError(f"{key}: {where}: no split {split!r} (a saved Dataset without splits; save a DatasetDict, "
+                              "or use eval_path / eval_fraction)", key)
         return loaded
     if split not in loaded:
-        raise ConfigError(f"{where}: no split {split!r} (has {', '.join(sorted(loaded))}); set the source's split",
+        raise ConfigError(f"{key}: {where}: no split {split!r} (has {', '.join(sorted(loaded))}); set the source's split",
                           key)
     return loaded[split]
 
@@ -180,7 +245,7 @@ def _iter_saved_dataset(path: Path, split: str, key: str) -> Iterator[RawRow]:
         loaded = datasets.load_from_disk(str(path))
     except FileNotFoundError:
         raise ConfigError(f"{path}: not a saved datasets directory (no dataset_info.json/state.json)", key) from None
-    for index, row in enumerate(_pick_split(loaded, split, str(path), key)):
+    for index, row in enumerate(_pick_split(loaded, split, str(path), key), start=1):
         yield RawRow(f"{path}[row {index}]", row)
 
 
@@ -236,5 +301,5 @@ def open_hub_dataset(repo_id: str, config: str, split: str, hf_home: str, key: s
 
 
 def iter_hub_rows(repo_id: str, config: str, split: str, hf_home: str, key: str) -> Iterator[RawRow]:
-    for index, row in enumerate(open_hub_dataset(repo_id, config, split, hf_home, key)):
+    for index, row in enumerate(open_hub_dataset(repo_id, config, split, hf_home, key), start=1):
         yield RawRow(f"{repo_id}[row {index}]", row)

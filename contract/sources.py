@@ -15,14 +15,16 @@ so the epoch's plan is a function of (lengths, budget, seed, epoch, weights), an
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from contract.formats import COLUMNS, ROLES, RowMapping
-from contract.readers import DATA_SUFFIXES
+from contract.formats import COLUMNS, MAPPED_ROLES, RowMapping
+from contract.readers import DATA_SUFFIXES, DEFAULT_SPLIT
 from contract.schema import ConfigError, require
 
 DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "prompt_completion", "text", "tokens"]
@@ -31,6 +33,8 @@ DataFormat = Literal["auto", "sharegpt", "messages", "alpaca", "prompt_completio
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 DATA_FILE_SUFFIXES = (*DATA_SUFFIXES, ".txt")  # names of files, never of a hub dataset
 _NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")
+_SHARD_NAME = re.compile(r"^.*-\d+-of-\d+")
+_GENERIC = frozenset({"data", "dataset", "datasets", "shards", "parquet", "jsonl", "json", "csv", ".", "..", ""})
 
 
 @dataclass
@@ -42,15 +46,18 @@ class DataSource:
     format: DataFormat = "auto"
     text_field: str = "text"  # format "text": the column holding the text
     config: str = ""  # hub id: the dataset's config name ("" = its only/default one)
-    split: str = "train"  # hub id or saved DatasetDict: the split to train on
+    split: str = DEFAULT_SPLIT  # the split to train on: a hub id's, a saved DatasetDict's, or the files whose
+    # names say it (contract/readers.py: train-00000-of-00001.parquet, train.jsonl, train/); "train" of data
+    # whose names say no split = all of it
     columns: dict[str, str] = field(default_factory=dict)  # the format's column -> the data's, e.g. prompt = "question"
     roles: dict[str, str] = field(default_factory=dict)  # the data's role -> system/user/assistant/tool
     system_prompt: str = ""  # the first turn of every conversation that has no system turn
+    tools: str = ""  # a JSON file: tool definitions for rows without a `tools` column (the template's `tools`)
     weight: float = 1.0  # examples per epoch = weight x the source's examples (1 = each once)
     samples: int = 0  # > 0: exactly this many examples per epoch (instead of weight)
     eval_fraction: float = 0.0  # split off this share of the source for eval
     eval_path: str = ""  # or: the source's own eval data (same format and mapping)
-    eval_split: str = ""  # or, for a hub id / saved DatasetDict: this split of it
+    eval_split: str = ""  # or this split of it (a file's: in the files beside it that name it)
 
     def validate(self) -> None:
         require(bool(self.path), "path", "give a file, folder or hub dataset id")
@@ -59,6 +66,11 @@ class DataSource:
         require(0.0 <= self.eval_fraction < 1.0, "eval_fraction", "must be in [0, 1)")
         require(sum(map(bool, (self.eval_fraction, self.eval_path, self.eval_split))) <= 1, "eval_fraction",
                 "give one of eval_fraction, eval_path, eval_split")
+        require(self.eval_split != self.split, "eval_split",
+                f"{self.eval_split!r} is also the training split: evaluating on training rows measures nothing")
+        require(not self.eval_path or Path(self.eval_path).expanduser().resolve() != Path(self.path).expanduser().resolve(),
+                "eval_path", "is the training data itself: evaluating on training rows measures nothing "
+                "(give other data, eval_split or eval_fraction)")
         require(not self.name or bool(_NAME.match(self.name)), "name",
                 f"{self.name!r}: letters, digits, '.', '_', '-' only (it names metrics keys)")
         known = set(COLUMNS.get(self.format, ())) if self.format != "auto" else \
@@ -66,12 +78,25 @@ class DataSource:
         unknown = sorted(set(self.columns) - known)
         require(not unknown, "columns", f"unknown column name(s) {unknown} for format {self.format!r}; "
                 f"valid: {', '.join(sorted(known))}")
-        bad_roles = sorted(r for r in self.roles.values() if r not in ROLES)
-        require(not bad_roles, "roles", f"roles map onto {', '.join(ROLES)}; got {bad_roles}")
+        bad_roles = sorted(r for r in self.roles.values() if r not in MAPPED_ROLES)
+        require(not bad_roles, "roles", f"roles map onto {', '.join(MAPPED_ROLES)}; got {bad_roles}")
+        self._tool_definitions()  # a tools file that cannot be read is a config error, named here
 
-    @property
+    @cached_property
     def mapping(self) -> RowMapping:
-        return RowMapping(dict(self.columns), dict(self.roles), self.system_prompt)
+        return RowMapping(dict(self.columns), dict(self.roles), self.system_prompt, self._tool_definitions())
+
+    def _tool_definitions(self) -> list:
+        """The `tools` file's definitions (a JSON list), read once."""
+        if not self.tools:
+            return []
+        try:
+            tools = json.loads(Path(self.tools).expanduser().read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"tools: {self.tools}: {getattr(err, 'strerror', None) or err}", "tools") from None
+        if not isinstance(tools, list):
+            raise ConfigError(f"tools: {self.tools}: expected a JSON list of tool definitions", "tools")
+        return tools
 
     @property
     def label(self) -> str:
@@ -85,10 +110,20 @@ class DataSource:
 
 
 def default_name(path: str) -> str:
-    stem = Path(path.rstrip("/")).name
+    """A source's name from its path: the file's or folder's name, or, where that name says nothing of the
+    data (`data`, `shards`, a shard's as `train-00000-of-00003`), its folder's."""
+    parts = Path(path.rstrip("/")).parts
+    stems = [_stem(part) for part in parts]
+    index = len(stems) - 1
+    while index > 0 and (stems[index] in _GENERIC or _SHARD_NAME.match(stems[index])):
+        index -= 1
+    return re.sub(r"[^\w.-]+", "_", stems[index] if stems else "") or "data"
+
+
+def _stem(name: str) -> str:
     for suffix in DATA_SUFFIXES:
-        stem = stem.removesuffix(suffix)
-    return re.sub(r"[^\w.-]+", "_", stem) or "data"
+        name = name.removesuffix(suffix)
+    return name
 
 
 def looks_like_hub_id(value: str) -> bool:

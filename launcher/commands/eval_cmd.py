@@ -246,9 +246,7 @@ def render_script(request: EvalRequest, profile_name: str, profile: ClusterProfi
 
 def _local_env(profile: ClusterProfile, allow_code_eval: bool) -> dict[str, str]:
     """This environment plus the profile's env / HF_HOME, as the job script would export them."""
-    env = {**os.environ, **profile.env}
-    if profile.hf_home:
-        env["HF_HOME"] = profile.hf_home
+    env = profile.job_env(dict(os.environ))
     if allow_code_eval:
         env["HF_ALLOW_CODE_EVAL"] = "1"
     return env

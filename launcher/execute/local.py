@@ -110,8 +110,9 @@ def run_local(launch: Launch) -> int:
     log.info("running: %s", " ".join(argv))
     _record(run_dir, "start", attempt=attempt, pid=os.getpid())  # status: RUNNING while this process lives
     with command.open_launcher_log(run_dir, attempt, socket.gethostname()) as launcher_log:
+        # The profile's env and HF_HOME, as the job script exports them: the HF cache `plan` read is the run's.
         child = subprocess.Popen(argv, cwd=run_dir, stderr=launcher_log, start_new_session=True,
-                                 preexec_fn=_ignore_usr1)
+                                 preexec_fn=_ignore_usr1, env=launch.profile.job_env(dict(os.environ)))
 
     def on_stop(signum: int, _frame: object) -> None:
         print(f"sft-launch: {signal.Signals(signum).name}: asking training to checkpoint and stop",

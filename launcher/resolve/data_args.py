@@ -111,7 +111,7 @@ def absolute_paths(table: dict[str, Any], folder: Path) -> dict[str, Any]:
     """A [data] table whose local paths (data.path, eval_path, each source's) are absolute, taken from
     `folder` when relative: the nodes start elsewhere. Hub ids are left as they are."""
     for index, source in enumerate(table.get("sources") or []):
-        for key in ("path", "eval_path"):
+        for key in ("path", "eval_path", "tools"):
             if isinstance(source, dict) and isinstance(source.get(key), str) and source[key]:
                 source[key] = _from_folder(folder, source[key], f"data.sources[{index}].{key}")
     for key in ("path", "eval_path"):

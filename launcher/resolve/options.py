@@ -78,6 +78,7 @@ class Launch:
     cluster_file: str | None
     micro_batch: MicroBatchChoice | None = None  # launcher/plan/autofit.py's choice; None = the user fixed it
     data_checks: list[DataCheck] = field(default_factory=list)  # launcher/resolve/preflight.py's verdicts on the data
+    data_file: Path | None = None  # `--data FILE.toml`: its errors are named FILE:LINE (data_args.at_line)
 
     @property
     def world_size(self) -> int:
@@ -371,6 +372,7 @@ def resolve(request: LaunchRequest) -> Launch:
         raise ConfigError(f"--time: {err}") from None
     launch = Launch(profile_name, profile, preset, train, request.nodes, strategy, time_limit_s, Path(),
                     "", request.executor, str(cluster.path) if cluster else None)
+    launch.data_file = data_toml([request.data] if isinstance(request.data, str) else list(request.data or []))
     check_combinations(launch)
     # Before the run-directory hash: a different micro-batch is a different run, never resumed as this one.
     launch.micro_batch = _fit_micro_batch(launch, request)

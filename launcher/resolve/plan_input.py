@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract import gpus
-from contract.config import SHIPPED_DATA, TrainConfig, fp8_linears
+from contract.config import TrainConfig, fp8_linears
 from contract.datacheck import DataCheck
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
 from contract.strategies import STRATEGIES
-from launcher.plan.datasize import DataEstimate, estimate_tokens
+from launcher.plan.datasize import DataEstimate
 from launcher.plan.planner import PlanInput
 from launcher.resolve.presets import Preset
 from launcher.resolve.profile import ClusterProfile
-from launcher.resolve.plan_sources import SourceRow, mixture_estimate, source_rows
+from launcher.resolve.plan_sources import SourceRow, estimate_source, mixture_estimate, source_rows
 
 CPU_RAM_FRACTION = 0.9  # of a CPU node's RAM, shared by its processes (the OS and slurmstepd keep the rest)
 _MEM = re.compile(r"^(?P<n>\d+(\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -58,7 +58,11 @@ def data_estimate(launch: LaunchView, rows: list[SourceRow] | None = None) -> Da
     data = launch.train.data
     if data.sources:
         return mixture_estimate(source_rows(launch) if rows is None else rows)
-    estimate = estimate_tokens(Path(data.path) if data.path else SHIPPED_DATA, launch.train.train.model_max_length)
+    estimate = estimate_source(launch, data.source_list()[0])
+    check = next((c for c in launch.data_checks if not c.eval), None)
+    if estimate is not None and not estimate.exact_rows and check is not None and estimate.rows:
+        good = check.rows - check.bad_rows  # the check read every row: the count's mean x the rows there are
+        estimate = DataEstimate(round(estimate.tokens * good / estimate.rows), good, estimate.method, True)
     if estimate is None or data.eval_path or not data.eval_fraction:
         return estimate
     keep = 1.0 - data.eval_fraction

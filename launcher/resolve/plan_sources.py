@@ -2,24 +2,35 @@
 holds, what one epoch of the mixture takes from it, and what the whole run will see of it.
 
     Sources   rows   tokens  weight  share  epochs  eval  dropped
-Rows come from the login-node check (contract/datacheck.py), tokens from launcher/plan/datasize.py's
-estimate (a hub dataset: its cached Arrow files' bytes), the mixture's arithmetic from
-contract/sources.py (the same `epoch_examples` the training side draws with).
+Rows come from the login-node check (contract/datacheck.py); tokens are counted with the model's own
+tokenizer on each source's first rows (launcher/plan/tokencount.py; the verdict cached beside large
+data as `.NAME.tokens.json`), else, without a tokenizer.json at hand, estimated from characters
+(launcher/plan/datasize.py; a hub dataset: its cached Arrow files' bytes), as the plan then says.
+The mixture's arithmetic is contract/sources.py's (the same `epoch_examples` the training side draws with).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from contract.config import TrainConfig
-from contract.datacheck import DataCheck
-from contract.readers import hub_cache_folder
+from contract import protocol
+from contract.config import SHIPPED_TOKENIZER, TrainConfig
+from contract.datacheck import DataCheck, LocalData, cache_file
+from contract.readers import hub_cache_folder, iter_hub_rows
+from contract.schema import ConfigError
 from contract.sources import DataSource, epoch_examples, looks_like_hub_id
 from launcher.plan.datasize import DataEstimate, estimate_bytes, estimate_tokens
 from launcher.plan.planner import Plan
+from launcher.plan.tokencount import SAMPLE_ROWS, CountingTokenizer, TokenCount, count_rows
+from launcher.resolve.presets import cached_hf_config
 from launcher.resolve.profile import ClusterProfile
+
+COUNT_VERSION = 1  # bump when the count's rules change, so cached counts are not reused
+_COUNTED: dict[str, TokenCount | None] = {}  # this process's counts (the micro-batch fit and the plan share them)
 
 
 class SourcesView(Protocol):
@@ -42,6 +53,7 @@ class SourceRow:
     takes: int  # examples one epoch of the mixture takes
     eval_rows: int  # held out (eval_fraction) or its own eval data
     dropped: int  # bad rows skipped (data.allow_bad_rows)
+    method: str = ""  # how its tokens were obtained
 
     @property
     def epoch_tokens(self) -> int | None:
@@ -55,7 +67,7 @@ def source_rows(launch: SourcesView) -> list[SourceRow]:
     own_eval = {check.name: check.rows - check.bad_rows for check in launch.data_checks if check.eval}
     rows = []
     for source in data.source_list():
-        estimate = _estimate(source, launch.profile.hf_home, max_length)
+        estimate = estimate_source(launch, source)
         check = checks.get(source.label)
         total = check.rows if check else (estimate.rows if estimate else 0)
         dropped = check.bad_rows if check and data.allow_bad_rows else 0
@@ -65,11 +77,80 @@ def source_rows(launch: SourcesView) -> list[SourceRow]:
             (estimate.tokens if estimate else None)
         weight = f"n={source.samples:,}" if source.samples else f"x{source.weight:g}"
         rows.append(SourceRow(source.label, total, usable, tokens, weight, epoch_examples(source, usable),
-                              held_out or own_eval.get(source.label, 0), dropped))
+                              held_out or own_eval.get(source.label, 0), dropped, estimate.method if estimate else ""))
     return rows
 
 
+def estimate_source(launch: SourcesView, source: DataSource) -> DataEstimate | None:
+    """A source's training tokens: counted with the model's tokenizer on its first rows (mean x rows), else
+    estimated from its characters or bytes; None when neither can be had."""
+    max_length, hf_home = launch.train.train.model_max_length, launch.profile.hf_home
+    path = Path(source.path).expanduser()
+    guess = _estimate(source, hf_home, max_length)
+    tokenizer = tokenizer_dir(launch.train, hf_home)
+    if tokenizer is None or not (path.exists() or looks_like_hub_id(source.path)):
+        return guess if guess is None or tokenizer is not None else \
+            DataEstimate(guess.tokens, guess.rows, f"{guess.method}; no tokenizer.json to count with", guess.exact_rows)
+    counted = _count(source, tokenizer, hf_home, max_length)
+    if counted is None or not counted.rows:
+        return guess
+    rows = counted.rows if counted.complete else (guess.rows if guess and guess.rows else counted.rows)
+    how = f"all {counted.rows:,} rows" if counted.complete else f"the first {counted.rows:,} rows"
+    return DataEstimate(round(counted.tokens * rows / counted.rows), rows,
+                        f"{how} counted with {tokenizer.name}'s tokenizer", counted.complete)
+
+
+def tokenizer_dir(train: TrainConfig, hf_home: str) -> Path | None:
+    """The folder with the tokenizer.json the training will load: model.tokenizer, else model.path (a local
+    folder or an HF id's snapshot in hf_home's cache), else the shipped tiny one; None when not here."""
+    value = train.model.tokenizer or train.model.path
+    if not value:
+        directory: Path | None = SHIPPED_TOKENIZER
+    elif Path(value).expanduser().is_dir():
+        directory = Path(value).expanduser()
+    else:
+        config = cached_hf_config(value, hf_home)
+        directory = config.parent if config is not None else None
+    return directory if directory is not None and (directory / "tokenizer.json").is_file() else None
+
+
+def _count(source: DataSource, tokenizer: Path, hf_home: str, max_length: int) -> TokenCount | None:
+    """`count_rows` of a source, once per process; cached beside large local data (keyed by its files'
+    size and mtime, the tokenizer's files, the mapping and max_length)."""
+    path = Path(source.path).expanduser()
+    local = LocalData(path.resolve(), source.split) if path.exists() else None
+    parts = {"version": COUNT_VERSION, "source": asdict(source), "hf_home": hf_home, "max_length": max_length,
+             "sample": SAMPLE_ROWS, "files": _stats([*(local.files() if local else []), *tokenizer.iterdir()])}
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    if key in _COUNTED:
+        return _COUNTED[key]
+    cache = cache_file(local, kind="tokens") if local is not None else None
+    try:
+        stored = json.loads(cache.read_text(encoding="utf-8")) if cache is not None else {}
+        if stored.get("key") == key:
+            _COUNTED[key] = TokenCount(**stored["count"])
+            return _COUNTED[key]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass  # absent or unreadable: count again
+    rows = local.rows() if local is not None else \
+        iter_hub_rows(source.path, source.config, source.split, hf_home, "data")
+    try:
+        counted = count_rows(rows, source.format, source.text_field, source.mapping, CountingTokenizer(tokenizer),
+                             max_length)
+    except (ConfigError, OSError, ValueError):
+        counted = None  # unreadable here: preflight names the problem; the plan falls back to the estimate
+    _COUNTED[key] = counted
+    if cache is not None and counted is not None:
+        protocol.write_json_atomically(cache, {"key": key, "count": asdict(counted)})
+    return counted
+
+
+def _stats(files: list[Path]) -> list[tuple[str, int, int]]:
+    return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(files) if p.is_file()]
+
+
 def _estimate(source: DataSource, hf_home: str, max_length: int) -> DataEstimate | None:
+    """The characters / bytes estimate (launcher/plan/datasize.py)."""
     path = Path(source.path).expanduser()
     if path.exists():
         return estimate_tokens(path, max_length)
@@ -86,7 +167,9 @@ def mixture_estimate(rows: list[SourceRow]) -> DataEstimate | None:
     if any(t is None for t in tokens):
         return None
     examples = sum(row.takes for row in rows)
-    return DataEstimate(sum(t for t in tokens if t), examples, f"mixture of {len(rows)} sources", False)
+    methods = sorted({row.method for row in rows if row.method})
+    how = f"mixture of {len(rows)} source{'' if len(rows) == 1 else 's'}" + (f"; {'; '.join(methods)}" if methods else "")
+    return DataEstimate(sum(t for t in tokens if t), examples, how, False)
 
 
 def source_table(launch: SourcesView, plan: Plan, rows: list[SourceRow]) -> list[str]:

@@ -21,11 +21,13 @@ from typing import Any
 
 from contract import protocol
 from contract.config import SHIPPED_DATA, SHIPPED_TOKENIZER
-from contract.datacheck import DataCheck, check_data, check_hub, require_usable
+from contract.datacheck import DataCheck, LocalData, check_data, check_hub, require_usable
+from contract.readers import DEFAULT_SPLIT
 from contract.formats import CHAT_FORMATS
 from contract.schema import ConfigError, to_dict
 from contract.sources import DataSource, looks_like_hub_id
 from launcher import runrecord
+from launcher.resolve.data_args import at_line
 from launcher.resolve.options import Launch
 from launcher.resolve.profile import read_cluster_file
 from launcher.resolve.presets import cached_hf_config
@@ -91,24 +93,38 @@ def _cpu_profiles(cluster_file: str | None) -> list[str]:
 
 
 def check_launch_data(launch: Launch) -> list[DataCheck]:
-    """Every row of every source (and of each source's own eval data) through the training side's parser."""
+    """Every row of every source (and of each source's own eval data) through the training side's parser;
+    a mistake in a `--data FILE.toml` is named FILE:LINE."""
+    try:
+        return _check_sources(launch)
+    except ConfigError as err:
+        raise (at_line(err, launch.data_file) if launch.data_file and (err.key or "").startswith("data.")
+               else err) from None
+
+
+def _check_sources(launch: Launch) -> list[DataCheck]:
     data = launch.train.data
     checks = []
     for index, source in enumerate(data.source_list()):
-        wanted = [(source.path, source.split, data.key(index, "path"), False)]
+        path_key = data.key(index, "path")
+        # (data, split, the key its errors name, the key naming its path, eval?)
+        wanted = [(source.path, source.split, data.key(index, "split") if source.split != DEFAULT_SPLIT else path_key,
+                   path_key, False)]
         if source.eval_path:
-            wanted.append((source.eval_path, "train", data.key(index, "eval_path"), True))
+            eval_key = data.key(index, "eval_path")
+            wanted.append((source.eval_path, DEFAULT_SPLIT, eval_key, eval_key, True))
         elif source.eval_split:
-            wanted.append((source.path, source.eval_split, data.key(index, "eval_split"), True))
-        for value, split, key, is_eval in wanted:
-            check = _check_source_data(launch, source, value, split, key)
+            wanted.append((source.path, source.eval_split, data.key(index, "eval_split"), path_key, True))
+        for value, split, key, named_by, is_eval in wanted:
+            check = _check_source_data(launch, source, value, split, key, beside=bool(is_eval and source.eval_split))
             require_usable(check, data.allow_bad_rows, key)
-            check.name, check.eval, check.key = source.label, is_eval, _flag(key)
+            check.name, check.eval, check.key = source.label, is_eval, _flag(named_by)
             checks.append(check)
     return checks
 
 
-def _check_source_data(launch: Launch, source: DataSource, value: str, split: str, key: str) -> DataCheck:
+def _check_source_data(launch: Launch, source: DataSource, value: str, split: str, key: str,
+                       beside: bool = False) -> DataCheck:
     """A local file / folder (cached verdict), else a hub id read from the profile's HF cache."""
     path = Path(value).expanduser()
     if not path.exists():
@@ -118,7 +134,8 @@ def _check_source_data(launch: Launch, source: DataSource, value: str, split: st
                          source.text_field, source.mapping)
     path = path.resolve()
     progress = _progress_printer(path)
-    check = check_data(path, source.format, source.text_field, progress, source.mapping, split)
+    check = check_data(LocalData(path, split, key, beside), source.format, source.text_field, progress,
+                       source.mapping)
     if progress is not None and not check.cached:
         print(file=sys.stderr)  # end the progress line
     return check

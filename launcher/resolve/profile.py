@@ -125,6 +125,17 @@ class ClusterProfile:
     def time_limit_s(self) -> int:
         return parse_time_limit(self.time)
 
+    def job_env(self, base: dict[str, str]) -> dict[str, str]:
+        """`base` plus what the job script exports (`env`, HF_HOME = hf_home), for runs started here. With
+        hf_home set, HF_DATASETS_CACHE is dropped unless `env` sets it: `plan` reads <hf_home>/datasets,
+        and so must the run (contract/readers.py's hub_datasets_cache)."""
+        env = {**base, **self.env}
+        if self.hf_home:
+            env["HF_HOME"] = self.hf_home
+            if "HF_DATASETS_CACHE" not in self.env:
+                env.pop("HF_DATASETS_CACHE", None)
+        return env
+
     def validate(self) -> None:
         self._validate_resources()
         validate_profile_options(self)

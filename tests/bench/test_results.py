@@ -40,6 +40,13 @@ OTHER_KEYS = {
     "profile": {"path", "profile_steps", "total_ms", "by_kind", "launched_by", "gpu", "shape", "budget", "docs",
                 "attention", "kernels", "provenance"},  # bench/suites/gpu_single.py --profile
     "cli": {"machine", "runs", "python_start_s", "rows", "provenance"},  # bench/suites/cli_latency.py: CPU only
+    "tokenize": {"rows", "cores", "qa_rows", "workers", "examples", "tokens", "tokenize_s", "rows_per_s",
+                 "peak_rss_main_gib", "peak_rss_worker_gib", "restart_s", "cache_hits", "data_written_s", "chats_mib",
+                 "provenance"},  # bench/suites/data_tokenize.py: CPU work, wherever it ran
+    "longctx": {"shape", "arch", "seq_len", "context_parallel", "gpu_count", "gpu", "peak_flops", "lora_r",
+                "lora_targets", "lora_params", "variant", "tokens", "planned_gib", "settings", "step", "tokens_per_s",
+                "tflops_per_gpu", "mfu", "peak_mem_gib", "peak_reserved_gib", "step_records", "error",
+                "provenance"},  # bench/suites/gpu_long_context.py
     "multi": None,  # checked block by block below
     "compare": None,  # bench/suites/gpu_single.py --repeat N: checked below (check_compare_record)
     "qlora": None,  # bench/multi/gpu_qlora.py: checked below
@@ -77,6 +84,8 @@ def test_provenance(path):
     assert provenance["gpu_count"] == len(provenance["gpus"]), f"{name}: gpu_count is not the GPUs' count"
     if _kind(path) == "cli":  # a CPU benchmark: the machine it ran on instead of a GPU
         assert provenance["gpu_count"] == 0 and data["machine"]["gpu"] == "none" and data["machine"]["cpu"], name
+    elif _kind(path) == "tokenize":  # CPU work: the cores it had, a GPU or not
+        assert data["cores"] >= data["workers"] >= 1, name
     elif "merged_from" in data:  # bench/suites/gpu_parity.py --merge, which may run anywhere: its runs' GPUs
         for source in data["merged_from"]:
             runs = source["provenance"]
@@ -292,6 +301,28 @@ def test_profile_shares_rederive(path):
     single = path.parent / f"single-{r['shape']}-{r['path']}.json"
     assert single.is_file(), f"{name}: no {single.name} beside it"
     assert _load(single)["provenance"]["command"] == r["provenance"]["command"], f"{name}: from another call"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "tokenize"], ids=_id)
+def test_tokenize_numbers_rederive(path):
+    r, name = _load(path), _id(path)
+    assert path.name == f"tokenize-{r['rows']}.json", f"{name}: renamed"
+    _close(r["rows_per_s"], r["examples"] / r["tokenize_s"], "rows_per_s", name)
+    assert r["examples"] <= r["rows"] + r["qa_rows"], f"{name}: more examples than rows"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "longctx"], ids=_id)
+def test_long_context_numbers_rederive(path):
+    """One document of seq_len tokens a micro-batch: s̄ = seq_len; the last step's rate, LoRA's FLOP count."""
+    r, name = _load(path), _id(path)
+    assert path.name == f"longctx-{r['shape']}-lora-{r['seq_len']}-{r['variant']}.json", f"{name}: renamed"
+    if "error" in r:
+        return
+    last = r["step_records"][-1]
+    assert last["step"] == r["step"] and last["tokens_per_s"] == r["tokens_per_s"], f"{name}: not the last step"
+    derived = throughput_numbers(r["arch"], [r["seq_len"]], r["tokens_per_s"], 1, r["peak_flops"], r["lora_params"])
+    for key in ("tflops_per_gpu", "mfu"):
+        _close(r[key], derived[key], key, name)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "cli"], ids=_id)

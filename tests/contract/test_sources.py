@@ -8,7 +8,7 @@ import pytest
 
 from contract.config import TrainConfig
 from contract.schema import ConfigError, build
-from contract.sources import DataSource, Mixture, epoch_examples, looks_like_hub_id, parse_data_flag
+from contract.sources import DataSource, Mixture, default_name, epoch_examples, looks_like_hub_id, parse_data_flag
 
 
 def test_one_plain_source_is_every_example_once_in_order() -> None:
@@ -79,6 +79,8 @@ def test_sources_table_validates_with_dotted_keys() -> None:
         '[[data.sources]]\npath = "a"\neval_fraction = 0.1\neval_path = "b"': "data.sources[0].eval_fraction",
         '[data]\npath = "x"\n[[data.sources]]\npath = "a"': "data.path: set per source",
         '[[data.sources]]\npath = "a"\nname = "a b"': "data.sources[0].name",
+        '[[data.sources]]\npath = "a"\neval_split = "train"': "data.sources[0].eval_split: 'train' is also the training",
+        '[[data.sources]]\npath = "/d/a.jsonl"\neval_path = "/d/../d/a.jsonl"': "data.sources[0].eval_path: is the training",
     }
     for text, message in cases.items():
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -90,3 +92,10 @@ def test_one_path_is_one_source_with_the_sections_settings() -> None:
     (source,) = cfg.data.source_list()
     assert (source.path, source.format, source.eval_fraction, source.weight) == ("/d/chat.jsonl", "sharegpt", 0.1, 1.0)
     assert cfg.data.key(0, "path") == "data.path"
+
+
+def test_a_sources_default_name_skips_names_that_say_nothing() -> None:
+    """Two hub snapshots' `data` folders are two sources, not two called `data`."""
+    assert [default_name(p) for p in ("/x/ultrachat_200k/data", "/y/orca/data/", "/z/gsm8k/main/train-00000-of-00001.parquet",
+                                      "chat.jsonl", "org/name", "/d/test.jsonl")] == \
+        ["ultrachat_200k", "orca", "main", "chat", "name", "test"]

@@ -34,7 +34,8 @@ def test_verdict_is_cached_next_to_the_data_until_the_file_changes(tmp_path: Pat
         handle.write(BAD + "\n")
     changed = check_data(data)
     assert not changed.cached and changed.rows == first.rows + 1 and changed.bad_rows == 1
-    assert changed.problems == [f"{data}:{changed.rows}: conversations[1]: unknown role 'wizard' (valid: system, human, gpt)"]
+    assert changed.problems == [f"{data}:{changed.rows}: conversations[1]: unknown role 'wizard' (valid: system, human, gpt, "
+                                "function_call, observation)"]
     assert changed.sha256 != first.sha256
 
 
@@ -76,10 +77,10 @@ def test_parallel_scan_finds_what_the_sequential_one_does(tmp_path: Path, monkey
     data = tmp_path / "chat.jsonl"
     lines = [BAD if n in (3, 1500, 2999) else SAMPLE[n % len(SAMPLE)] for n in range(3000)]
     data.write_text("\n".join(lines) + "\n\n{oops")  # a blank line and a last line without newline
-    sequential = datacheck._scan(data, "auto", "text", None)
+    sequential = datacheck._scan(datacheck.LocalData(data), "auto", "text", None)
     monkeypatch.setattr(datacheck, "PARALLEL_MIN_BYTES", 1)
     monkeypatch.setattr(datacheck, "CHUNK_BYTES", 64 << 10)  # many chunks
     monkeypatch.setattr(datacheck, "_workers", lambda: 2)
-    parallel = datacheck._scan(data, "auto", "text", None)
+    parallel = datacheck._scan(datacheck.LocalData(data), "auto", "text", None)
     assert parallel == sequential and (parallel.rows, parallel.bad_rows) == (3001, 4)
     assert [p.split(": ")[0] for p in parallel.problems] == [f"{data}:{n}" for n in (4, 1501, 3000, 3002)]

@@ -140,7 +140,14 @@ def _mixtures(root: Path) -> None:
         "missing_source.toml": '[[data.sources]]\npath = "good.jsonl"\n\n[[data.sources]]\nname = "more"\n'
                                'path = "nope.jsonl"\n',
         "tool_calls.toml": '[[data.sources]]\npath = "tools.jsonl"\nformat = "messages"\n',
+        # a file names no split: its eval_split (and a split other than train) cannot be honoured
+        "file_eval_split.toml": '[[data.sources]]\npath = "good.jsonl"\neval_split = "validation"\n',
+        "folder_split.toml": '[[data.sources]]\npath = "sft_folder"\nsplit = "train_sft"\neval_split = "dev"\n',
+        "eval_is_train.toml": '[[data.sources]]\npath = "good.jsonl"\neval_path = "good.jsonl"\n',
     }
+    (root / "sft_folder").mkdir()
+    for split in ("train_sft", "test_sft"):
+        (root / "sft_folder" / f"{split}-00000-of-00001.jsonl").write_text("\n".join(SAMPLE[:3]) + "\n")
     for name, text in toml.items():
         (root / name).write_text(text)
     call = {"role": "assistant", "content": "", "tool_calls": [
@@ -189,8 +196,8 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("mixed-formats", [*D, "mixed_formats.jsonl"], "mixed_formats.jsonl:2: field 'conversations'"),
     ("text-field-missing", [*D, "text.jsonl", "--set", "data.format=text"], "text.jsonl:2: missing field 'text'"),
     ("wrong-format-forced", [*D, "good.jsonl", "--set", "data.format=alpaca"], "good.jsonl:1: missing field"),
-    ("parquet-bad-row", [*D, "bad.parquet"], "bad.parquet[row 6]: conversations[1]: unknown role 'bot'"),
-    ("saved-dataset-bad-row", [*D, "saved"], "saved[row 6]: conversations[1]: unknown role 'bot'"),
+    ("parquet-bad-row", [*D, "bad.parquet"], "bad.parquet[row 7]: conversations[1]: unknown role 'bot'"),  # 1-based
+    ("saved-dataset-bad-row", [*D, "saved"], "saved[row 7]: conversations[1]: unknown role 'bot'"),
     ("missing-data-file", [*D, "nope.jsonl"], "--data nope.jsonl: no such file"),
     ("hub-dataset-not-cached", [*D, "someorg/some-dataset", "--cluster", "hfhome.toml"],
      "--data someorg/some-dataset: not in the HF datasets cache ("),
@@ -201,9 +208,17 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("source-missing-toml", [*D, "missing_source.toml"],
      "missing_source.toml:6: data.sources[1].path nope.jsonl: no such file"),
     ("mapped-column-missing", [*D, "mapped_column.toml"], "qa.jsonl:812: missing field 'question'"),
-    ("split-missing-saved", [*D, "no_split.toml"], "saved_dict: no split 'validation' (has train)"),
+    ("split-missing-saved", [*D, "no_split.toml"], "no_split.toml:3: data.sources[0].split: "
+     "{WORKDIR}/saved_dict: no split 'validation' (has train)"),
     ("split-missing-hub", [*D, "hub_no_split.toml", "--cluster", "hfhome.toml"],
-     'sft-test/tiny_qa: Unknown split "validation"'),
+     'hub_no_split.toml:5: data.sources[0].split sft-test/tiny_qa: Unknown split "validation"'),
+    ("eval-split-of-a-file", [*D, "file_eval_split.toml"], "file_eval_split.toml:3: data.sources[0].eval_split: "
+     "the files beside {WORKDIR}/good.jsonl: no split 'validation' (no file names a split, as "
+     "validation-00000-of-00001.jsonl, validation.jsonl or a validation/ folder would); or use eval_path / eval_fraction"),
+    ("eval-split-of-a-folder", [*D, "folder_split.toml"], "folder_split.toml:4: data.sources[0].eval_split: "
+     "{WORKDIR}/sft_folder: no split 'dev' (has test_sft, train_sft)"),
+    ("eval-path-is-the-data", [*D, "eval_is_train.toml"], "eval_is_train.toml:3: data.sources[0].eval_path: is the "
+     "training data itself"),
     ("source-names-clash", [*D, "same_name.toml"],
      "same_name.toml:6: data.sources[1].name: 'chat' is also the name of data.sources[0]"),
     ("template-without-tools", [*D, "tool_calls.toml"], "tools.jsonl:1: the chat template does not render tool calls"),
@@ -333,7 +348,7 @@ def test_mistake_stops_before_the_queue(workdir: Path, tmp_path: Path, args: lis
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2, result.stdout + result.stderr
     assert 1 <= len(lines) <= 3 and lines[-1].startswith("sft-launch: error: "), result.stderr
-    assert expected in result.stderr, result.stderr
+    assert expected.replace("{WORKDIR}", str(workdir.resolve())) in result.stderr, result.stderr
     assert not (tmp_path / "run").exists() and not (workdir / "runs").exists(), "a run directory was written"
     assert sorted(p.name for p in workdir.iterdir()) == before, "files appeared next to the data"
     assert not calls.exists(), f"sbatch was called: {calls.read_text()}"

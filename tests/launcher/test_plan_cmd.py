@@ -16,7 +16,8 @@ from launcher.plan.memory import MemoryBreakdown
 from launcher.resolve.options import LaunchRequest, resolve
 from launcher.commands.plan_cmd import EXIT_DOES_NOT_FIT, plan_launch, refuse_unless_fits
 from contract.shape import FUSED_LOSS_CHUNK_TOKENS
-from launcher.resolve.plan_input import SHIPPED_DATA, mem_gib, plan_input_from_launch
+from contract.config import SHIPPED_DATA
+from launcher.resolve.plan_input import mem_gib, plan_input_from_launch
 from contract.schema import ConfigError
 
 A100 = ["--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100"]

@@ -142,3 +142,56 @@ def test_data_flags_resolve_by_contracts_hub_id_rule(tmp_path, monkeypatch: pyte
     for value in ("a/b/c", "missing.jsonl", "./org/other", "notes.txt"):
         with pytest.raises(ConfigError, match=f"--data {value}: no such file"):
             resolve_data_path(value)
+
+
+READS_THE_HUB_DATASET = '''
+import os, pathlib, sys, tomllib
+from contract.readers import iter_hub_rows
+config_path = pathlib.Path(sys.argv[sys.argv.index("--config") + 1])
+source = tomllib.loads(config_path.read_text())["data"]["path"]
+rows = sum(1 for _ in iter_hub_rows(source, "", "train", "", "data.path"))  # what train/dataset/load.py reads
+(config_path.parent / "read.txt").write_text(f"{os.environ.get('HF_HOME')} {rows}")
+'''
+
+
+def test_a_hub_id_plan_accepts_is_read_by_a_local_run_from_the_same_cache(tmp_path: Path) -> None:
+    """--executor local starts training with the profile's HF_HOME (as the job script exports it), whatever
+    this shell's HF_HOME / HF_DATASETS_CACHE say: the cache `plan` checked is the one the run reads."""
+    from tests.launcher.test_local_executor import _stand_in_env
+
+    chats = [json.loads(line) for line in SAMPLE[:12]]
+    build_hub_cache(tmp_path / "hf_home", "sft-test/chats", {"train": chats})
+    (tmp_path / "cluster.toml").write_text(
+        'default_profile = "cpu"\n[profiles.cpu]\ngpus_per_node = 0\nprocesses_per_node = 1\nbackend = "gloo"\n'
+        f'time = "1:00:00"\nsignal_lead_s = 60\nhf_home = "{tmp_path / "hf_home"}"\n')
+    env = _stand_in_env(tmp_path, READS_THE_HUB_DATASET) | {"HF_HOME": str(tmp_path / "elsewhere"),
+                                                            "HF_DATASETS_CACHE": str(tmp_path / "elsewhere")}
+    args = ["--cluster", "cluster.toml", "--model", "tiny", "--data", "sft-test/chats"]
+    assert run_cli(["plan", *args], tmp_path, env=env).returncode == 0
+    result = run_cli([*args, "--executor", "local", "--output", str(tmp_path / "run")], tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "run" / "read.txt").read_text() == f"{tmp_path / 'hf_home'} 12"
+
+
+def test_a_large_sources_count_is_sampled_said_and_cached(tmp_path: Path) -> None:
+    """The plan counts the first SAMPLE_ROWS rows with the tokenizer, says so, and keeps the count beside
+    the data (.NAME.tokens.json) for the next plan; the row count comes from the check of every row."""
+    from types import SimpleNamespace
+
+    from contract.config import TrainConfig
+    from launcher.plan.tokencount import SAMPLE_ROWS
+    from launcher.resolve import plan_sources
+    from launcher.resolve.profile import ClusterProfile
+
+    rows = [{"prompt": f"Spell {i} in words, please, and add a short note on it.", "completion": "x" * 400}
+            for i in range(3000)]
+    data = tmp_path / "big.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = TrainConfig()
+    cfg.data.sources = [plan_sources.DataSource(str(data), name="big")]
+    launch = SimpleNamespace(profile=ClusterProfile(), train=cfg, data_checks=[])
+    first = plan_sources.estimate_source(launch, cfg.data.sources[0])
+    assert first.method == f"the first {SAMPLE_ROWS:,} rows counted with tiny-tokenizer's tokenizer"
+    assert first.rows == 3000 and (tmp_path / ".big.jsonl.tokens.json").is_file()
+    plan_sources._COUNTED.clear()  # as a new process would: from the file beside the data
+    assert plan_sources.estimate_source(launch, cfg.data.sources[0]) == first

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from contract.config import TrainConfig
+from contract.datacheck import LocalData
 from contract.schema import ConfigError
 from contract.sources import DataSource
 from tests.hub_fixture import build_hub_cache
@@ -151,3 +152,141 @@ def test_one_source_plans_exactly_as_before(tmp_path, tiny_tokenizer):
     batches = Batches(bundle.train, lengths, 256, 7, True, 0, bundle.mixture)
     assert bundle.mixture.is_plain and not bundle.eval_parts and "sources" not in bundle.stats
     assert batches.plan(3) == plan_micro_batches(lengths, 256, 7, 3)
+
+
+def _parquet(path: Path, rows: list[dict]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_splits_named_by_files_are_honoured_and_never_overlap(tmp_path, tiny_tokenizer):
+    """The layouts of public sets: ultrachat's `train_sft-*.parquet` beside `test_sft-*`, the hub's
+    `data/train-*.parquet`, a folder per split, and a file whose eval split lies beside it."""
+    train, test = QA[:8], QA[8:]
+    _parquet(tmp_path / "ultra" / "data" / "train_sft-00000-of-00001.parquet", train)
+    _parquet(tmp_path / "ultra" / "data" / "test_sft-00000-of-00001.parquet", test)
+    _parquet(tmp_path / "hub" / "data" / "train-00000-of-00002.parquet", train[:4])
+    _parquet(tmp_path / "hub" / "data" / "train-00001-of-00002.parquet", train[4:])
+    _parquet(tmp_path / "hub" / "data" / "test-00000-of-00001.parquet", test)
+    for split, rows in (("train", train), ("validation", test)):
+        (tmp_path / "per_split" / split).mkdir(parents=True)
+        (tmp_path / "per_split" / split / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _parquet(tmp_path / "beside" / "train-00000-of-00001.parquet", train)
+    _parquet(tmp_path / "beside" / "test-00000-of-00001.parquet", test)
+    cases = {"ultra": DataSource(str(tmp_path / "ultra"), split="train_sft", eval_split="test_sft", **QA_SOURCE),
+             "hub": DataSource(str(tmp_path / "hub"), eval_split="test", **QA_SOURCE),
+             "per_split": DataSource(str(tmp_path / "per_split"), eval_split="validation", **QA_SOURCE),
+             "beside": DataSource(str(tmp_path / "beside" / "train-00000-of-00001.parquet"), eval_split="test",
+                                  **QA_SOURCE)}
+    for name, source in cases.items():
+        bundle = build_datasets(sources_cfg(tmp_path / f"run-{name}", source), tiny_tokenizer)
+        trained, evaluated = set(map(tuple, bundle.train["input_ids"])), set(map(tuple, bundle.eval["input_ids"]))
+        assert (len(trained), len(evaluated), len(trained & evaluated)) == (8, 4, 0), name
+    with pytest.raises(ConfigError, match=r"ultra: no split 'train' \(has test_sft, train_sft\); set the source's split"):
+        build_datasets(sources_cfg(tmp_path / "run-default", DataSource(str(tmp_path / "ultra"), **QA_SOURCE)),
+                       tiny_tokenizer)
+    plain = tmp_path / "plain" / "qa.parquet"
+    _parquet(plain, QA)
+    for source, message in ((DataSource(str(plain), eval_split="validation", **QA_SOURCE), "no split 'validation'"),
+                            (DataSource(str(plain), split="train_sft", **QA_SOURCE), "no split 'train_sft'")):
+        with pytest.raises(ConfigError, match=message):
+            build_datasets(sources_cfg(tmp_path / "run-plain", source), tiny_tokenizer)
+
+
+WEATHER_TOOL = {"name": "get_weather", "description": "Current weather of a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def function_calling_rows() -> list[dict]:
+    """ShareGPT's function-calling layout (glaive / xLAM / LLaMA-Factory): function_call and observation
+    turns, the tool definitions as a JSON string column."""
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "Lima"}})
+    return [{"conversations": [{"from": "human", "value": f"Weather in Lima, take {i}?"},
+                               {"from": "function_call", "value": call},
+                               {"from": "observation", "value": '{"temp_c": 22, "sky": "sunny"}'},
+                               {"from": "gpt", "value": f"Sunny, 22 C ({i})."}],
+             "tools": json.dumps([WEATHER_TOOL])} for i in range(3)]
+
+
+def test_function_calling_sharegpt_trains_real_tool_calls_with_the_tools_in_the_prompt(tmp_path, family_tokenizers):
+    """Llama 3.2's template: the call is learned as the template writes it, the tools' schema and the tool
+    result are in the prompt, not learned; the launcher's render check accepts the `tojson`-rendered result."""
+    from train.dataset.maskcheck import check
+
+    tokenizer = family_tokenizers["llama-3.2"]
+    _parquet(tmp_path / "fc.parquet", function_calling_rows())
+    bundle = build_datasets(sources_cfg(tmp_path / "run", DataSource(str(tmp_path / "fc.parquet"))), tokenizer)
+    ids, labels = bundle.train[0]["input_ids"], bundle.train[0]["labels"]
+    whole, learned = tokenizer.decode(ids), learned_text(tokenizer, labels)
+    assert '"description": "Current weather of a city."' in whole and "Current weather" not in learned
+    assert '{"name": "get_weather", "parameters": {"city": "Lima"}}' in learned
+    assert '"{\\"temp_c\\": 22, \\"sky\\": \\"sunny\\"}"' in whole and "temp_c" not in learned
+    assert "Sunny, 22 C (0)." in learned
+    sample = {"path": str(tmp_path / "fc.parquet"), "format": "sharegpt", "tool_row": f"{tmp_path}/fc.parquet[row 1]"}
+    assert check(str(Path(tokenizer.name_or_path)), [sample]) is None
+    openai = {"path": str(tmp_path / "tools.jsonl"), "format": "messages", "tool_row": "tools.jsonl:1"}
+    (tmp_path / "tools.jsonl").write_text(json.dumps(TOOL_ROW) + "\n")
+    assert check(str(Path(tokenizer.name_or_path)), [openai]) is None  # refused before: "22 C, sunny" via tojson
+
+
+def test_a_bad_tool_call_is_named_by_row_and_a_tools_file_reaches_the_template(tmp_path, family_tokenizers):
+    tokenizer = family_tokenizers["qwen2.5"]
+    rows = function_calling_rows()
+    rows[1]["conversations"][1]["value"] = '{"name": "get_weather", "arguments": '
+    _parquet(tmp_path / "bad.parquet", rows)
+    with pytest.raises(ConfigError, match=r"bad.parquet\[row 2\]: conversations\[1\]: the tool call is not JSON"):
+        build_datasets(sources_cfg(tmp_path / "bad", DataSource(str(tmp_path / "bad.parquet"))), tokenizer)
+    (tmp_path / "tools.json").write_text(json.dumps([WEATHER_TOOL]))
+    (tmp_path / "calls.jsonl").write_text(json.dumps(TOOL_ROW) + "\n")
+    source = DataSource(str(tmp_path / "calls.jsonl"), tools=str(tmp_path / "tools.json"))
+    whole = tokenizer.decode(build_datasets(sources_cfg(tmp_path / "file", source), tokenizer).train[0]["input_ids"])
+    assert '"description": "Current weather of a city."' in whole  # Qwen writes the tools into its system turn
+
+
+def test_the_plans_token_count_is_the_trainings_in_every_layout(tmp_path, tiny_tokenizer, family_tokenizers,
+                                                                 monkeypatch):
+    """launcher/plan/tokencount.py (tokenizers + Jinja, no torch) counts what train/dataset/load.py tokenizes:
+    Q&A rows in every kind of file, a folder, a saved dataset and a hub id; ShareGPT chats; function
+    calling with its tools in Llama 3.2's prompt. (characters / 3.5 was off by up to 2.6x.)"""
+    from types import SimpleNamespace
+
+    from launcher.resolve.plan_sources import estimate_source
+    from launcher.resolve.profile import ClusterProfile
+
+    hf_home = build_hub_cache(tmp_path / "hf", "sft-test/tiny_qa", {"train": QA})
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    cases = {kind: (DataSource(path, **QA_SOURCE), tiny_tokenizer)
+             for kind, path in write_every_kind(tmp_path / "data", QA).items()}
+    cases["hub"] = (DataSource("sft-test/tiny_qa", **QA_SOURCE), tiny_tokenizer)
+    chat = Path(__file__).resolve().parents[2] / "train" / "assets" / "sample_chat.jsonl"
+    cases["sharegpt"] = (DataSource(str(chat)), tiny_tokenizer)
+    _parquet(tmp_path / "fc.parquet", function_calling_rows())
+    cases["function_calling"] = (DataSource(str(tmp_path / "fc.parquet")), family_tokenizers["llama-3.2"])
+    for kind, (source, tokenizer) in cases.items():
+        cfg = sources_cfg(tmp_path / f"run-{kind}", source)
+        cfg.model.tokenizer = str(Path(tokenizer.name_or_path))
+        trained = build_datasets(cfg, tokenizer).stats["tokens"]
+        launch = SimpleNamespace(profile=ClusterProfile(hf_home=str(hf_home)), train=cfg, data_checks=[])
+        planned = estimate_source(launch, source)
+        assert planned.tokens == trained and "rows counted with" in planned.method, (kind, planned, trained)
+
+
+def test_tokenizing_on_several_cores_gives_what_one_process_gives(tmp_path, tiny_tokenizer):
+    """train/dataset/tokenize.py: blocks handed to 2 spawned workers come back in order: the same
+    columns, the same stats, the same skipped rows named, as tokenizing in this process."""
+    from train.dataset.tokenize import tokenize_input
+
+    rows = [json.loads(line) for line in (Path(__file__).resolve().parents[2] / "train" / "assets"
+                                          / "sample_chat.jsonl").read_text().splitlines()[:40]]
+    rows[5] = {"conversations": [{"from": "human", "value": "no reply"}]}  # skipped (allow_bad_rows)
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = make_cfg(tmp_path, allow_bad_rows=True)
+    source = DataSource(str(tmp_path / "chats.jsonl"))
+    results = [tokenize_input(LocalData(Path(source.path)).rows(), source, source.path, "data.path", tiny_tokenizer,
+                              cfg, workers=workers, block_rows=7) for workers in (1, 2)]
+    (one, one_stats), (two, two_stats) = results
+    assert one.to_dict() == two.to_dict() and one_stats == two_stats
+    assert (two_stats.rows, two_stats.skipped_bad_rows, len(two)) == (40, 1, 39)

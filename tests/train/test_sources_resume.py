@@ -48,6 +48,8 @@ def test_a_mixture_resumes_bitwise_and_reports_eval_loss_per_source(tmp_path):
     assert epoch_at[30] > epoch_at[15], "the resumed part must cross a mixture epoch boundary too"
     evals = [r for r in records if "eval_loss" in r]
     assert evals and all({"eval_loss/chat", "eval_loss/qa"} <= set(r) for r in evals)
+    last_step = max(r["step"] for r in records if "loss" in r)
+    assert last_step % 10 == 0 and [r["step"] for r in evals] == list(range(10, last_step + 1, 10))  # the final eval once
 
     run_dir = write_run(tmp_path / "run", mixture(tmp_path))
     code = run_training(run_dir, {STOP_AT_STEP_ENV: "15"}, log_name="first.log")

@@ -37,15 +37,17 @@ def has_generation_markers(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 def tokenize_chat(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], use_generation_markers: bool
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], use_generation_markers: bool,
+    tools: list[dict] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """(input_ids, labels) of a conversation, untruncated; raises MaskError."""
+    """(input_ids, labels) of a conversation, untruncated, `tools` (definitions) given to the template as its
+    `tools` argument; raises MaskError."""
     if not tokenizer.chat_template:
         raise MaskError("the tokenizer has no chat template")
     if use_generation_markers:
-        input_ids, mask = _mask_from_generation_markers(tokenizer, messages)
+        input_ids, mask = _mask_from_generation_markers(tokenizer, messages, tools)
     else:
-        input_ids, mask = _mask_turn_by_turn(tokenizer, messages)
+        input_ids, mask = _mask_turn_by_turn(tokenizer, messages, tools)
     if not any(mask):
         raise MaskError("no assistant token found by the template")
     labels = [tok if keep else IGNORE_INDEX for tok, keep in zip(input_ids, mask)]
@@ -67,19 +69,20 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], prompt: bool) -> str:
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], prompt: bool,
+            tools: list[dict] | None = None) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=prompt)
     except Exception as err:  # jinja raise_exception(...) in templates, e.g. "roles must alternate"
         raise MaskError(f"chat template failed: {err}") from None
 
 
 def _mask_from_generation_markers(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], tools: list[dict] | None = None
 ) -> tuple[list[int], list[int]]:
     try:
         out = tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
         )
     except Exception as err:
         raise MaskError(f"chat template failed: {err}") from None
@@ -99,7 +102,7 @@ def _has_adjacent_assistant_turns(messages: list[dict[str, str]]) -> bool:
 
 
 def _mask_turn_by_turn(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], tools: list[dict] | None = None
 ) -> tuple[list[int], list[int]]:
     """Mask from rendering prefixes: each assistant turn is the text that rendering it appends.
 
@@ -108,7 +111,7 @@ def _mask_turn_by_turn(
     whitespace differently than inside the whole, so the reply's token span is found through
     character offsets, and a token straddling a prompt/reply boundary makes the mask unreliable.
     """
-    full_text = _render(tokenizer, messages, prompt=False)
+    full_text = _render(tokenizer, messages, prompt=False, tools=tools)
     if not getattr(tokenizer, "is_fast", False):
         raise MaskError("turn-by-turn masks need a fast tokenizer (character offsets)")
     encoded = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
@@ -117,8 +120,8 @@ def _mask_turn_by_turn(
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:index], prompt=True)
-        after = _render(tokenizer, messages[: index + 1], prompt=False)
+        before = _render(tokenizer, messages[:index], prompt=True, tools=tools)
+        after = _render(tokenizer, messages[: index + 1], prompt=False, tools=tools)
         if not (after.startswith(before) and full_text.startswith(after)) or len(after) == len(before):
             raise MaskError(f"turn {index}: the template renders a prefix differently from the whole")
         _mark_reply(mask, offsets, len(before), len(after), len(after.rstrip()), index)

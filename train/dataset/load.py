@@ -2,8 +2,8 @@
 
 `build_datasets` reads every source (`data.source_list()`: a file, a folder of shards, a saved
 `datasets` folder or a hub dataset from the HF cache, contract/readers.py), normalises every row with
-the source's format and mapping (contract.formats), tokenizes it with loss only on assistant tokens
-(train.dataset.chat), truncates to `train.model_max_length`, and caches each source's result with
+the source's format and mapping (contract.formats), tokenizes it on the node's cores
+(train/dataset/tokenize.py) with loss only on assistant tokens (train.dataset.chat), truncates to `train.model_max_length`, and caches each source's result with
 `datasets.save_to_disk` under `data.cache_dir` (default RUN_DIR/cache). The cache key hashes the
 data files' path/size/mtime, the tokenizer (vocabulary, merges, specials, chat template), the max
 length, the format and mapping, so a requeued job loads the cache instead of re-tokenizing. A cache
@@ -37,50 +37,15 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from contract.config import SHIPPED_TOKENIZER, TrainConfig
 from contract.failure import PeerFailedError
-from contract.formats import BadRowError, detect_format, parse_row
-from contract.readers import RawRow, hub_cache_folder, iter_hub_rows, iter_rows
+from contract.datacheck import LocalData
+from contract.readers import DEFAULT_SPLIT, RawRow, hub_cache_folder, iter_hub_rows
 from contract.schema import ConfigError
 from contract.sources import DataSource, Mixture, epoch_examples, looks_like_hub_id
-from train.dataset.chat import IGNORE_INDEX, MaskError, has_generation_markers, tokenize_chat, tokenize_text
+from train.dataset.tokenize import MAX_LISTED_SKIPS, SplitStats, tokenize_input
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # bump when tokenization/masking changes so old caches are not reused
-CHUNK_EXAMPLES = 8192  # examples per Arrow chunk while tokenizing (bounds Python-list memory)
-MAX_LISTED_SKIPS = 20  # skipped rows named individually in stats/logs; the rest only counted
-FEATURES = datasets.Features(
-    {
-        "input_ids": datasets.List(datasets.Value("int32")),
-        "labels": datasets.List(datasets.Value("int32")),
-        "length": datasets.Value("int32"),
-    }
-)
-
-
-@dataclass
-class SplitStats:
-    """What happened to the rows of one data file; `skipped` = every row not turned into an example."""
-
-    path: str = ""
-    format: str = ""
-    rows: int = 0
-    examples: int = 0
-    skipped: int = 0
-    skipped_bad_rows: int = 0
-    skipped_mask: int = 0  # the assistant mask could not be computed (index reported)
-    skipped_no_loss: int = 0  # nothing left to learn after truncation
-    truncated: int = 0
-    tokens: int = 0
-    loss_tokens: int = 0
-    skipped_examples: list[str] = field(default_factory=list)  # first few "row N (file:line): reason"
-    cache_hit: bool = False
-
-    def skip(self, kind: str, index: int, location: str, reason: str) -> None:
-        setattr(self, kind, getattr(self, kind) + 1)
-        self.skipped += 1
-        if len(self.skipped_examples) < MAX_LISTED_SKIPS:
-            self.skipped_examples.append(f"row {index} ({location}): {reason}")
-            logger.warning("skipping row %d (%s): %s", index, location, reason)
+CACHE_VERSION = 4  # bump when tokenization/masking changes so old caches are not reused
 
 
 @dataclass
@@ -137,22 +102,28 @@ class SourceInput:
     path: Path | None  # None: the hub dataset `source.path`, split `split`
     split: str
     key: str  # the config key that named it, for errors
+    beside: bool = False  # a file's eval_split: in the files beside it (contract/readers.py)
 
     @property
     def where(self) -> str:
         return str(self.path) if self.path is not None else f"{self.source.path}[{self.split}]"
 
+    @property
+    def local(self) -> LocalData:
+        assert self.path is not None
+        return LocalData(self.path, self.split, self.key, self.beside)
+
     def rows(self) -> Iterator[RawRow]:
         if self.path is not None:
-            return iter_rows(self.path, self.split, self.key)
+            return self.local.rows()
         return iter_hub_rows(self.source.path, self.source.config, self.split, "", self.key)
 
     def files(self) -> list[Path]:
-        """What the tokenized cache is keyed on: the data's files (a hub id: its prepared cache)."""
+        """What the tokenized cache is keyed on: the split's files (a hub id: its prepared cache)."""
         if self.path is None:
             root = hub_cache_folder(self.source.path, "")
             return sorted(p for p in root.rglob("*") if p.is_file())
-        return sorted(p for p in self.path.rglob("*") if p.is_file()) if self.path.is_dir() else [self.path]
+        return self.local.files()
 
 
 def source_inputs(cfg: TrainConfig, index: int, source: DataSource) -> tuple[SourceInput, SourceInput | None]:
@@ -160,9 +131,9 @@ def source_inputs(cfg: TrainConfig, index: int, source: DataSource) -> tuple[Sou
     key = cfg.data.key(index, "path")
     train = _source_input(cfg, source, source.path, source.split, key)
     if source.eval_path:
-        return train, _source_input(cfg, source, source.eval_path, "train", cfg.data.key(index, "eval_path"))
+        return train, _source_input(cfg, source, source.eval_path, DEFAULT_SPLIT, cfg.data.key(index, "eval_path"))
     if source.eval_split:
-        return train, SourceInput(source, train.path, source.eval_split, cfg.data.key(index, "eval_split"))
+        return train, SourceInput(source, train.path, source.eval_split, cfg.data.key(index, "eval_split"), beside=True)
     return train, None
 
 
@@ -290,93 +261,17 @@ def _load_or_tokenize(
         logger.info("tokenized cache hit: %s (%s)", entry, item.where)
         return _load_cached(entry)
     logger.info("tokenizing %s (cache %s)", item.where, entry)
-    dataset, stats = tokenize_input(item, tokenizer, cfg)
     tmp = entry.parent / f".tmp-{entry.name}-{socket.gethostname()}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    spill = tmp / "tokenized.arrow"  # written block by block: a large source never sits in memory
+    dataset, stats = tokenize_input(item.rows(), item.source, item.where, item.key, tokenizer, cfg, spill=spill)
     dataset.save_to_disk(str(tmp / "dataset"))
+    del dataset
+    spill.unlink()
     (tmp / "stats.json").write_text(json.dumps(asdict(stats), indent=1))
     try:
         os.rename(tmp, entry)  # atomic: the entry is either absent or complete
     except OSError:  # another node finished first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
     return _load_cached(entry)[0], stats
-
-
-def tokenize_input(
-    item: SourceInput, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig
-) -> tuple[datasets.Dataset, SplitStats]:
-    """Every usable row of one source's data tokenized and truncated; bad rows raise (or are counted)."""
-    source = item.source
-    stats = SplitStats(path=item.where, format=source.format)
-    use_markers = has_generation_markers(tokenizer)
-    if not use_markers:
-        logger.info("chat template has no {%% generation %%} markers: assistant masks turn by turn")
-    columns: dict[str, list] = {"input_ids": [], "labels": [], "length": []}
-    chunks: list[datasets.Dataset] = []
-    for index, raw in enumerate(item.rows()):
-        stats.rows += 1
-        if stats.format == "auto" and not raw.error:
-            stats.format = detect_format(raw.data, source.text_field, raw.location, source.mapping)
-            logger.info("data format of %s: %s", item.where, stats.format)
-        tokenized = _tokenize_row(raw, index, tokenizer, use_markers, cfg, stats, source)
-        if tokenized is None:
-            continue
-        input_ids, labels = tokenized
-        columns["input_ids"].append(input_ids)
-        columns["labels"].append(labels)
-        columns["length"].append(len(input_ids))
-        if len(columns["length"]) >= CHUNK_EXAMPLES:
-            chunks.append(datasets.Dataset.from_dict(columns, features=FEATURES))
-            columns = {name: [] for name in columns}
-    chunks.append(datasets.Dataset.from_dict(columns, features=FEATURES))
-    if stats.examples == 0:
-        first = f"; first: {stats.skipped_examples[0]}" if stats.skipped_examples else ""
-        summary = f"{stats.rows} rows, {stats.skipped} skipped{first}"
-        raise ConfigError(f"{item.where}: no usable examples ({summary})", item.key)
-    logger.info(
-        "%s: %d examples from %d rows (%d skipped, %d truncated), %d tokens, %d with loss",
-        item.where, stats.examples, stats.rows, stats.skipped, stats.truncated, stats.tokens, stats.loss_tokens,
-    )
-    return datasets.concatenate_datasets(chunks), stats
-
-
-def _tokenize_row(
-    raw: RawRow,
-    index: int,
-    tokenizer: PreTrainedTokenizerBase,
-    use_markers: bool,
-    cfg: TrainConfig,
-    stats: SplitStats,
-    source: DataSource,
-) -> tuple[list[int], list[int]] | None:
-    """(input_ids, labels) of one row, truncated; None when the row is skipped (and counted)."""
-    try:
-        example = parse_row(raw, stats.format, source.text_field, source.mapping)
-    except BadRowError as err:
-        if not cfg.data.allow_bad_rows:
-            raise ConfigError(f"{raw.location}: {err} (set data.allow_bad_rows = true to skip bad rows)") from None
-        stats.skip("skipped_bad_rows", index, raw.location, str(err))
-        return None
-    try:
-        if example.tokens is not None:
-            input_ids, labels = example.tokens
-        elif example.text is not None:
-            input_ids, labels = tokenize_text(tokenizer, example.text)
-        else:
-            input_ids, labels = tokenize_chat(tokenizer, example.messages, use_markers)
-    except MaskError as err:
-        stats.skip("skipped_mask", index, raw.location, f"assistant mask: {err}")
-        return None
-    max_length = cfg.train.model_max_length
-    if len(input_ids) > max_length:
-        stats.truncated += 1
-        input_ids, labels = input_ids[:max_length], labels[:max_length]
-    n_loss = sum(label != IGNORE_INDEX for label in labels[1:])  # label 0 is never predicted
-    if n_loss == 0:
-        stats.skip("skipped_no_loss", index, raw.location, "no loss token left after truncation")
-        return None
-    stats.examples += 1
-    stats.tokens += len(input_ids)
-    stats.loss_tokens += n_loss
-    return input_ids, labels

@@ -56,15 +56,28 @@ def first_chat_examples(sample: dict[str, Any], count: int) -> tuple[list[Exampl
     return examples, tools
 
 
-def unrendered_tool_part(rendered: str, messages: list[dict[str, Any]]) -> str | None:
-    """The first tool call name or tool result the rendering lacks (None when all are there)."""
+def unrendered_tool_part(rendered: str, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str | None:
+    """The first tool definition, tool call name or tool result the rendering lacks (None when all are there).
+    A result may be rendered as it is or serialised (Llama 3.1-3.3 write it through `tojson`)."""
+    for tool in tools or []:
+        if tool["function"]["name"] not in rendered:
+            return f"tool definition {tool['function']['name']!r}"
     for message in messages:
         for call in message.get("tool_calls") or []:
             if call["function"]["name"] not in rendered:
                 return f"tool call {call['function']['name']!r}"
-        if message["role"] == "tool" and message["content"].strip() not in rendered:
+        if message["role"] == "tool" and not any(form in rendered for form in _renderings(message["content"].strip())):
             return f"tool result {message['content'][:40]!r}"
     return None
+
+
+def _renderings(content: str) -> list[str]:
+    """How a template may write a tool result: as it is, or as a JSON string (`tojson`, whose HTML-safe form
+    escapes <, >, &, ')."""
+    quoted = [json.dumps(content, ensure_ascii=False), json.dumps(content)]
+    safe = [q.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+            for q in quoted]
+    return [content, *quoted, *safe]
 
 
 def check_source(tokenizer: Any, sample: dict[str, Any]) -> str | None:
@@ -76,7 +89,7 @@ def check_source(tokenizer: Any, sample: dict[str, Any]) -> str | None:
     reasons = []
     for example in examples:
         try:
-            tokenize_chat(tokenizer, example.messages, markers)
+            tokenize_chat(tokenizer, example.messages, markers, example.tools)
             break
         except MaskError as err:
             reasons.append(str(err))
@@ -85,11 +98,11 @@ def check_source(tokenizer: Any, sample: dict[str, Any]) -> str | None:
             return f"cannot mask the assistant turns of the first {len(reasons)} rows of {sample['path']}: {reasons[0]}"
     for location, example in tools:
         try:
-            rendered = tokenizer.apply_chat_template(example.messages, tokenize=False)
-            tokenize_chat(tokenizer, example.messages, markers)
+            rendered = tokenizer.apply_chat_template(example.messages, tools=example.tools, tokenize=False)
+            tokenize_chat(tokenizer, example.messages, markers, example.tools)
         except Exception as err:  # jinja's raise_exception, MaskError
             return f"{location}: the chat template cannot render this conversation with tool calls: {err}"
-        missing = unrendered_tool_part(rendered, example.messages)
+        missing = unrendered_tool_part(rendered, example.messages, example.tools)
         if missing:
             return (f"{location}: the chat template does not render tool calls ({missing} is missing from its "
                     "output); use a tool-calling model's tokenizer (model.tokenizer) or drop the tool rows")

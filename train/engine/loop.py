@@ -151,7 +151,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
             stop.restore_default_handlers()
             return EXIT_REQUEUE
         with watchdog.paused():  # the final eval and the export are not steps
-            if loop.evals:
+            if loop.evals and loop.evaluated_at != state.step:  # the last step's eval may have been this one
                 sink.write({"step": state.step, "epoch": state.epoch, **loop.evaluate()})
             if cfg.run.export_dir:  # "" = no export (benchmarks: an 8B gather and a 32 GB write)
                 export_model(accelerator, model, tokenizer, cfg)
@@ -237,6 +237,7 @@ class Loop:
         self.float8_all_gather = float8.all_gathers_in_float8(model)
         offload = ActivationOffload(accelerator.device) if cfg.train.activation_offload else None
         self.saving = offload.saving if offload else contextlib.nullcontext  # around each training forward
+        self.evaluated_at = -1  # the step of the last eval: the final one is not repeated there
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
             watchdog: Watchdog) -> bool:
@@ -265,6 +266,7 @@ class Loop:
                 self._settle(state, window, watch)
                 with watchdog.paused():
                     sink.write({"step": state.step, "epoch": state.epoch, **self.evaluate()})
+                self.evaluated_at = state.step
                 watch.lap()  # eval is not training throughput
             if HOOKS.after_step is not None:
                 HOOKS.after_step(state.step, self.acc.is_main_process, stop.stop_file)
