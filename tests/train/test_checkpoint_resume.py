@@ -65,6 +65,10 @@ def test_stop_request_checkpoints_exits_75_and_resumes_bitwise(tmp_path, referen
 
 
 def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, reference):
+    """train.async_save (the default): the save of step 10 is staged, its write stalls in the background
+    thread (tests/faults: before its rename) while training goes on to step 15, whose save waits for it
+    (one in flight); the whole job is killed there. Step 5 stays the complete one; the next start removes
+    the partial step 10 and resumes bitwise."""
     run_dir = write_run(tmp_path / "run", {"train": {"save_steps": 5, "save_total_limit": 2}})
     ckpts = run_dir / "checkpoints"
     with open(run_dir / "first.log", "w") as log:
@@ -72,12 +76,14 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, re
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 180
-            while not (ckpts / ".tmp-step-00000010" / "train_state.json").exists():  # model and optimizer written
+            # Step 15's metrics record: training went on while the write of step 10 was in flight.
+            while not (run_dir / "metrics.jsonl").exists() or 15 not in losses(run_dir):
                 assert proc.poll() is None and time.monotonic() < deadline, read_log(run_dir, "first.log")
                 time.sleep(0.2)
-            time.sleep(0.5)
+            assert (ckpts / ".tmp-step-00000010" / "train_state.json").exists()
         finally:
-            kill_job(proc)  # the whole job, mid-save: as a node failure would
+            kill_job(proc)  # the whole job, mid-write: as a node failure would
+    assert "checkpoint of step 10 staged" in read_log(run_dir, "first.log")
     assert (ckpts / "step-00000005" / MARKER).is_file()
     assert_sharded_checkpoint(ckpts / "step-00000005", world=2)
     assert not (ckpts / "step-00000010").exists()

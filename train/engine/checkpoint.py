@@ -18,20 +18,26 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
+from accelerate.checkpointing import save_accelerator_state, save_custom_state
 from accelerate.utils import DistributedType
+from accelerate.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 
 from contract import protocol
 from contract.failure import first_line
 from train.engine.hooks import HOOKS
+from train.persist.snapshot import SnapshotWriter, tensor_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +159,199 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
         size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file()) / 1e9
         logger.info("checkpoint saved: %s (%.2f GB in %.1f s, %.2f GB/s)", final, size, seconds, size / seconds)
     return final
+
+
+@dataclass
+class PendingSave:
+    """The asynchronous save in flight: its step, folders, and when it started (perf_counter)."""
+
+    step: int
+    tmp: Path
+    final: Path
+    started: float
+    pause_s: float
+
+
+class Checkpointer:
+    """The run's saves: periodic ones asynchronous where they can be (train.async_save, FSDP2 sharded state
+    that the node's RAM can hold), the stop-save, and the one save in flight. Every method is collective.
+
+    An asynchronous save of step N: every rank copies its shard to CPU memory (the only training pause) and
+    writes the small files (RNG states, scheduler, train_state.json: step N's) into .tmp-step-N; a thread
+    writes model and optimizer there (DCP, every file fsynced). At each later step boundary the ranks agree
+    whether every rank's write is over (`poll`); then rank 0 fsyncs, renames, marks it COMPLETE and prunes.
+    A crash before that leaves .tmp-step-N (removed at the next start) and the previous complete checkpoint
+    as it was. `record` gets one metrics record per save (pause_s, write_s, GB)."""
+
+    def __init__(self, accelerator: Accelerator, root: Path, keep: int, async_save: bool,
+                 vote_group: dist.ProcessGroup | None, timeout: timedelta | None,
+                 record: Callable[[dict], None] | None = None):
+        self.acc, self.root, self.keep, self.vote_group = accelerator, root, keep, vote_group
+        self.record = record or (lambda _record: None)
+        why_not = async_save and sync_only_reason(accelerator)
+        if why_not and accelerator.is_main_process:
+            logger.info("train.async_save: checkpoints are written synchronously (%s)", why_not)
+        self.writer = SnapshotWriter(timeout) if async_save and not why_not else None
+        self.pending: PendingSave | None = None
+        self.last_write_s: float | None = None  # the last save's time from its start to COMPLETE
+        self._ram_checked = False
+
+    def save(self, state: TrainState) -> None:
+        """The periodic save of `state.step`: returns once staged (async) or complete (sync). A save still
+        in flight is finished first: at most one at a time."""
+        started = time.perf_counter()
+        self.finish()
+        if self.writer is not None and self._fits_in_ram():
+            self._begin(state, started)
+            return
+        save_checkpoint(self.acc, self.root, state, self.keep)
+        self._done(state.step, started, time.perf_counter() - started, "sync")
+
+    def poll(self) -> None:
+        """At a step boundary: publish the save in flight if every rank's write is over. Never waits on the
+        write; one all-reduce of one integer while a save is in flight, nothing otherwise."""
+        if self.pending is not None and self.writer is not None and self.writer.all_finished(self.vote_group):
+            self._complete()
+
+    def finish(self) -> None:
+        """Wait for the save in flight (if any) and publish it: at a stop, before the next save, at the end."""
+        if self.pending is not None:
+            self._complete()
+
+    def stop_save(self, state: TrainState, step_s: float) -> None:
+        """The save that answers a stop request (time limit, preemption, Ctrl-C). A save in flight is finished,
+        not restarted. Without one, the newest complete checkpoint answers if redoing the steps since it
+        (`step_s` each) takes no longer than the last save took; else a synchronous save of this step."""
+        if self.pending is not None:
+            logger.info("stop: finishing the checkpoint of step %d in flight", self.pending.step)
+            self.finish()
+            return
+        newest = latest_checkpoint(self.root) if self.acc.is_main_process else None
+        newest_step = protocol.checkpoint_step(newest) if newest is not None else None
+        lost_s = (state.step - newest_step) * step_s if newest_step is not None else math.inf
+        reuse = _agreed(self.last_write_s is not None and lost_s <= self.last_write_s, self.vote_group)
+        if not reuse:
+            started = time.perf_counter()
+            save_checkpoint(self.acc, self.root, state, self.keep)
+            self._done(state.step, started, time.perf_counter() - started, "sync")
+            return
+        if self.acc.is_main_process:  # the launcher's rule: a COMPLETE newer than the stop file answers it
+            os.utime(newest / MARKER)
+            logger.info("stop: %s answers it (%d steps, ~%.0f s to redo, under the %.0f s a save takes)",
+                        newest.name, state.step - newest_step, lost_s, self.last_write_s)
+        self.acc.wait_for_everyone()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def _fits_in_ram(self) -> bool:
+        """Once, at the first asynchronous save: whether each node can hold its ranks' CPU copies."""
+        if self._ram_checked or self.writer is None:
+            return self.writer is not None
+        self._ram_checked = True
+        nbytes = tensor_bytes(self._state_dicts())
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if self.writer.fits_in_ram(nbytes, local, self.vote_group):
+            return True
+        if self.acc.is_main_process:
+            logger.warning("train.async_save: %d ranks x %.1f GB of state do not fit in this node's available RAM; "
+                           "checkpoints are written synchronously", local, nbytes / 1e9)
+        self.writer.close()
+        self.writer = None
+        return False
+
+    def _state_dicts(self) -> dict[str, dict]:
+        """This rank's shard of model and optimizer as Accelerate's FSDP2 save lays them out (load_state reads it)."""
+        from accelerate.utils.fsdp_utils import _prepare_sd_options
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        model, optimizer = self.acc._models[0], self.acc._optimizers[0]
+        options = _prepare_sd_options(self.acc.state.fsdp_plugin)
+        return {f"{FSDP_MODEL_NAME}_0": {"model": get_model_state_dict(model, options=options)},
+                f"{OPTIMIZER_NAME}_0": {"optimizer": get_optimizer_state_dict(model, optimizer, options=options)}}
+
+    def _begin(self, state: TrainState, started: float) -> None:
+        tmp = self.root / protocol.checkpoint_name(state.step, TMP_PREFIX)
+        if self.acc.is_main_process:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.acc.wait_for_everyone()
+        staged = self.writer.stage(self._state_dicts())
+        _save_small_state(self.acc, tmp, state)
+        step = state.step
+        self.writer.submit([(staged[name], tmp / name) for name in staged],
+                           after=lambda: HOOKS.before_checkpoint_publish and HOOKS.before_checkpoint_publish(step))
+        pause = time.perf_counter() - started
+        self.pending = PendingSave(step, tmp, self.root / protocol.checkpoint_name(step), started, pause)
+        if self.acc.is_main_process:
+            logger.info("checkpoint of step %d staged in %.2f s; written in the background", step, pause)
+
+    def _complete(self) -> None:
+        """Every rank's write is over (or this rank waits for its own): publish, or clean up and raise."""
+        pending, self.pending = self.pending, None
+        error = self.writer.wait()
+        failed = _agreed(error is not None, self.vote_group, any_rank=True)
+        if failed:
+            shutil.rmtree(pending.tmp, ignore_errors=True)
+            if error is None:
+                raise RuntimeError(f"checkpoint write of {pending.tmp} failed on another rank; "
+                                   f"{latest_checkpoint(self.root) or 'no checkpoint'} is kept")
+            if not isinstance(error, KeyboardInterrupt | SystemExit) and out_of_space(error):
+                raise space_error(self.root, pending.tmp, error) from error
+            raise error
+        if self.acc.is_main_process:
+            _publish(pending.tmp, pending.final)
+            _prune(self.root, self.keep)
+        self._done(pending.step, pending.started, pending.pause_s, "async")
+
+    def _done(self, step: int, started: float, pause_s: float, mode: str) -> None:
+        self.last_write_s = time.perf_counter() - started
+        if not self.acc.is_main_process:
+            return
+        final = self.root / protocol.checkpoint_name(step)
+        size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file()) / 1e9
+        logger.info("checkpoint complete: %s (%s, %.2f GB in %.1f s, %.2f GB/s; training paused %.2f s)", final,
+                    mode, size, self.last_write_s, size / self.last_write_s, pause_s)
+        self.record({"event": "checkpoint", "step": step, "mode": mode, "save_pause_s": pause_s,
+                     "write_s": self.last_write_s, "gb": size})
+
+
+def sync_only_reason(accelerator: Accelerator) -> str:
+    """Why this run's saves cannot be asynchronous ("" = they can): the staging copies FSDP2's sharded state."""
+    if accelerator.distributed_type != DistributedType.FSDP or not accelerator.is_fsdp2:
+        return f"{accelerator.distributed_type.value}: only FSDP2's sharded state is staged and written behind training"
+    from torch.distributed.fsdp import StateDictType
+
+    if accelerator.state.fsdp_plugin.state_dict_type != StateDictType.SHARDED_STATE_DICT:
+        return "fsdp_state_dict_type is not SHARDED_STATE_DICT"
+    if len(accelerator._models) != 1 or len(accelerator._optimizers) != 1:
+        return "one model and one optimizer are staged, this run prepared more"
+    return ""
+
+
+def _agreed(local: bool, group: dist.ProcessGroup | None, any_rank: bool = False) -> bool:
+    """Rank 0's `local` on every rank; with `any_rank`, whether any rank's is true. Collective."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return local
+    vote = local and (any_rank or dist.get_rank() == 0)
+    flag = torch.tensor([1 if vote else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
+
+
+def _save_small_state(accelerator: Accelerator, folder: Path, state: TrainState) -> None:
+    """What Accelerate's save_state writes besides model and optimizer (RNG of this rank, scheduler and the
+    other registered objects), and our train_state.json: step N's, written before training goes on."""
+    folder.mkdir(parents=True, exist_ok=True)
+    each_node = accelerator.project_configuration.save_on_each_node
+    save_accelerator_state(str(folder), [], [], accelerator._schedulers, accelerator._dataloaders,
+                           accelerator.state.process_index, accelerator.step, accelerator.scaler,
+                           save_on_each_node=each_node)
+    for index, obj in enumerate(accelerator._custom_objects):
+        save_custom_state(obj, str(folder), index, save_on_each_node=each_node)
+    if accelerator.is_main_process:
+        _write_json(folder / STATE_FILE, asdict(state))
 
 
 def out_of_space(err: BaseException) -> bool:

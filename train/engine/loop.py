@@ -34,7 +34,7 @@ from contract.schema import ConfigError
 from contract.sources import Mixture
 from train.kernels import float8
 from train.kernels.attention import setup_attention
-from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
+from train.engine.checkpoint import Checkpointer, TrainState, latest_checkpoint, load_checkpoint, remove_stale
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.engine.export import export_model
 from train.engine.hooks import HOOKS
@@ -133,11 +133,13 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval_sets, total_steps,
                 steps_per_epoch)
     sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
+    saver = Checkpointer(accelerator, ckpt_root, cfg.train.save_total_limit, cfg.train.async_save, stop.group,
+                         timedelta(seconds=cfg.run.collective_timeout_s), sink.write)
     watchdog = Watchdog(Path(cfg.run.dir), cfg.run.hang_timeout_s)
     watchdog.start(state.step)
     try:
         with loop.collector:
-            stopped = loop.run(state, stop, sink, ckpt_root, watchdog)
+            stopped = loop.run(state, stop, sink, saver, watchdog)
         if stopped:
             stop.restore_default_handlers()
             return EXIT_REQUEUE
@@ -149,6 +151,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
         sink.write({"event": "done", "step": state.step, "epoch": state.epoch, "elapsed_s": state.elapsed_s,
                     "tokens_seen": state.tokens_seen})
     finally:
+        saver.close()
         watchdog.close()
         sink.close()
     return 0
@@ -220,10 +223,11 @@ class Loop:
         self.collector = StepGarbageCollector(cfg.train.gc_every_steps)  # entered around run() by train()
         self.float8_all_gather = float8.all_gathers_in_float8(model)
 
-    def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
+    def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, saver: Checkpointer,
             watchdog: Watchdog) -> bool:
         """Train until total_steps; True when stopped (and saved) on request. Saves and evals pause the
-        watchdog; every completed optimizer step (its stop vote included) is progress."""
+        watchdog; every completed optimizer step (its stop vote included) is progress. An asynchronous save
+        is published at the first step boundary after every rank's write is over, and finished at the end."""
         window, watch = Window(), Stopwatch()
         profiler = StepProfiler(self.cfg.train.profile_steps or "", self.acc.is_main_process,
                                Path(self.cfg.run.dir) / LOGS_DIR / PROFILE_DIR)
@@ -252,18 +256,21 @@ class Loop:
                 HOOKS.after_step(state.step, self.acc.is_main_process, stop.stop_file)
             stopping = stop.agreed(state.step, self.acc.is_main_process)
             watchdog.progress(state.step)
+            saver.poll()
             if stopping:
                 self._settle(state, window, watch)  # tokens_seen must be exact in the checkpoint
                 with watchdog.paused():
-                    save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                    saver.stop_save(state, state.elapsed_s / max(1, state.step))
                 return True
             if state.step % self.cfg.train.save_steps == 0 and state.step < self.total_steps:
                 self._settle(state, window, watch)
                 with watchdog.paused():
-                    save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                    saver.save(state)
                 self.collector.collect(state.step)  # in the pause the save took anyway
                 watch.lap()  # saving (and its collection) is not training throughput
         self._settle(state, window, watch)
+        with watchdog.paused():
+            saver.finish()
         return False
 
     @staticmethod
