@@ -9,7 +9,8 @@ from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent
 STOP_AT_STEP_ENV = "SFT_FAULT_STOP_AT_STEP"  # rank 0 writes the stop file after this optimizer step
-SLOW_SAVE_STEP_ENV = "SFT_FAULT_SLOW_SAVE_STEP"  # the save of this step stalls 600 s before its rename
+SLOW_SAVE_STEP_ENV = "SFT_FAULT_SLOW_SAVE_STEP"  # the save of this step stalls before its rename (in the writer)
+SLOW_SAVE_S_ENV = "SFT_FAULT_SLOW_SAVE_S"  # ... for this many seconds (default 600)
 RAISE_AT_STEP_ENV = "SFT_FAULT_RAISE_AT_STEP"  # every rank raises RuntimeError after this step (a code bug)
 SLOW_STOP_SAVE_ENV = "SFT_FAULT_SLOW_STOP_SAVE_S"  # a save answering a stop request stalls this long
 FP8_ON_CPU_ENV = "SFT_FAULT_FP8_ON_CPU"  # "1": train.precision = "fp8" runs on the CPU (no FP8 GPU here)

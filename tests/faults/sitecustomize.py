@@ -8,6 +8,7 @@ import os
 
 _STOP_AT = os.environ.get("SFT_FAULT_STOP_AT_STEP", "")
 _SLOW_SAVE = os.environ.get("SFT_FAULT_SLOW_SAVE_STEP", "")
+_SLOW_SAVE_S = float(os.environ.get("SFT_FAULT_SLOW_SAVE_S", "600"))
 _RAISE_AT = os.environ.get("SFT_FAULT_RAISE_AT_STEP", "")
 _SLOW_STOP_SAVE_S = os.environ.get("SFT_FAULT_SLOW_STOP_SAVE_S", "")
 
@@ -23,9 +24,10 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_S
             stop_file.touch()
 
     def _slow_save(step: int) -> None:
-        # Lets a test kill -9 the job in the middle of a save (temp dir written, not yet renamed).
+        # Lets a test kill -9 the job in the middle of a save (temp dir written, not yet renamed), or (a
+        # shorter stall) stop it while an asynchronous save's write is still in flight.
         if str(step) == _SLOW_SAVE:
-            time.sleep(600)
+            time.sleep(_SLOW_SAVE_S)
 
     def _raise_at(step: int, is_main_process: bool, stop_file: Path) -> None:
         # A bug every rank hits at the same step: no node is to blame, the job must not requeue.

@@ -15,6 +15,7 @@ from tests.train.run_helpers import (kill_job, assert_sharded_checkpoint, export
                                      read_log, run_training, write_run)
 
 from contract.protocol import EXIT_REQUEUE, checkpointed_after_stop
+from tests.faults import SLOW_SAVE_S_ENV
 from tests.faults import SLOW_SAVE_STEP_ENV as TEST_SLOW_SAVE_STEP_ENV
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
 from train.engine.checkpoint import MARKER
@@ -46,15 +47,20 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_stop_request_checkpoints_exits_75_and_resumes_bitwise(tmp_path, reference):
-    run_dir = write_run(tmp_path / "run")
-    code = run_training(run_dir, {TEST_STOP_AT_STEP_ENV: "10"}, log_name="first.log")
+    """The stop at step 7 finds the asynchronous save of step 5 still writing (tests/faults stalls it 8 s):
+    it finishes that one instead of starting another, exits 75, and the restart redoes steps 6-7 bitwise
+    (a save at a logging step: the metrics windows of both runs cover the same steps)."""
+    run_dir = write_run(tmp_path / "run", {"train": {"save_steps": 5}})
+    code = run_training(run_dir, {TEST_STOP_AT_STEP_ENV: "7", TEST_SLOW_SAVE_STEP_ENV: "5", SLOW_SAVE_S_ENV: "8"},
+                        log_name="first.log")
     first_log = read_log(run_dir, "first.log")
     # Each worker exits 75, which torchrun reports as its own 1; the launcher recovers the requeue
     # from the file system with this rule (launch.slurm has the same one in shell).
     assert code in (EXIT_REQUEUE, 1) and "exitcode  : 75" in first_log, first_log
+    assert "stop: finishing the checkpoint of step 5 in flight" in first_log
     assert checkpointed_after_stop(run_dir / "STOP_REQUESTED", run_dir / "checkpoints")
-    assert (run_dir / "checkpoints" / "step-00000010" / MARKER).is_file()
-    assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000010", world=2)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000005"]
+    assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000005", world=2)
     assert not (run_dir / "export").exists()
 
     assert run_training(run_dir, log_name="second.log") == 0, read_log(run_dir, "second.log")
