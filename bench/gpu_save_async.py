@@ -35,6 +35,7 @@ from typing import Any
 from bench import gpu_multi
 from bench.results_io import throughput_numbers, write_result
 from bench.synthetic import SHAPES, write_token_jsonl
+from contract.shape import ModelShape
 
 LAYER_PARAMS_8B = 218_112_000  # one Llama-3-8B decoder layer (attention 4096x(4096+1024+1024+4096), MLP 3x4096x14336, norms)
 STATE_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments (launcher/plan/planner.py checkpoint_bytes)
@@ -120,8 +121,9 @@ def main() -> None:
     result: dict[str, Any] = {"arch": arch, "gpu_count": 1, "steps": args.steps, "save_every": args.save_every,
                               "tokens_per_micro_batch": args.tokens, "docs": gpu_multi.DOCS,
                               "disk_write_gbps": gpu_multi.disk_write_gbps(args.out)}
-    rows.append(("shape", f"8B layers x {arch['num_hidden_layers']}, state "
-                 f"{STATE_BYTES_PER_PARAM * (2 * arch['vocab_size'] * arch['hidden_size'] + arch['num_hidden_layers'] * LAYER_PARAMS_8B) / 1e9:.1f} GB"))
+    result["state_gb"] = STATE_BYTES_PER_PARAM * ModelShape.from_arch(arch).total_params / 1e9
+    rows.append(("shape", f"{arch['num_hidden_layers']} layers of {arch['hidden_size']} wide, "
+                 f"state {result['state_gb']:.1f} GB (fp32 weights + AdamW moments)"))
     rows.append(("disk write (dd-like)", f"{result['disk_write_gbps']:.2f} GB/s"))
     saves = ["--save_steps", str(args.save_every)]
     for port, (name, extra) in enumerate((("nosave", ["--save_steps", "1000000"]),
