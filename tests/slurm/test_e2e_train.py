@@ -22,7 +22,7 @@ import pytest
 
 from tests.slurm import slurm_harness as sh
 from tests.train.run_helpers import assert_sharded_checkpoint
-from train.engine.checkpoint import complete_checkpoints
+from train.persist.layout import complete_checkpoints
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

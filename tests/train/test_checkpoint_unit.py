@@ -5,7 +5,7 @@ import signal
 
 import torch
 
-from train.engine.checkpoint import MARKER, _prune, complete_checkpoints, latest_checkpoint
+from train.persist.layout import MARKER, complete_checkpoints, latest_checkpoint, prune
 from train.engine.stop import StopRequest
 
 
@@ -29,9 +29,9 @@ def test_latest_ignores_unmarked_and_tmp(tmp_path):
 def test_prune_keeps_last_k_complete(tmp_path):
     for step in (5, 10, 15, 20):
         _make(tmp_path, f"step-{step:08d}")
-    _prune(tmp_path, keep=2)
+    prune(tmp_path, keep=2)
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000015", "step-00000020"]
-    _prune(tmp_path, keep=0)  # the newest complete checkpoint is never removed
+    prune(tmp_path, keep=0)  # the newest complete checkpoint is never removed
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000020"]
 
 

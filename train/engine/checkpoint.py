@@ -1,11 +1,12 @@
 """Preemption-safe checkpoints: temp dir → rename → COMPLETE marker, resume from the newest complete one.
 
-Layout under ``run.checkpoint_dir``::
+Layout under ``run.checkpoint_dir`` (train/persist/layout.py)::
 
     .tmp-step-00000050/   being written (all ranks: accelerate save_state + our train_state.json)
-    step-00000050/        renamed by rank 0 after a barrier; complete only once it holds COMPLETE
+    step-00000050/        renamed by rank 0 once every rank's part is written; complete only once it holds COMPLETE
 
-Accelerate's ``save_state`` writes model (sharded under FSDP), optimizer, registered objects
+A synchronous save (`save_checkpoint`) returns once complete; an asynchronous one (`Checkpointer`, train.async_save)
+returns once staged in CPU memory, its write going on beside training. Accelerate's ``save_state`` writes model (sharded under FSDP), optimizer, registered objects
 (the LR scheduler) and one ``random_states_<rank>.pkl`` per process (Python, NumPy, torch CPU and
 CUDA RNG), so each rank's RNG comes back on resume. ``train_state.json`` holds the data position.
 A crash at any point leaves either a ``.tmp-*`` dir (deleted at the next start, never resumed
@@ -15,7 +16,6 @@ after the new one has its marker, so there is always one to resume from.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import math
@@ -35,26 +35,13 @@ from accelerate.utils import DistributedType
 from accelerate.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 
 from contract import protocol
-from contract.failure import first_line
 from train.engine.hooks import HOOKS
+from train.persist.layout import MARKER, PREFIX, TMP_PREFIX, failed_save, latest_checkpoint, publish, prune, write_json
 from train.persist.snapshot import SnapshotWriter, tensor_bytes
 
 logger = logging.getLogger(__name__)
 
-MARKER = protocol.CHECKPOINT_MARKER
-PREFIX = protocol.CHECKPOINT_PREFIX
-TMP_PREFIX = protocol.CHECKPOINT_TMP_PREFIX
 STATE_FILE = "train_state.json"
-# A write that fails for want of room: a full disk, a quota, a file-size limit. By errno where the error
-# keeps it, else by its words (safetensors says "os error 28"; torch's zip writer reports only the short
-# write, "unexpected pos").
-SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-SPACE_WORDS = ("no space left", "disk quota exceeded", "file too large", "unexpected pos",
-               *(f"os error {code}" for code in SPACE_ERRNOS))
-
-
-class CheckpointSpaceError(RuntimeError):
-    """A checkpoint save ran out of room; the partial save is removed, the last complete one kept."""
 
 
 @dataclass
@@ -66,28 +53,6 @@ class TrainState:
     micro_batch_index: int = 0
     tokens_seen: int = 0
     elapsed_s: float = 0.0
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint dirs, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [(step, p) for p in root.iterdir()
-             if (step := protocol.checkpoint_step(p)) is not None and (p / MARKER).is_file()]
-    return [p for _, p in sorted(found, key=lambda found_step: found_step[0])]
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    done = complete_checkpoints(root)
-    return done[-1] if done else None
 
 
 def remove_stale(root: Path, accelerator: Accelerator) -> None:
@@ -140,25 +105,24 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
     try:
         accelerator.save_state(str(tmp))
         if accelerator.is_main_process:
-            _write_json(tmp / STATE_FILE, asdict(state))
+            write_json(tmp / STATE_FILE, asdict(state))
         accelerator.wait_for_everyone()
     except BaseException as err:  # DCP's CheckpointException is a BaseException
-        # Every rank removes what it can before anyone records why: the failure records need room too.
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not isinstance(err, KeyboardInterrupt | SystemExit) and out_of_space(err):
-            raise space_error(root, tmp, err) from err
-        raise
+        raise failed_save(root, tmp, err) from err
     if HOOKS.before_checkpoint_publish is not None:
         HOOKS.before_checkpoint_publish(state.step)
     if accelerator.is_main_process:
-        _publish(tmp, final)
-        _prune(root, keep)
+        publish(tmp, final)
+        prune(root, keep)
     accelerator.wait_for_everyone()
     seconds = time.perf_counter() - started
     if accelerator.is_main_process:
         size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file()) / 1e9
         logger.info("checkpoint saved: %s (%.2f GB in %.1f s, %.2f GB/s)", final, size, seconds, size / seconds)
     return final
+
+
+ABANDON_WAIT_S = 30  # how long a failing run waits for its save in flight to end before removing it
 
 
 @dataclass
@@ -242,8 +206,19 @@ class Checkpointer:
         self.acc.wait_for_everyone()
 
     def close(self) -> None:
+        """At the end of the run, also when it fails: a save still in flight then is abandoned (module docstring)."""
+        if self.pending is not None:
+            self._abandon()
         if self.writer is not None:
             self.writer.close()
+
+    def _abandon(self) -> None:
+        """The run failed with a save in flight (a peer died, a collective failed): give this rank's writer a
+        moment to end (its collectives fail with the peer's), then remove what it wrote. Whatever a writer still
+        stuck leaves, the next start removes (remove_stale); the previous complete checkpoint is untouched."""
+        pending, self.pending = self.pending, None
+        self.writer.wait(timeout=ABANDON_WAIT_S)
+        shutil.rmtree(pending.tmp, ignore_errors=True)
 
     def _fits_in_ram(self) -> bool:
         """Once, at the first asynchronous save: whether each node can hold its ranks' CPU copies."""
@@ -277,11 +252,14 @@ class Checkpointer:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
         self.acc.wait_for_everyone()
-        staged = self.writer.stage(self._state_dicts())
-        _save_small_state(self.acc, tmp, state)
         step = state.step
-        self.writer.submit([(staged[name], tmp / name) for name in staged],
-                           after=lambda: HOOKS.before_checkpoint_publish and HOOKS.before_checkpoint_publish(step))
+        try:
+            staged = self.writer.stage(self._state_dicts())
+            _save_small_state(self.acc, tmp, state)
+            self.writer.submit([(staged[name], tmp / name) for name in staged],
+                               after=lambda: HOOKS.before_checkpoint_publish and HOOKS.before_checkpoint_publish(step))
+        except BaseException as err:  # this rank's small files found no room (the other ranks' writes then fail)
+            raise failed_save(self.root, tmp, err) from err
         pause = time.perf_counter() - started
         self.pending = PendingSave(step, tmp, self.root / protocol.checkpoint_name(step), started, pause)
         if self.acc.is_main_process:
@@ -293,16 +271,12 @@ class Checkpointer:
         error = self.writer.wait()
         failed = _agreed(error is not None, self.vote_group, any_rank=True)
         if failed:
-            shutil.rmtree(pending.tmp, ignore_errors=True)
-            if error is None:
-                raise RuntimeError(f"checkpoint write of {pending.tmp} failed on another rank; "
-                                   f"{latest_checkpoint(self.root) or 'no checkpoint'} is kept")
-            if not isinstance(error, KeyboardInterrupt | SystemExit) and out_of_space(error):
-                raise space_error(self.root, pending.tmp, error) from error
-            raise error
+            error = error or RuntimeError(f"checkpoint write of {pending.tmp} failed on another rank; "
+                                          f"{latest_checkpoint(self.root) or 'no checkpoint'} is kept")
+            raise failed_save(self.root, pending.tmp, error) from error
         if self.acc.is_main_process:
-            _publish(pending.tmp, pending.final)
-            _prune(self.root, self.keep)
+            publish(pending.tmp, pending.final)
+            prune(self.root, self.keep)
         self._done(pending.step, pending.started, pending.pause_s, "async")
 
     def _done(self, step: int, started: float, pause_s: float, mode: str) -> None:
@@ -351,72 +325,7 @@ def _save_small_state(accelerator: Accelerator, folder: Path, state: TrainState)
     for index, obj in enumerate(accelerator._custom_objects):
         save_custom_state(obj, str(folder), index, save_on_each_node=each_node)
     if accelerator.is_main_process:
-        _write_json(folder / STATE_FILE, asdict(state))
-
-
-def out_of_space(err: BaseException) -> bool:
-    """Whether `err`, its causes, or (DCP) any rank's wrapped error is a write that found no room."""
-    todo: list[object] = [err]
-    seen: set[int] = set()
-    while todo:
-        exc = todo.pop()
-        if not isinstance(exc, BaseException) or id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        text = str(exc).lower()
-        if getattr(exc, "errno", None) in SPACE_ERRNOS or any(words in text for words in SPACE_WORDS):
-            return True
-        failures = getattr(exc, "failures", None)  # CheckpointException: rank -> (exception, traceback)
-        wrapped = [f[0] if isinstance(f, tuple) else f for f in failures.values()] if isinstance(failures, dict) else []
-        todo += [exc.__cause__, exc.__context__, *wrapped]
-    return False
-
-
-def space_error(root: Path, tmp: Path, err: BaseException) -> CheckpointSpaceError:
-    """One line: where, how much room is left, how much a checkpoint needs, what was kept, what to do."""
-    free = shutil.disk_usage(root).free
-    previous = latest_checkpoint(root)
-    if previous is None:
-        kept, need = "no complete checkpoint exists yet", ""
-    else:
-        size = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file())
-        kept, need = f"{previous.name} is kept", f"; a checkpoint needs ~{size / 1e9:.3f} GB (as {previous.name})"
-    return CheckpointSpaceError(
-        f"checkpoint save to {tmp} ran out of room ({first_line(str(err))[:160]}): {free / 1e9:.3f} GB free "
-        f"there{need}; the partial save was removed and {kept}: free space or lower train.save_total_limit, "
-        "then run the same command to resume")
-
-
-def _write_json(path: Path, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """fsync the files, rename, then write and fsync the marker: COMPLETE implies durable contents."""
-    for path in tmp.rglob("*"):
-        if path.is_file():
-            _fsync_path(path)
-    if final.exists():  # a complete save of the same step from an earlier incarnation
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_path(final.parent)
-    marker = final / MARKER
-    with open(marker, "w", encoding="utf-8") as fh:
-        fh.write("ok\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    _fsync_path(final)
-
-
-def _prune(root: Path, keep: int) -> None:
-    """Keep the newest `keep` complete checkpoints; the newest complete one is never removed."""
-    done = complete_checkpoints(root)
-    for old in done[: max(0, len(done) - max(1, keep))]:
-        logger.info("pruning old checkpoint %s", old)
-        shutil.rmtree(old)
+        write_json(folder / STATE_FILE, asdict(state))
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainState:

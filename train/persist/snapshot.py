@@ -140,10 +140,16 @@ class SnapshotWriter:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return not flag.item()
 
-    def wait(self) -> BaseException | None:
-        """Block until this rank's write job is over; its error, or None. The writer is free again."""
+    def wait(self, timeout: float | None = None) -> BaseException | None:
+        """Block until this rank's write job is over (at most `timeout` s: then a TimeoutError is the answer);
+        its error, or None. The writer is free again."""
         future, self._future = self._future, None
-        return None if future is None else future.exception()
+        if future is None:
+            return None
+        try:
+            return future.exception(timeout)
+        except TimeoutError as err:
+            return err
 
     def close(self) -> None:
         self._stager.close()
