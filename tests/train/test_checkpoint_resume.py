@@ -61,11 +61,11 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_stop_request_checkpoints_exits_75_and_resumes_bitwise(tmp_path, reference, pretrained):
-    """The stop at step 7 finds the asynchronous save of step 5 still writing (tests/faults stalls it 8 s):
+    """The stop at step 7 finds the asynchronous save of step 5 still writing (tests/faults stalls it until then):
     it finishes that one instead of starting another, exits 75, and the restart redoes steps 6-7 bitwise
     (a save at a logging step: the metrics windows of both runs cover the same steps)."""
     run_dir = write_run(tmp_path / "run", {**pretrained, "train": {"save_steps": 5}})
-    code = run_training(run_dir, {TEST_STOP_AT_STEP_ENV: "7", TEST_SLOW_SAVE_STEP_ENV: "5", SLOW_SAVE_S_ENV: "8"},
+    code = run_training(run_dir, {TEST_STOP_AT_STEP_ENV: "7", TEST_SLOW_SAVE_STEP_ENV: "5", SLOW_SAVE_S_ENV: "60"},
                         log_name="first.log")
     first_log = read_log(run_dir, "first.log")
     # Each worker exits 75, which torchrun reports as its own 1; the launcher recovers the requeue
