@@ -117,7 +117,7 @@ def test_full_disk_fails_loudly_and_keeps_previous_checkpoint(tmp_path):
     assert "training failed" in log and WRITER_FRAME in log, log
     assert ("File too large" in log and "os error 27" in log) or "unexpected pos" in log, log
     assert "exitcode  : 1" in log, log  # the failing rank exited 1 itself (not 75, not killed)
-    assert "checkpoint saved" not in log and "checkpoint complete" not in log, log
+    assert "checkpoint saved" not in log, log
 
     assert_intact(ckpts, previous, before)
     assert_says_out_of_room(run_dir, log)
@@ -138,7 +138,7 @@ def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_chec
     # torch.save reports the short write as an iostream error; rank 0, its own write under way in the
     # background, learns of it at the next collective (gloo: connection closed by the failed peer) and fails too.
     assert "[rank 1] ERROR train: training failed" in log and SMALL_FILES_FRAME in log, log
-    assert "[rank 0] ERROR train: training failed" in log and "checkpoint complete" not in log, log
+    assert "[rank 0] ERROR train: training failed" in log and "checkpoint saved" not in log, log
     assert_intact(ckpts, previous, before)
     assert not (run_dir / "export").exists()
     assert_says_out_of_room(run_dir, log)

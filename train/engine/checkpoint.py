@@ -285,8 +285,9 @@ class Checkpointer:
             return
         final = self.root / protocol.checkpoint_name(step)
         size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file()) / 1e9
-        logger.info("checkpoint complete: %s (%s, %.2f GB in %.1f s, %.2f GB/s; training paused %.2f s)", final,
-                    mode, size, self.last_write_s, size / self.last_write_s, pause_s)
+        if mode == "async":  # the line save_checkpoint writes for a synchronous save, the same words
+            logger.info("checkpoint saved: %s (%.2f GB in %.1f s, %.2f GB/s)", final, size, self.last_write_s,
+                        size / self.last_write_s)
         self.record({"event": "checkpoint", "step": step, "mode": mode, "save_pause_s": pause_s,
                      "write_s": self.last_write_s, "gb": size})
 
