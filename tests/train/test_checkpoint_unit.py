@@ -134,9 +134,14 @@ def test_the_background_write_is_a_snapshot_of_the_staged_step(tmp_path):
     training changes after; a second stage waits for the write; a failed write is this rank's error."""
     import torch.distributed.checkpoint as dcp
 
-    from train.persist.snapshot import SnapshotWriter, tensor_bytes
+    from train.persist.snapshot import SnapshotWriter, tensor_bytes, unstageable_tensor
+
+    class Wrapped(torch.Tensor):  # as QLoRA's NF4 weights are: staged synchronously instead (Checkpointer)
+        pass
 
     weight = torch.arange(6, dtype=torch.float32)
+    assert unstageable_tensor({"a": [weight, torch.nn.Parameter(weight)]}) == ""
+    assert unstageable_tensor({"a": {"b": torch.zeros(2).as_subclass(Wrapped)}}) == "Wrapped"
     writer = SnapshotWriter(timeout=None)
     staged = writer.stage({"model": {"weight": weight}})
     assert tensor_bytes(staged) == 24 and staged["model"]["weight"].data_ptr() != weight.data_ptr()

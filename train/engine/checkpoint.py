@@ -37,7 +37,7 @@ from accelerate.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 from contract import protocol
 from train.engine.hooks import HOOKS
 from train.persist.layout import MARKER, PREFIX, TMP_PREFIX, failed_save, latest_checkpoint, publish, prune, write_json
-from train.persist.snapshot import SnapshotWriter, tensor_bytes
+from train.persist.snapshot import SnapshotWriter, tensor_bytes, unstageable_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -158,14 +158,14 @@ class Checkpointer:
         self.writer = SnapshotWriter(timeout) if async_save and not why_not else None
         self.pending: PendingSave | None = None
         self.last_write_s: float | None = None  # the last save's time from its start to COMPLETE
-        self._ram_checked = False
+        self._checked = False
 
     def save(self, state: TrainState) -> None:
         """The periodic save of `state.step`: returns once staged (async) or complete (sync). A save still
         in flight is finished first: at most one at a time."""
         started = time.perf_counter()
         self.finish()
-        if self.writer is not None and self._fits_in_ram():
+        if self.writer is not None and self._can_stage():
             self._begin(state, started)
             return
         save_checkpoint(self.acc, self.root, state, self.keep)
@@ -220,18 +220,21 @@ class Checkpointer:
         self.writer.wait(timeout=ABANDON_WAIT_S)
         shutil.rmtree(pending.tmp, ignore_errors=True)
 
-    def _fits_in_ram(self) -> bool:
-        """Once, at the first asynchronous save: whether each node can hold its ranks' CPU copies."""
-        if self._ram_checked or self.writer is None:
+    def _can_stage(self) -> bool:
+        """Once, at the first asynchronous save: whether every tensor is one the stager copies (no tensor
+        subclass: the same model on every rank) and each node can hold its ranks' CPU copies (collective)."""
+        if self._checked or self.writer is None:
             return self.writer is not None
-        self._ram_checked = True
-        nbytes = tensor_bytes(self._state_dicts())
+        self._checked = True
+        state_dicts = self._state_dicts()
+        subclass, nbytes = unstageable_tensor(state_dicts), tensor_bytes(state_dicts)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if self.writer.fits_in_ram(nbytes, local, self.vote_group):
+        if self.writer.fits_in_ram(nbytes, local, self.vote_group, stageable=not subclass):
             return True
         if self.acc.is_main_process:
-            logger.warning("train.async_save: %d ranks x %.1f GB of state do not fit in this node's available RAM; "
-                           "checkpoints are written synchronously", local, nbytes / 1e9)
+            why = (f"its state holds {subclass} tensors" if subclass else
+                   f"{local} ranks x {nbytes / 1e9:.1f} GB of state do not fit in this node's available RAM")
+            logger.warning("train.async_save: %s; checkpoints are written synchronously", why)
         self.writer.close()
         self.writer = None
         return False

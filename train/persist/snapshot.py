@@ -64,6 +64,19 @@ def tensor_bytes(state: Any) -> int:
     return 0
 
 
+def unstageable_tensor(state: Any) -> str:
+    """The type of the first tensor the stager cannot copy as plain storage ("" = none): a tensor subclass other
+    than DTensor and Parameter, or a DTensor over one (QLoRA's NF4 weights, float8 all-gather's weight wrapper)."""
+    if isinstance(state, dict):
+        return next((found for value in state.values() if (found := unstageable_tensor(value))), "")
+    if isinstance(state, list | tuple):
+        return next((found for value in state if (found := unstageable_tensor(value))), "")
+    if not isinstance(state, torch.Tensor):
+        return ""
+    local = state.to_local() if hasattr(state, "to_local") else state
+    return "" if type(local) in (torch.Tensor, torch.nn.Parameter) else type(local).__name__
+
+
 def available_ram_bytes() -> int:
     """MemAvailable of /proc/meminfo (what can be allocated without swapping), else free pages."""
     try:
@@ -121,9 +134,11 @@ class SnapshotWriter:
         self._future = future
         threading.Thread(target=job, name="checkpoint-writer", daemon=True).start()
 
-    def fits_in_ram(self, nbytes: int, local_ranks: int, group: dist.ProcessGroup | None) -> bool:
-        """Collective on `group`: whether every node can hold its ranks' copies (`nbytes` each) in RAM."""
-        short = 0 if nbytes * local_ranks <= RAM_SHARE * available_ram_bytes() else 1
+    def fits_in_ram(self, nbytes: int, local_ranks: int, group: dist.ProcessGroup | None,
+                    stageable: bool = True) -> bool:
+        """Collective on `group`: whether every rank's state is `stageable` and every node can hold its ranks'
+        copies (`nbytes` each) in RAM."""
+        short = 0 if stageable and nbytes * local_ranks <= RAM_SHARE * available_ram_bytes() else 1
         if dist.is_available() and dist.is_initialized():
             flag = torch.tensor([short], dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
