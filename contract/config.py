@@ -126,6 +126,10 @@ class TrainSection:
     gradient_checkpointing: bool = documented(True, "recompute activations in backward (less memory, more compute)")
     save_steps: int = documented(500, "checkpoint every N optimizer steps (and on every stop request)")
     save_total_limit: int = documented(2, "keep the last K complete checkpoints")
+    async_save: bool = documented(
+        False, "true = periodic checkpoints (FSDP2 sharded state) are copied to CPU memory and written by a "
+               "background thread while training goes on; each becomes valid (COMPLETE) once every rank's files "
+               "are on disk (off by default until its GPU benchmark has run); false = training waits for the write")
     logging_steps: int = documented(10, "write a metrics.jsonl record every N optimizer steps")
     eval_steps: int = documented(0, "evaluate every N steps; 0 = only at the end (when there is an eval split)")
     report_to: list[str] = documented(["jsonl"], "reporters besides metrics.jsonl, which is always written (status and "

@@ -68,6 +68,10 @@ BATCH_FAILURES_FILE = "batch_failures.txt"
 BATCH_HELPERS_DIR = ".batch-helpers"
 # LOGS_DIR/PROFILE_DIR/steps-A-B.trace.json: the Chrome/Perfetto trace of train.profile_steps (rank 0).
 PROFILE_DIR = "profile"
+# COMPILE_CACHE_DIR/: torch.compile's caches (Inductor's FX graphs and AOT autograd, Triton's kernels) of every
+# (re)start, in the run directory: a requeued job, on whatever node, finds the graphs its first start compiled
+# (torch's default, /tmp/torchinductor_<user>, is node-local and often wiped between jobs).
+COMPILE_CACHE_DIR = ".compile-cache"
 
 # `sft-launch eval` results: EVAL_DIR/<name>.json; EVAL_DIR/pinned-step-N is a checkpoint hard-linked
 # by `eval --every-checkpoint` until its export (train/export_checkpoint.py) removes it.

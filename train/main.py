@@ -19,6 +19,7 @@ from pathlib import Path
 from contract.config import load_train_config
 from contract.failure import EXIT_CONFIG, EXIT_FAILURE, EXIT_HUNG, PeerFailedError, first_line, record_failure
 from contract.liveness import append_roster
+from contract.protocol import COMPILE_CACHE_DIR
 from contract.schema import ConfigError
 from train.observe.ranklog import console_handler, redirect_output
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")):
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF  # read at the first CUDA allocation
     run_dir = Path(args.config).resolve().parent  # train.toml sits in the run directory
+    # Read when torch.compile first compiles; the environment's own choice wins.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir / COMPILE_CACHE_DIR))
     _configure_logging(run_dir, args.attempt)
     started = time.time()
     append_roster(run_dir)  # before anything can hang: which host runs this rank

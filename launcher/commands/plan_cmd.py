@@ -99,9 +99,11 @@ def _launch_warnings(launch: Launch, plan: Plan, cluster: ClusterCheck | None) -
                         "it stops early (raise profile.max_timeouts or --time)")
     grace = cluster.grace_time_s if cluster else None
     if grace and grace < plan.signal_lead_s:  # 0: no GraceTime set, as on partitions without preemption
+        cadence = plan.cadence
+        lost = f" (up to {cadence.lost_steps:,} steps: the Preempt line)" if cadence and cadence.lost_steps else ""
         warnings.append(f"partition {profile.partition or '(default)'} has GraceTime={grace} s, below the "
                         f"{plan.signal_lead_s} s the checkpoint save needs: if its jobs can be preempted, SLURM "
-                        "kills a preempted job mid-save and it resumes from its previous checkpoint")
+                        f"kills a preempted job mid-save and it resumes from its previous checkpoint{lost}")
     return warnings
 
 

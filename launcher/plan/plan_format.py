@@ -68,15 +68,37 @@ def _time_lines(plan: Plan) -> list[str]:
         lines.append(f"        MFU against the bf16 peak ({spec.peak_tflops_bf16:,.0f} TFLOP/s per GPU); "
                      f"FP8 peak {fp8_peak} TFLOP/s")
     lines.append(_signal_line(plan))
+    lines += _preempt_lines(plan)
     return lines
 
 
 def _signal_line(plan: Plan) -> str:
-    """The lead launch.slurm asks for (profile.signal_lead_s), and what the checkpoint needs."""
-    needs = f"the checkpoint ({plan.checkpoint_bytes / 1e9:.1f} GB) needs ~{plan.signal_lead_s} s"
+    """The lead launch.slurm asks for (profile.signal_lead_s), and what the stop-save needs."""
+    cadence = plan.cadence
+    inflight = ", or finishing the asynchronous one in flight" if cadence and cadence.asynchronous else ""
+    needs = (f"a stop-save needs ~{plan.signal_lead_s} s: the step in progress and the checkpoint "
+             f"({plan.checkpoint_bytes / 1e9:.1f} GB{inflight})")
     if plan.input.signal_lead_s is None:
         return f"Signal  none: no time limit here (a stop request checkpoints; {needs})"
     return f"Signal  {plan.input.signal_lead_s} s before the limit (profile.signal_lead_s; {needs})"
+
+
+def _preempt_lines(plan: Plan) -> list[str]:
+    """What a preemption loses when SLURM's GraceTime ends before the stop-save: the steps since the newest
+    COMPLETE checkpoint, and the train.save_steps that bounds it (planner.save_cadence)."""
+    cadence, save_steps = plan.cadence, plan.input.save_steps
+    if cadence is None or cadence.lost_steps is None:
+        return []
+    mode = "asynchronous saves" if cadence.asynchronous else "synchronous saves"
+    lost = f"{cadence.lost_steps:,} steps" + (f" (~{_duration(cadence.lost_s)})" if cadence.lost_s else "")
+    line = (f"Preempt GraceTime under ~{cadence.stop_save_s} s: a preempted job loses up to {lost} "
+            f"(save_steps {save_steps:,}, {mode}, each written in ~{_duration(cadence.write_s)})")
+    suggested = cadence.suggested_save_steps
+    if suggested is None or cadence.lost_s is None or suggested > 0.75 * save_steps:
+        return [line]  # only a clearly shorter interval is worth a suggestion
+    step_s = cadence.lost_s / cadence.lost_steps
+    bound = (cadence.lost_steps - save_steps + suggested) * step_s
+    return [line, f"        --set train.save_steps={suggested} bounds it to ~{_duration(bound)}"]
 
 
 def format_plan(plan: Plan) -> str:

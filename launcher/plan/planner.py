@@ -50,6 +50,10 @@ CPU_OFFLOAD_MFU_FACTOR = 0.5  # host AdamW + PCIe traffic; crude, offload is a l
 FP8_GAIN = 1.0
 
 CHECKPOINT_WRITE_SAFETY = 1.5  # shared storage is rarely at its nominal bandwidth
+# The work a preemption may lose that the suggested train.save_steps aims at, and (synchronous saves) the
+# share of training time the saves may pause it for; an asynchronous save pauses only to copy to CPU memory.
+LOSS_TARGET_S = 600
+SYNC_SAVE_SHARE = 0.05
 SIGNAL_MARGIN_S = 30  # stop-flag all-reduce, rename + COMPLETE marker, process teardown
 MIN_SIGNAL_LEAD_S = 60
 MAX_SUGGESTED_NODES = 64
@@ -105,12 +109,14 @@ class PlanInput:
     adamw_impl: Literal["fused", "foreach"] = "fused"  # train/engine/optim.py: fused; torch.optim.AdamW() default: foreach
     storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
     node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
+    save_steps: int = 500  # train.save_steps
+    async_save: bool = False  # train.async_save (FSDP2 sharded state only; other strategies save synchronously)
     startup_s: float = 180.0  # per (re)start: imports, load + shard weights, resume
     gpu_hour_price: float | None = None  # currency per GPU-hour, for the cost line
 
     def validate(self) -> None:
         for key in ("nodes", "gpus_per_node", "micro_batch_tokens", "gradient_accumulation_steps", "lora_r",
-                    "context_parallel"):
+                    "context_parallel", "save_steps"):
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(0 < self.usable_gpu_fraction <= 1, "usable_gpu_fraction", "must be in (0, 1]")
         require(0 < self.packing_efficiency <= 1, "packing_efficiency", "must be in (0, 1]")
@@ -174,6 +180,20 @@ class TimeEstimate:
 
 
 @dataclass
+class SaveCadence:
+    """What train.save_steps means when the job must stop: how long a stop-save takes, how much work a
+    preemption loses when SLURM kills the job before its stop-save completes (GraceTime shorter than the
+    save), and the save_steps that bounds that loss to ~LOSS_TARGET_S. None where the step time is unknown."""
+
+    write_s: float  # one checkpoint's write at the planned bandwidth (x safety)
+    stop_save_s: int  # the step in progress + a write (a new one, or the one in flight to finish) + margin
+    asynchronous: bool
+    lost_steps: int | None  # at most: the steps since the newest COMPLETE checkpoint
+    lost_s: float | None
+    suggested_save_steps: int | None
+
+
+@dataclass
 class Plan:
     input: PlanInput
     params_total: int
@@ -188,6 +208,7 @@ class Plan:
     checkpoint_bytes: int
     signal_lead_s: int
     warnings: list[str]
+    cadence: SaveCadence | None = None
 
     @property
     def fits_gpu(self) -> bool | None:
@@ -311,13 +332,33 @@ def checkpoint_bytes(trainable: int, inp: PlanInput) -> int:
     return per_param * trainable
 
 
+def checkpoint_write_seconds(ckpt_bytes: int, inp: PlanInput) -> float:
+    """One checkpoint written at the slower of the storage and the nodes' combined client bandwidth (x safety)."""
+    bandwidth = min(inp.storage_write_gbps, inp.nodes * inp.node_write_gbps) * 1e9
+    return CHECKPOINT_WRITE_SAFETY * ckpt_bytes / bandwidth
+
+
 def signal_lead_seconds(ckpt_bytes: int, inp: PlanInput, step_time_s: float | None) -> int:
     """How long before the time limit SLURM must signal the job: finish the current optimizer step
-    (the stop flag is checked at step boundaries), write the checkpoint at the slower of the storage
-    and the nodes' combined client bandwidth (x safety), plus a fixed margin; >= 60 s, rounded up to 10 s."""
-    bandwidth = min(inp.storage_write_gbps, inp.nodes * inp.node_write_gbps) * 1e9
-    seconds = CHECKPOINT_WRITE_SAFETY * ckpt_bytes / bandwidth + (step_time_s or 0.0) + SIGNAL_MARGIN_S
+    (the stop flag is checked at step boundaries), write the checkpoint (or finish the asynchronous one in
+    flight, which takes no longer), plus a fixed margin; >= 60 s, rounded up to 10 s."""
+    seconds = checkpoint_write_seconds(ckpt_bytes, inp) + (step_time_s or 0.0) + SIGNAL_MARGIN_S
     return max(MIN_SIGNAL_LEAD_S, int(math.ceil(seconds / 10.0)) * 10)
+
+
+def save_cadence(ckpt_bytes: int, inp: PlanInput, step_time_s: float | None, lead_s: int) -> SaveCadence:
+    """A preemption whose GraceTime ends before the stop-save completes resumes from the newest COMPLETE
+    checkpoint: up to save_steps steps old, and with asynchronous saves up to a write longer (the save of step
+    N is complete only once written, while training goes on). Synchronous saves pause training for the whole
+    write, so the suggested interval also keeps their pauses under SYNC_SAVE_SHARE of the time."""
+    write_s = checkpoint_write_seconds(ckpt_bytes, inp)
+    asynchronous = inp.async_save and inp.spec.engine == "fsdp" and inp.spec.fsdp_version != 1
+    if not step_time_s:
+        return SaveCadence(write_s, lead_s, asynchronous, None if asynchronous else inp.save_steps, None, None)
+    lost_steps = inp.save_steps + (math.ceil(write_s / step_time_s) if asynchronous else 0)
+    interval_s = max(LOSS_TARGET_S, write_s if asynchronous else write_s / SYNC_SAVE_SHARE)
+    return SaveCadence(write_s, lead_s, asynchronous, lost_steps, lost_steps * step_time_s,
+                       max(1, math.ceil(interval_s / step_time_s)))
 
 
 def _expected_mfu(inp: PlanInput) -> float | None:
@@ -395,6 +436,7 @@ def make_plan(inp: PlanInput) -> Plan:
         params_matmul=shape.matmul_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
         time=estimate_time(shape, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
+        cadence=save_cadence(ckpt, inp, step_time, lead),
     )
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent
 STOP_AT_STEP_ENV = "SFT_FAULT_STOP_AT_STEP"  # rank 0 writes the stop file after this optimizer step
-SLOW_SAVE_STEP_ENV = "SFT_FAULT_SLOW_SAVE_STEP"  # the save of this step stalls 600 s before its rename
+SLOW_SAVE_STEP_ENV = "SFT_FAULT_SLOW_SAVE_STEP"  # the save of this step stalls before its rename (in the writer)
+SLOW_SAVE_S_ENV = "SFT_FAULT_SLOW_SAVE_S"  # ... for this many seconds (default 600), or until a stop is requested
 RAISE_AT_STEP_ENV = "SFT_FAULT_RAISE_AT_STEP"  # every rank raises RuntimeError after this step (a code bug)
 SLOW_STOP_SAVE_ENV = "SFT_FAULT_SLOW_STOP_SAVE_S"  # a save answering a stop request stalls this long
 FP8_ON_CPU_ENV = "SFT_FAULT_FP8_ON_CPU"  # "1": train.precision = "fp8" runs on the CPU (no FP8 GPU here)
@@ -17,8 +18,8 @@ FP8_ON_CPU_ENV = "SFT_FAULT_FP8_ON_CPU"  # "1": train.precision = "fp8" runs on 
 
 def fault_env(env: dict[str, str], **faults: int) -> dict[str, str]:
     """`env` with this folder first on PYTHONPATH and the faults set (stop_at_step=, slow_save_step=,
-    raise_at_step=, slow_stop_save_s=)."""
-    names = {"stop_at_step": STOP_AT_STEP_ENV, "slow_save_step": SLOW_SAVE_STEP_ENV,
+    slow_save_s=, raise_at_step=, slow_stop_save_s=)."""
+    names = {"stop_at_step": STOP_AT_STEP_ENV, "slow_save_step": SLOW_SAVE_STEP_ENV, "slow_save_s": SLOW_SAVE_S_ENV,
              "raise_at_step": RAISE_AT_STEP_ENV, "slow_stop_save_s": SLOW_STOP_SAVE_ENV}
     pythonpath = os.pathsep.join(filter(None, [str(FOLDER), env.get("PYTHONPATH", "")]))
     return {**env, "PYTHONPATH": pythonpath, **{names[key]: str(value) for key, value in faults.items()}}

@@ -8,6 +8,7 @@ import os
 
 _STOP_AT = os.environ.get("SFT_FAULT_STOP_AT_STEP", "")
 _SLOW_SAVE = os.environ.get("SFT_FAULT_SLOW_SAVE_STEP", "")
+_SLOW_SAVE_S = float(os.environ.get("SFT_FAULT_SLOW_SAVE_S", "600"))
 _RAISE_AT = os.environ.get("SFT_FAULT_RAISE_AT_STEP", "")
 _SLOW_STOP_SAVE_S = os.environ.get("SFT_FAULT_SLOW_STOP_SAVE_S", "")
 
@@ -23,9 +24,15 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_S
             stop_file.touch()
 
     def _slow_save(step: int) -> None:
-        # Lets a test kill -9 the job in the middle of a save (temp dir written, not yet renamed).
-        if str(step) == _SLOW_SAVE:
-            time.sleep(600)
+        # Lets a test kill -9 the job in the middle of a save (temp dir written, not yet renamed), or stop it
+        # (a stop request, a preemption) while an asynchronous save's write is in flight: the stall ends once
+        # the stop file exists, as a write that was merely slow would end by itself.
+        deadline = time.monotonic() + _SLOW_SAVE_S
+        while str(step) == _SLOW_SAVE and time.monotonic() < deadline:
+            if _stop_file and _stop_file[0].exists():
+                time.sleep(1.0)  # the rest of the write: the stop's step boundary finds it still in flight
+                return
+            time.sleep(0.1)
 
     def _raise_at(step: int, is_main_process: bool, stop_file: Path) -> None:
         # A bug every rank hits at the same step: no node is to blame, the job must not requeue.
@@ -47,7 +54,7 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_S
         if _after_step is not None:
             _after_step(step, is_main_process, stop_file)
 
-    HOOKS.after_step = _learn_stop_file if _SLOW_STOP_SAVE_S else _after_step
+    HOOKS.after_step = _learn_stop_file if _SLOW_STOP_SAVE_S or _SLOW_SAVE else _after_step
     HOOKS.before_checkpoint_publish = (_slow_save if _SLOW_SAVE else _slow_stop_save if _SLOW_STOP_SAVE_S
                                        else None)
 

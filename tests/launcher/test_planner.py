@@ -235,3 +235,29 @@ def test_default_mfu_reproduces_the_h200_benchmarks(gpus_per_node, checkpointing
     for gpu_type in ("h100", "h200"):
         p = plan(gpus_per_node=gpus_per_node, gpu_type=gpu_type, gradient_checkpointing=checkpointing)
         assert p.time.expected_mfu == pytest.approx(measured, abs=5e-4)
+
+
+def test_preemption_loss_and_the_save_steps_that_bound_it():
+    """GraceTime shorter than the stop-save: the job resumes from its newest COMPLETE checkpoint. With
+    asynchronous saves that is up to save_steps + one write's worth of steps old; synchronous, save_steps."""
+    from launcher.plan.planner import LOSS_TARGET_S, checkpoint_write_seconds
+
+    p = plan(LLAMA3_70B, nodes=4, max_steps=2000, time_limit_s=4 * 3600, save_steps=500, async_save=True)
+    c, step_s = p.cadence, p.time.step_time_s
+    assert c.asynchronous and c.stop_save_s == p.signal_lead_s
+    assert c.write_s == pytest.approx(checkpoint_write_seconds(p.checkpoint_bytes, p.input)) and c.write_s > 300
+    assert c.lost_steps == 500 + -(-c.write_s // step_s) and c.lost_s == pytest.approx(c.lost_steps * step_s)
+    assert c.suggested_save_steps == -(-max(LOSS_TARGET_S, c.write_s) // step_s) < 500
+    text = format_plan(p)
+    assert f"Preempt GraceTime under ~{p.signal_lead_s} s: a preempted job loses up to {c.lost_steps:,} steps" in text
+    assert f"--set train.save_steps={c.suggested_save_steps} bounds it to" in text
+    assert "finishing the asynchronous one in flight" in text
+
+    sync = plan(LLAMA3_70B, nodes=4, max_steps=2000, save_steps=500, async_save=False).cadence
+    assert not sync.asynchronous and sync.lost_steps == 500
+    assert sync.suggested_save_steps * step_s >= sync.write_s / 0.05  # its pauses stay under 5% of the time
+    deepspeed = plan(LLAMA3_8B, strategy="zero3", max_steps=100, async_save=True).cadence
+    assert not deepspeed.asynchronous  # only FSDP2's sharded state is saved behind training
+    # No step time (CPU): a synchronous run loses up to the interval; an asynchronous one, an unknown number more.
+    assert plan(device="cpu", gpus_per_node=2, async_save=False).cadence.lost_steps == 500
+    assert plan(device="cpu", gpus_per_node=2, async_save=True).cadence.lost_steps is None

@@ -22,7 +22,7 @@ BASE_CONFIG: dict[str, dict[str, Any]] = {
     "data": {"tokens_per_micro_batch": 256},
     "train": {"learning_rate": 3e-3, "max_steps": 30, "warmup_ratio": 0.1, "gradient_accumulation_steps": 2,
               "logging_steps": 5, "save_steps": 1000, "model_max_length": 256, "seed": 7,
-              "gradient_checkpointing": True},
+              "gradient_checkpointing": True, "async_save": True},  # the training tests save asynchronously
     "run": {"dir": "."},
 }
 

@@ -15,19 +15,34 @@ from tests.train.run_helpers import (kill_job, assert_sharded_checkpoint, export
                                      read_log, run_training, write_run)
 
 from contract.protocol import EXIT_REQUEUE, checkpointed_after_stop
+from tests.faults import SLOW_SAVE_S_ENV
 from tests.faults import SLOW_SAVE_STEP_ENV as TEST_SLOW_SAVE_STEP_ENV
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
-from train.engine.checkpoint import MARKER
+from tests.train.conftest import TINY_ARCH, TINY_TOKENIZER_DIR
+from train.persist.layout import MARKER
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+def pretrained(tmp_path_factory) -> dict[str, dict]:
+    """The runs fine-tune a saved tiny Llama (model.path), as a user's runs do: a resume then builds the model
+    without reading it (train/engine/loop.py weights_in_checkpoint), so bitwise equality with the
+    uninterrupted run also proves that the checkpoint alone restores every weight."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("pretrained")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**TINY_ARCH)).save_pretrained(folder)
+    return {"model": {"path": str(folder), "arch": {}, "tokenizer": str(TINY_TOKENIZER_DIR)}}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, pretrained) -> Path:
     """One uninterrupted 30-step run that the interrupted runs must reproduce. It must learn: a resume
     that reproduces a run whose optimizer never steps would prove nothing."""
     # Collections every 10 steps (default 50): metrics' gc_s shows them; they never change the numbers.
-    run_dir = write_run(tmp_path_factory.mktemp("reference"), {"train": {"gc_every_steps": 10}})
+    run_dir = write_run(tmp_path_factory.mktemp("reference"), {**pretrained, "train": {"gc_every_steps": 10}})
     assert run_training(run_dir) == 0, read_log(run_dir)
     curve = losses(run_dir)
     assert curve[max(curve)] < curve[min(curve)] - 0.5, f"the loss does not drop: {curve}"
@@ -45,39 +60,51 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in metrics(run_dir) if "loss" in r}
 
 
-def test_stop_request_checkpoints_exits_75_and_resumes_bitwise(tmp_path, reference):
-    run_dir = write_run(tmp_path / "run")
-    code = run_training(run_dir, {TEST_STOP_AT_STEP_ENV: "10"}, log_name="first.log")
+def test_stop_request_checkpoints_exits_75_and_resumes_bitwise(tmp_path, reference, pretrained):
+    """The stop at step 7 finds the asynchronous save of step 5 still writing (tests/faults stalls it until then):
+    it finishes that one instead of starting another, exits 75, and the restart redoes steps 6-7 bitwise
+    (a save at a logging step: the metrics windows of both runs cover the same steps)."""
+    run_dir = write_run(tmp_path / "run", {**pretrained, "train": {"save_steps": 5}})
+    code = run_training(run_dir, {TEST_STOP_AT_STEP_ENV: "7", TEST_SLOW_SAVE_STEP_ENV: "5", SLOW_SAVE_S_ENV: "60"},
+                        log_name="first.log")
     first_log = read_log(run_dir, "first.log")
     # Each worker exits 75, which torchrun reports as its own 1; the launcher recovers the requeue
     # from the file system with this rule (launch.slurm has the same one in shell).
     assert code in (EXIT_REQUEUE, 1) and "exitcode  : 75" in first_log, first_log
+    assert "stop: finishing the checkpoint of step 5 in flight" in first_log
     assert checkpointed_after_stop(run_dir / "STOP_REQUESTED", run_dir / "checkpoints")
-    assert (run_dir / "checkpoints" / "step-00000010" / MARKER).is_file()
-    assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000010", world=2)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000005"]
+    assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000005", world=2)
     assert not (run_dir / "export").exists()
 
     assert run_training(run_dir, log_name="second.log") == 0, read_log(run_dir, "second.log")
     assert "resumed from" in read_log(run_dir, "second.log")
+    assert "every weight comes from step-00000005" in read_log(run_dir, "second.log")  # model.path not read
     assert not (run_dir / "STOP_REQUESTED").exists()  # the stale request was cleared on restart
     assert losses(run_dir) == losses(reference)  # the whole curve, before and after the stop
     assert_same_weights(run_dir, reference)
 
 
-def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, reference):
-    run_dir = write_run(tmp_path / "run", {"train": {"save_steps": 5, "save_total_limit": 2}})
+def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, reference, pretrained):
+    """train.async_save (the default): the save of step 10 is staged, its write stalls in the background
+    thread (tests/faults: before its rename) while training goes on to step 15, whose save waits for it
+    (one in flight); the whole job is killed there. Step 5 stays the complete one; the next start removes
+    the partial step 10 and resumes bitwise."""
+    run_dir = write_run(tmp_path / "run", {**pretrained, "train": {"save_steps": 5, "save_total_limit": 2}})
     ckpts = run_dir / "checkpoints"
     with open(run_dir / "first.log", "w") as log:
         proc = subprocess.Popen(launch_command(run_dir), cwd=run_dir, env=launch_env({TEST_SLOW_SAVE_STEP_ENV: "10"}),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 180
-            while not (ckpts / ".tmp-step-00000010" / "train_state.json").exists():  # model and optimizer written
+            # Step 15's metrics record: training went on while the write of step 10 was in flight.
+            while not (run_dir / "metrics.jsonl").exists() or 15 not in losses(run_dir):
                 assert proc.poll() is None and time.monotonic() < deadline, read_log(run_dir, "first.log")
                 time.sleep(0.2)
-            time.sleep(0.5)
+            assert (ckpts / ".tmp-step-00000010" / "train_state.json").exists()
         finally:
-            kill_job(proc)  # the whole job, mid-save: as a node failure would
+            kill_job(proc)  # the whole job, mid-write: as a node failure would
+    assert "checkpoint of step 10 staged" in read_log(run_dir, "first.log")
     assert (ckpts / "step-00000005" / MARKER).is_file()
     assert_sharded_checkpoint(ckpts / "step-00000005", world=2)
     assert not (ckpts / "step-00000010").exists()

@@ -5,7 +5,7 @@ import signal
 
 import torch
 
-from train.engine.checkpoint import MARKER, _prune, complete_checkpoints, latest_checkpoint
+from train.persist.layout import MARKER, complete_checkpoints, latest_checkpoint, prune
 from train.engine.stop import StopRequest
 
 
@@ -29,9 +29,9 @@ def test_latest_ignores_unmarked_and_tmp(tmp_path):
 def test_prune_keeps_last_k_complete(tmp_path):
     for step in (5, 10, 15, 20):
         _make(tmp_path, f"step-{step:08d}")
-    _prune(tmp_path, keep=2)
+    prune(tmp_path, keep=2)
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000015", "step-00000020"]
-    _prune(tmp_path, keep=0)  # the newest complete checkpoint is never removed
+    prune(tmp_path, keep=0)  # the newest complete checkpoint is never removed
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000020"]
 
 
@@ -127,3 +127,40 @@ def test_the_cache_is_released_only_when_the_saves_object_collectives_run_over_n
         assert checkpoint.object_collectives_on_gpu()
     finally:
         dist.destroy_process_group()
+
+
+def test_the_background_write_is_a_snapshot_of_the_staged_step(tmp_path):
+    """train/persist/snapshot.py in one process: what the thread writes is the state as staged, whatever the
+    training changes after; a second stage waits for the write; a failed write is this rank's error."""
+    import torch.distributed.checkpoint as dcp
+
+    from train.persist.snapshot import SnapshotWriter, tensor_bytes, unstageable_tensor
+
+    class Wrapped(torch.Tensor):  # as QLoRA's NF4 weights are: staged synchronously instead (Checkpointer)
+        pass
+
+    weight = torch.arange(6, dtype=torch.float32)
+    assert unstageable_tensor({"a": [weight, torch.nn.Parameter(weight)]}) == ""
+    assert unstageable_tensor({"a": {"b": torch.zeros(2).as_subclass(Wrapped)}}) == "Wrapped"
+    writer = SnapshotWriter(timeout=None)
+    staged = writer.stage({"model": {"weight": weight}})
+    assert tensor_bytes(staged) == 24 and staged["model"]["weight"].data_ptr() != weight.data_ptr()
+    release = __import__("threading").Event()
+    writer.submit([(staged["model"], tmp_path / "model")], after=release.wait)
+    weight.add_(100)  # the next optimizer step, while the write is in flight
+    try:
+        writer.stage({"model": {"weight": weight}})
+        raise AssertionError("a second stage while a write is in flight must be refused")
+    except RuntimeError as err:
+        assert "in flight" in str(err)
+    assert not writer.all_finished(group=None)
+    release.set()
+    assert writer.wait() is None and writer.all_finished(group=None)
+    loaded = {"weight": torch.zeros(6)}
+    dcp.load(loaded, checkpoint_id=str(tmp_path / "model"))
+    assert torch.equal(loaded["weight"], torch.arange(6, dtype=torch.float32))
+
+    (tmp_path / "blocked").write_text("a file where the folder should be")
+    writer.submit([(writer.stage({"weight": weight}), tmp_path / "blocked")], after=lambda: None)
+    assert writer.wait() is not None  # the error comes back to the caller, who removes the partial save
+    writer.close()

@@ -1,11 +1,12 @@
 """Preemption-safe checkpoints: temp dir → rename → COMPLETE marker, resume from the newest complete one.
 
-Layout under ``run.checkpoint_dir``::
+Layout under ``run.checkpoint_dir`` (train/persist/layout.py)::
 
     .tmp-step-00000050/   being written (all ranks: accelerate save_state + our train_state.json)
-    step-00000050/        renamed by rank 0 after a barrier; complete only once it holds COMPLETE
+    step-00000050/        renamed by rank 0 once every rank's part is written; complete only once it holds COMPLETE
 
-Accelerate's ``save_state`` writes model (sharded under FSDP), optimizer, registered objects
+A synchronous save (`save_checkpoint`) returns once complete; an asynchronous one (`Checkpointer`, train.async_save)
+returns once staged in CPU memory, its write going on beside training. Accelerate's ``save_state`` writes model (sharded under FSDP), optimizer, registered objects
 (the LR scheduler) and one ``random_states_<rank>.pkl`` per process (Python, NumPy, torch CPU and
 CUDA RNG), so each rank's RNG comes back on resume. ``train_state.json`` holds the data position.
 A crash at any point leaves either a ``.tmp-*`` dir (deleted at the next start, never resumed
@@ -15,40 +16,32 @@ after the new one has its marker, so there is always one to resume from.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
+import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
+from accelerate.checkpointing import save_accelerator_state, save_custom_state
 from accelerate.utils import DistributedType
+from accelerate.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 
 from contract import protocol
-from contract.failure import first_line
 from train.engine.hooks import HOOKS
+from train.persist.layout import MARKER, PREFIX, TMP_PREFIX, failed_save, latest_checkpoint, publish, prune, write_json
+from train.persist.snapshot import SnapshotWriter, tensor_bytes, unstageable_tensor
 
 logger = logging.getLogger(__name__)
 
-MARKER = protocol.CHECKPOINT_MARKER
-PREFIX = protocol.CHECKPOINT_PREFIX
-TMP_PREFIX = protocol.CHECKPOINT_TMP_PREFIX
 STATE_FILE = "train_state.json"
-# A write that fails for want of room: a full disk, a quota, a file-size limit. By errno where the error
-# keeps it, else by its words (safetensors says "os error 28"; torch's zip writer reports only the short
-# write, "unexpected pos").
-SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-SPACE_WORDS = ("no space left", "disk quota exceeded", "file too large", "unexpected pos",
-               *(f"os error {code}" for code in SPACE_ERRNOS))
-
-
-class CheckpointSpaceError(RuntimeError):
-    """A checkpoint save ran out of room; the partial save is removed, the last complete one kept."""
 
 
 @dataclass
@@ -60,28 +53,6 @@ class TrainState:
     micro_batch_index: int = 0
     tokens_seen: int = 0
     elapsed_s: float = 0.0
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint dirs, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [(step, p) for p in root.iterdir()
-             if (step := protocol.checkpoint_step(p)) is not None and (p / MARKER).is_file()]
-    return [p for _, p in sorted(found, key=lambda found_step: found_step[0])]
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    done = complete_checkpoints(root)
-    return done[-1] if done else None
 
 
 def remove_stale(root: Path, accelerator: Accelerator) -> None:
@@ -134,19 +105,15 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
     try:
         accelerator.save_state(str(tmp))
         if accelerator.is_main_process:
-            _write_json(tmp / STATE_FILE, asdict(state))
+            write_json(tmp / STATE_FILE, asdict(state))
         accelerator.wait_for_everyone()
     except BaseException as err:  # DCP's CheckpointException is a BaseException
-        # Every rank removes what it can before anyone records why: the failure records need room too.
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not isinstance(err, KeyboardInterrupt | SystemExit) and out_of_space(err):
-            raise space_error(root, tmp, err) from err
-        raise
+        raise failed_save(root, tmp, err) from err
     if HOOKS.before_checkpoint_publish is not None:
         HOOKS.before_checkpoint_publish(state.step)
     if accelerator.is_main_process:
-        _publish(tmp, final)
-        _prune(root, keep)
+        publish(tmp, final)
+        prune(root, keep)
     accelerator.wait_for_everyone()
     seconds = time.perf_counter() - started
     if accelerator.is_main_process:
@@ -155,69 +122,214 @@ def save_checkpoint(accelerator: Accelerator, root: Path, state: TrainState, kee
     return final
 
 
-def out_of_space(err: BaseException) -> bool:
-    """Whether `err`, its causes, or (DCP) any rank's wrapped error is a write that found no room."""
-    todo: list[object] = [err]
-    seen: set[int] = set()
-    while todo:
-        exc = todo.pop()
-        if not isinstance(exc, BaseException) or id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        text = str(exc).lower()
-        if getattr(exc, "errno", None) in SPACE_ERRNOS or any(words in text for words in SPACE_WORDS):
+ABANDON_WAIT_S = 30  # how long a failing run waits for its save in flight to end before removing it
+
+
+@dataclass
+class PendingSave:
+    """The asynchronous save in flight: its step, folders, and when it started (perf_counter)."""
+
+    step: int
+    tmp: Path
+    final: Path
+    started: float
+    pause_s: float
+
+
+class Checkpointer:
+    """The run's saves: periodic ones asynchronous where they can be (train.async_save, FSDP2 sharded state
+    that the node's RAM can hold), the stop-save, and the one save in flight. Every method is collective.
+
+    An asynchronous save of step N: every rank copies its shard to CPU memory (the only training pause) and
+    writes the small files (RNG states, scheduler, train_state.json: step N's) into .tmp-step-N; a thread
+    writes model and optimizer there (DCP, every file fsynced). At each later step boundary the ranks agree
+    whether every rank's write is over (`poll`); then rank 0 fsyncs, renames, marks it COMPLETE and prunes.
+    A crash before that leaves .tmp-step-N (removed at the next start) and the previous complete checkpoint
+    as it was. `record` gets one metrics record per save (pause_s, write_s, GB)."""
+
+    def __init__(self, accelerator: Accelerator, root: Path, keep: int, async_save: bool,
+                 vote_group: dist.ProcessGroup | None, timeout: timedelta | None,
+                 record: Callable[[dict], None] | None = None):
+        self.acc, self.root, self.keep, self.vote_group = accelerator, root, keep, vote_group
+        self.record = record or (lambda _record: None)
+        why_not = async_save and sync_only_reason(accelerator)
+        if why_not and accelerator.is_main_process:
+            logger.info("train.async_save: checkpoints are written synchronously (%s)", why_not)
+        self.writer = SnapshotWriter(timeout) if async_save and not why_not else None
+        self.pending: PendingSave | None = None
+        self.last_write_s: float | None = None  # the last save's time from its start to COMPLETE
+        self._checked = False
+
+    def save(self, state: TrainState) -> None:
+        """The periodic save of `state.step`: returns once staged (async) or complete (sync). A save still
+        in flight is finished first: at most one at a time."""
+        started = time.perf_counter()
+        self.finish()
+        if self.writer is not None and self._can_stage():
+            self._begin(state, started)
+            return
+        save_checkpoint(self.acc, self.root, state, self.keep)
+        self._done(state.step, started, time.perf_counter() - started, "sync")
+
+    def poll(self) -> None:
+        """At a step boundary: publish the save in flight if every rank's write is over. Never waits on the
+        write; one all-reduce of one integer while a save is in flight, nothing otherwise."""
+        if self.pending is not None and self.writer is not None and self.writer.all_finished(self.vote_group):
+            self._complete()
+
+    def finish(self) -> None:
+        """Wait for the save in flight (if any) and publish it: at a stop, before the next save, at the end."""
+        if self.pending is not None:
+            self._complete()
+
+    def stop_save(self, state: TrainState, step_s: float) -> None:
+        """The save that answers a stop request (time limit, preemption, Ctrl-C). A save in flight is finished,
+        not restarted. Without one, the newest complete checkpoint answers if redoing the steps since it
+        (`step_s` each) takes no longer than the last save took; else a synchronous save of this step."""
+        if self.pending is not None:
+            logger.info("stop: finishing the checkpoint of step %d in flight", self.pending.step)
+            self.finish()
+            return
+        newest = latest_checkpoint(self.root) if self.acc.is_main_process else None
+        newest_step = protocol.checkpoint_step(newest) if newest is not None else None
+        lost_s = (state.step - newest_step) * step_s if newest_step is not None else math.inf
+        reuse = _agreed(self.last_write_s is not None and lost_s <= self.last_write_s, self.vote_group)
+        if not reuse:
+            started = time.perf_counter()
+            save_checkpoint(self.acc, self.root, state, self.keep)
+            self._done(state.step, started, time.perf_counter() - started, "sync")
+            return
+        if self.acc.is_main_process:  # the launcher's rule: a COMPLETE newer than the stop file answers it
+            os.utime(newest / MARKER)
+            logger.info("stop: %s answers it (%d steps, ~%.0f s to redo, under the %.0f s a save takes)",
+                        newest.name, state.step - newest_step, lost_s, self.last_write_s)
+        self.acc.wait_for_everyone()
+
+    def close(self) -> None:
+        """At the end of the run, also when it fails: a save still in flight then is abandoned (module docstring)."""
+        if self.pending is not None:
+            self._abandon()
+        if self.writer is not None:
+            self.writer.close()
+
+    def _abandon(self) -> None:
+        """The run failed with a save in flight (a peer died, a collective failed): give this rank's writer a
+        moment to end (its collectives fail with the peer's), then remove what it wrote. Whatever a writer still
+        stuck leaves, the next start removes (remove_stale); the previous complete checkpoint is untouched."""
+        pending, self.pending = self.pending, None
+        self.writer.wait(timeout=ABANDON_WAIT_S)
+        shutil.rmtree(pending.tmp, ignore_errors=True)
+
+    def _can_stage(self) -> bool:
+        """Once, at the first asynchronous save: whether every tensor is one the stager copies (no tensor
+        subclass: the same model on every rank) and each node can hold its ranks' CPU copies (collective)."""
+        if self._checked or self.writer is None:
+            return self.writer is not None
+        self._checked = True
+        state_dicts = self._state_dicts()
+        subclass, nbytes = unstageable_tensor(state_dicts), tensor_bytes(state_dicts)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if self.writer.fits_in_ram(nbytes, local, self.vote_group, stageable=not subclass):
             return True
-        failures = getattr(exc, "failures", None)  # CheckpointException: rank -> (exception, traceback)
-        wrapped = [f[0] if isinstance(f, tuple) else f for f in failures.values()] if isinstance(failures, dict) else []
-        todo += [exc.__cause__, exc.__context__, *wrapped]
-    return False
+        if self.acc.is_main_process:
+            why = (f"its state holds {subclass} tensors" if subclass else
+                   f"{local} ranks x {nbytes / 1e9:.1f} GB of state do not fit in this node's available RAM")
+            logger.warning("train.async_save: %s; checkpoints are written synchronously", why)
+        self.writer.close()
+        self.writer = None
+        return False
+
+    def _state_dicts(self) -> dict[str, dict]:
+        """This rank's shard of model and optimizer as Accelerate's FSDP2 save lays them out (load_state reads it)."""
+        from accelerate.utils.fsdp_utils import _prepare_sd_options
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        model, optimizer = self.acc._models[0], self.acc._optimizers[0]
+        options = _prepare_sd_options(self.acc.state.fsdp_plugin)
+        return {f"{FSDP_MODEL_NAME}_0": {"model": get_model_state_dict(model, options=options)},
+                f"{OPTIMIZER_NAME}_0": {"optimizer": get_optimizer_state_dict(model, optimizer, options=options)}}
+
+    def _begin(self, state: TrainState, started: float) -> None:
+        tmp = self.root / protocol.checkpoint_name(state.step, TMP_PREFIX)
+        if self.acc.is_main_process:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.acc.wait_for_everyone()
+        step = state.step
+        try:
+            staged = self.writer.stage(self._state_dicts())
+            _save_small_state(self.acc, tmp, state)
+            self.writer.submit([(staged[name], tmp / name) for name in staged],
+                               after=lambda: HOOKS.before_checkpoint_publish and HOOKS.before_checkpoint_publish(step))
+        except BaseException as err:  # this rank's small files found no room (the other ranks' writes then fail)
+            raise failed_save(self.root, tmp, err) from err
+        pause = time.perf_counter() - started
+        self.pending = PendingSave(step, tmp, self.root / protocol.checkpoint_name(step), started, pause)
+        if self.acc.is_main_process:
+            logger.info("checkpoint of step %d staged in %.2f s; written in the background", step, pause)
+
+    def _complete(self) -> None:
+        """Every rank's write is over (or this rank waits for its own): publish, or clean up and raise."""
+        pending, self.pending = self.pending, None
+        error = self.writer.wait()
+        failed = _agreed(error is not None, self.vote_group, any_rank=True)
+        if failed:
+            error = error or RuntimeError(f"checkpoint write of {pending.tmp} failed on another rank; "
+                                          f"{latest_checkpoint(self.root) or 'no checkpoint'} is kept")
+            raise failed_save(self.root, pending.tmp, error) from error
+        if self.acc.is_main_process:
+            publish(pending.tmp, pending.final)
+            prune(self.root, self.keep)
+        self._done(pending.step, pending.started, pending.pause_s, "async")
+
+    def _done(self, step: int, started: float, pause_s: float, mode: str) -> None:
+        self.last_write_s = time.perf_counter() - started
+        if not self.acc.is_main_process:
+            return
+        final = self.root / protocol.checkpoint_name(step)
+        size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file()) / 1e9
+        if mode == "async":  # the line save_checkpoint writes for a synchronous save, the same words
+            logger.info("checkpoint saved: %s (%.2f GB in %.1f s, %.2f GB/s)", final, size, self.last_write_s,
+                        size / self.last_write_s)
+        self.record({"event": "checkpoint", "step": step, "mode": mode, "save_pause_s": pause_s,
+                     "write_s": self.last_write_s, "gb": size})
 
 
-def space_error(root: Path, tmp: Path, err: BaseException) -> CheckpointSpaceError:
-    """One line: where, how much room is left, how much a checkpoint needs, what was kept, what to do."""
-    free = shutil.disk_usage(root).free
-    previous = latest_checkpoint(root)
-    if previous is None:
-        kept, need = "no complete checkpoint exists yet", ""
-    else:
-        size = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file())
-        kept, need = f"{previous.name} is kept", f"; a checkpoint needs ~{size / 1e9:.3f} GB (as {previous.name})"
-    return CheckpointSpaceError(
-        f"checkpoint save to {tmp} ran out of room ({first_line(str(err))[:160]}): {free / 1e9:.3f} GB free "
-        f"there{need}; the partial save was removed and {kept}: free space or lower train.save_total_limit, "
-        "then run the same command to resume")
+def sync_only_reason(accelerator: Accelerator) -> str:
+    """Why this run's saves cannot be asynchronous ("" = they can): the staging copies FSDP2's sharded state."""
+    if accelerator.distributed_type != DistributedType.FSDP or not accelerator.is_fsdp2:
+        return f"{accelerator.distributed_type.value}: only FSDP2's sharded state is staged and written behind training"
+    from torch.distributed.fsdp import StateDictType
+
+    if accelerator.state.fsdp_plugin.state_dict_type != StateDictType.SHARDED_STATE_DICT:
+        return "fsdp_state_dict_type is not SHARDED_STATE_DICT"
+    if len(accelerator._models) != 1 or len(accelerator._optimizers) != 1:
+        return "one model and one optimizer are staged, this run prepared more"
+    return ""
 
 
-def _write_json(path: Path, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
+def _agreed(local: bool, group: dist.ProcessGroup | None, any_rank: bool = False) -> bool:
+    """Rank 0's `local` on every rank; with `any_rank`, whether any rank's is true. Collective."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return local
+    vote = local and (any_rank or dist.get_rank() == 0)
+    flag = torch.tensor([1 if vote else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """fsync the files, rename, then write and fsync the marker: COMPLETE implies durable contents."""
-    for path in tmp.rglob("*"):
-        if path.is_file():
-            _fsync_path(path)
-    if final.exists():  # a complete save of the same step from an earlier incarnation
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_path(final.parent)
-    marker = final / MARKER
-    with open(marker, "w", encoding="utf-8") as fh:
-        fh.write("ok\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    _fsync_path(final)
-
-
-def _prune(root: Path, keep: int) -> None:
-    """Keep the newest `keep` complete checkpoints; the newest complete one is never removed."""
-    done = complete_checkpoints(root)
-    for old in done[: max(0, len(done) - max(1, keep))]:
-        logger.info("pruning old checkpoint %s", old)
-        shutil.rmtree(old)
+def _save_small_state(accelerator: Accelerator, folder: Path, state: TrainState) -> None:
+    """What Accelerate's save_state writes besides model and optimizer (RNG of this rank, scheduler and the
+    other registered objects), and our train_state.json: step N's, written before training goes on."""
+    folder.mkdir(parents=True, exist_ok=True)
+    each_node = accelerator.project_configuration.save_on_each_node
+    save_accelerator_state(str(folder), [], [], accelerator._schedulers, accelerator._dataloaders,
+                           accelerator.state.process_index, accelerator.step, accelerator.scaler,
+                           save_on_each_node=each_node)
+    for index, obj in enumerate(accelerator._custom_objects):
+        save_custom_state(obj, str(folder), index, save_on_each_node=each_node)
+    if accelerator.is_main_process:
+        write_json(folder / STATE_FILE, asdict(state))
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path) -> TrainState:

@@ -15,6 +15,7 @@ DDP/FSDP average gradients over the W ranks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -37,7 +38,7 @@ from train.kernels import context_parallel
 from train.kernels.attention import setup_attention
 from train.kernels.context_parallel import ContextParallel, label_tokens
 from train.kernels.long_context import ActivationOffload
-from train.engine.checkpoint import TrainState, latest_checkpoint, load_checkpoint, remove_stale, save_checkpoint
+from train.engine.checkpoint import Checkpointer, TrainState, latest_checkpoint, load_checkpoint, remove_stale
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.engine.export import export_model
 from train.engine.hooks import HOOKS
@@ -111,7 +112,12 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     stop.install_signal_handlers()
     ckpt_root = cfg.run.resolve(cfg.run.checkpoint_dir)
     remove_stale(ckpt_root, accelerator)
-    stop.clear_answered_file(accelerator.is_main_process, latest_checkpoint(ckpt_root))
+    latest = latest_checkpoint(ckpt_root)
+    stop.clear_answered_file(accelerator.is_main_process, latest)
+    if latest is not None and weights_in_checkpoint(cfg, accelerator):
+        logger.info("resuming a full fine-tune: every weight comes from %s; %s is not read", latest.name,
+                    cfg.model.path)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init="sharded"))
 
     tokenizer = load_tokenizer(cfg)
     # Rank 0 tokenizes and caches; the others wait at the barrier, then read the cache.
@@ -135,18 +141,20 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     log_model_ready(accelerator, started)
 
     state = TrainState()
-    if (latest := latest_checkpoint(ckpt_root)) is not None:
+    if latest is not None:
         state = load_checkpoint(accelerator, latest)  # restores RNG last: nothing may consume it after
     _log_summary(cfg, accelerator, bundle.stats, batches, steps_per_epoch, total_steps, state)
 
     loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval_sets, total_steps,
                 steps_per_epoch)
     sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
+    saver = Checkpointer(accelerator, ckpt_root, cfg.train.save_total_limit, cfg.train.async_save, stop.group,
+                         timedelta(seconds=cfg.run.collective_timeout_s), sink.write)
     watchdog = Watchdog(Path(cfg.run.dir), cfg.run.hang_timeout_s)
     watchdog.start(state.step)
     try:
         with loop.collector:
-            stopped = loop.run(state, stop, sink, ckpt_root, watchdog)
+            stopped = loop.run(state, stop, sink, saver, watchdog)
         if stopped:
             stop.restore_default_handlers()
             return EXIT_REQUEUE
@@ -158,9 +166,20 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
         sink.write({"event": "done", "step": state.step, "epoch": state.epoch, "elapsed_s": state.elapsed_s,
                     "tokens_seen": state.tokens_seen})
     finally:
+        saver.close()
         watchdog.close()
         sink.close()
     return 0
+
+
+def weights_in_checkpoint(cfg: TrainConfig, accelerator: Accelerator) -> bool:
+    """Whether a resume finds every weight in the checkpoint, so model.path's need not be read (at 8B a 16 GB
+    read on rank 0 and its broadcast, all overwritten by load_state): a full fine-tune under FSDP2 (a LoRA
+    checkpoint holds the adapters only). The model is then built as model.init = "sharded" builds it: on the
+    meta device, each rank's shards drawn where they live, then overwritten by the checkpoint."""
+    return (bool(cfg.model.path) and cfg.model.init == "full" and not cfg.lora.enabled
+            and cfg.train.precision != "fp8" and accelerator.distributed_type == DistributedType.FSDP
+            and accelerator.is_fsdp2)
 
 
 def make_deterministic(on_gpu_too: bool) -> None:
@@ -239,10 +258,11 @@ class Loop:
         self.saving = offload.saving if offload else contextlib.nullcontext  # around each training forward
         self.evaluated_at = -1  # the step of the last eval: the final one is not repeated there
 
-    def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, ckpt_root: Path,
+    def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, saver: Checkpointer,
             watchdog: Watchdog) -> bool:
         """Train until total_steps; True when stopped (and saved) on request. Saves and evals pause the
-        watchdog; every completed optimizer step (its stop vote included) is progress."""
+        watchdog; every completed optimizer step (its stop vote included) is progress. An asynchronous save
+        is published at the first step boundary after every rank's write is over, and finished at the end."""
         window, watch = Window(), Stopwatch()
         profiler = StepProfiler(self.cfg.train.profile_steps or "", self.acc.is_main_process,
                                Path(self.cfg.run.dir) / LOGS_DIR / PROFILE_DIR)
@@ -272,18 +292,21 @@ class Loop:
                 HOOKS.after_step(state.step, self.acc.is_main_process, stop.stop_file)
             stopping = stop.agreed(state.step, self.acc.is_main_process)
             watchdog.progress(state.step)
+            saver.poll()
             if stopping:
                 self._settle(state, window, watch)  # tokens_seen must be exact in the checkpoint
                 with watchdog.paused():
-                    save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                    saver.stop_save(state, state.elapsed_s / max(1, state.step))
                 return True
             if state.step % self.cfg.train.save_steps == 0 and state.step < self.total_steps:
                 self._settle(state, window, watch)
                 with watchdog.paused():
-                    save_checkpoint(self.acc, ckpt_root, state, self.cfg.train.save_total_limit)
+                    saver.save(state)
                 self.collector.collect(state.step)  # in the pause the save took anyway
                 watch.lap()  # saving (and its collection) is not training throughput
         self._settle(state, window, watch)
+        with watchdog.paused():
+            saver.finish()
         return False
 
     @staticmethod

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from contract import protocol
+from train.persist.snapshot import cpu_group
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class StopRequest:
         self.stop_file = stop_file
         self.device = device
         self.signalled: str | None = None
-        self._group = _cpu_group(timeout)
+        self.group = cpu_group(timeout)  # the per-step votes' group (the stop's, a save's completion)
 
     def install_signal_handlers(self) -> None:
         for signum in (signal.SIGUSR1, signal.SIGTERM):
@@ -65,7 +66,7 @@ class StopRequest:
             return local
         # On the CPU (gloo): an all-reduce on the GPU stream would make every step wait for the GPU.
         flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         agreed = bool(flag.item())
         if agreed and is_main_process and not self.stop_file.exists():
             # torchrun turns our exit 75 into its own exit 1; the launcher recovers 75 from "a
@@ -76,11 +77,3 @@ class StopRequest:
             logger.info("stop requested (%s) at step %d", reason, step)
         return agreed
 
-
-def _cpu_group(timeout: timedelta | None) -> dist.ProcessGroup | None:
-    """A gloo group for the per-step stop vote (None = the default group, already gloo, or no world).
-    Collective: every rank constructs its StopRequest at the same point. `timeout`: the collective
-    timeout (a new group does not inherit the default group's; gloo's own default is 30 minutes)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "gloo":
-        return None
-    return dist.new_group(backend="gloo", timeout=timeout)

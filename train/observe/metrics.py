@@ -113,6 +113,9 @@ def step_record(
 def console_line(record: dict[str, Any], total_steps: int) -> str:
     if record.get("event") == "done":
         return f"done: step {record['step']}/{total_steps}, {record.get('tokens_seen', 0)} tokens"
+    if record.get("event") == "checkpoint":
+        return (f"checkpoint of step {record['step']} complete ({record['mode']}): training paused "
+                f"{record['save_pause_s']:.2f} s for a write of {record['write_s']:.1f} s")
     if "eval_loss" in record:
         return f"step {record['step']}/{total_steps} eval_loss {record['eval_loss']:.4f}"
     mfu = f"{record['mfu'] * 100:.1f}%" if record.get("mfu") is not None else "n/a"

@@ -1,0 +1,166 @@
+"""The training pause of a checkpoint save, synchronous against asynchronous, in one call on one GPU (#53).
+
+    python -m bench.multi.gpu_save_async --out /tmp/save-async --results bench/results/h200/<dated-folder>
+    BENCH_CPU_SMOKE=1 python -m bench.multi.gpu_save_async --out /tmp/save-async-smoke   # CPU, tiny: the plumbing
+
+One process, FSDP2 over one GPU (the launcher's rendering for --nodes 1, as gpu_multi runs it), random
+weights of the Llama-3-8B layer shape with as many decoder layers as the disk under --out can hold two
+checkpoints of (the newest complete one and the one in flight; save_total_limit = 1), at most 32 (8B):
+on a 64 GiB disk ~5 layers, ~2.1B parameters, ~26 GB of state: the state one rank holds in the 8B run
+on 4 GPUs (96.4 GB / 4). The pause of an asynchronous save is this rank's copy to pinned CPU memory,
+so it is the 8B-on-4-GPUs pause; the write GB/s is this disk's.
+
+Four runs, same data, --steps steps each, 1 GPU:
+  nosave   no checkpoint: the MFU baseline;
+  async    a save every --save-every steps, train.async_save = true;
+  resume   the async run's directory started again (a requeue): job start -> first step is `resume_s`;
+  sync     as async with train.async_save = false.
+MFU with saves counts the save pauses as wall time (metrics' elapsed_s leaves them out; the
+"checkpoint" records give them); the steps slowed by a write in flight are in elapsed_s already.
+Results `save-async.json` (results_io.write_result): `save_pause_s` (async and sync, per save),
+`write_gbps`, `mfu` per run, `resume_s`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.multi import gpu_multi
+from bench.suites.gpu_single import TINY
+from bench.report.results_io import throughput_numbers, write_result
+from bench.common.synthetic import SHAPES, write_token_jsonl
+from contract.shape import ModelShape
+
+LAYER_PARAMS_8B = 218_112_000  # one Llama-3-8B decoder layer (attention 4096x(4096+1024+1024+4096), MLP 3x4096x14336, norms)
+STATE_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments (launcher/plan/planner.py checkpoint_bytes)
+DISK_SHARE = 0.8  # of the free space, what two checkpoints may take
+
+
+def arch_for_disk(out: Path) -> dict:
+    """The 8B layer shape with as many layers as two checkpoints on `out`'s disk allow (1..32)."""
+    base = dict(SHAPES["llama3-8b"])
+    if gpu_multi.CPU_SMOKE:
+        return dict(TINY)
+    embeddings = 2 * base["vocab_size"] * base["hidden_size"]
+    free = shutil.disk_usage(out).free
+    layers = int((DISK_SHARE * free / 2 / STATE_BYTES_PER_PARAM - embeddings) // LAYER_PARAMS_8B)
+    if layers < 1:
+        raise SystemExit(f"{out}: {free / 1e9:.0f} GB free, too little for two checkpoints of one 8B layer")
+    return dict(base, num_hidden_layers=min(32, layers))
+
+
+def run_once(name: str, args: argparse.Namespace, arch: dict, data: Path, extra: list[str], port: int,
+             run: Path | None = None) -> tuple[Path, int, str, float]:
+    """Render (unless `run` exists: a restart of it) and launch; returns (run dir, exit code, log, start time)."""
+    if run is None:
+        run = args.out / f"run-{name}"
+        shutil.rmtree(run, ignore_errors=True)
+        gpu_multi.render(run, "llama3-8b", data, 1, [
+            "--max_steps", str(args.steps), "--gradient_checkpointing", "true",
+            *gpu_multi.random_weights(arch, sharded=True),
+            "--set", f"data.tokens_per_micro_batch={args.tokens}", "--set", "train.save_total_limit=1",
+            "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}", *extra])
+    started = time.time()
+    # One compile cache for every run of the call: only the first compiles cold (a requeue finds its own
+    # run directory's cache the same way, contract.protocol.COMPILE_CACHE_DIR).
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(args.out / "compile-cache")}
+    code, text = gpu_multi.launch(run, 1, port, args.run_timeout, env)
+    return run, code, text, started
+
+
+def checkpoints(run: Path) -> list[dict[str, Any]]:
+    """The run's "checkpoint" metrics records (train/engine/checkpoint.py): step, mode, save_pause_s, write_s, gb."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("event") == "checkpoint"]
+
+
+def mfu_with_pauses(run: Path, code: int, text: str, rows: list, label: str, arch: dict, lengths: list[int]) -> dict | None:
+    """gpu_multi.run_stats, and the MFU once the save pauses inside the timed window count as wall time."""
+    stats = gpu_multi.run_stats(run, code, text, rows, label, arch, 1, lengths)
+    if stats is None:
+        return None
+    saves = [c for c in checkpoints(run) if c["step"] > stats["warmup_steps"]]
+    paused = sum(c["save_pause_s"] for c in saves)
+    wall = stats["seconds"] + paused
+    with_pauses = throughput_numbers(arch, lengths, stats["real_tokens"] / wall, 1, stats["peak_flops"])
+    stats.update(save_pause_total_s=paused, mfu_with_pauses=with_pauses.get("mfu"), saves=checkpoints(run))
+    return stats
+
+
+def first_step_s(text: str, started: float) -> float | None:
+    """Seconds from `started` (epoch) to the first "step N/M" line of the log (its asctime, local time)."""
+    found = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \[rank 0\] INFO train\.observe\.metrics: step \d+/",
+                      text, re.MULTILINE)
+    if not found:
+        return None
+    stamp = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(found.group(2)) / 1000
+    return stamp - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("/tmp/save-async"))
+    parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=6 if gpu_multi.CPU_SMOKE else 50)
+    parser.add_argument("--save-every", type=int, default=2 if gpu_multi.CPU_SMOKE else 20)
+    parser.add_argument("--tokens", type=int, default=256 if gpu_multi.CPU_SMOKE else 32768)
+    parser.add_argument("--run-timeout", type=float, default=150)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    arch = arch_for_disk(args.out)
+    lengths = gpu_multi.sample_lengths(gpu_multi.DOCS, seed=0, hi=gpu_multi.MAX_DOC_TOKENS)
+    data = args.out / "docs.jsonl"
+    write_token_jsonl(data, lengths, arch["vocab_size"])
+    rows: list[tuple[str, str]] = []
+    result: dict[str, Any] = {"arch": arch, "gpu_count": 1, "steps": args.steps, "save_every": args.save_every,
+                              "tokens_per_micro_batch": args.tokens, "docs": gpu_multi.DOCS,
+                              "disk_write_gbps": gpu_multi.disk_write_gbps(args.out)}
+    result["state_gb"] = STATE_BYTES_PER_PARAM * ModelShape.from_arch(arch).total_params / 1e9
+    rows.append(("shape", f"{arch['num_hidden_layers']} layers of {arch['hidden_size']} wide, "
+                 f"state {result['state_gb']:.1f} GB (fp32 weights + AdamW moments)"))
+    rows.append(("disk write (dd-like)", f"{result['disk_write_gbps']:.2f} GB/s"))
+    saves = ["--save_steps", str(args.save_every)]
+    for port, (name, extra) in enumerate((("nosave", ["--save_steps", "1000000"]),
+                                          ("async", [*saves, "--set", "train.async_save=true"])), start=29650):
+        run, code, text, _ = run_once(name, args, arch, data, extra, port)
+        result[name] = mfu_with_pauses(run, code, text, rows, name, arch, lengths)
+    if result.get("async"):
+        run = args.out / "run-async"
+        _, code, text, started = run_once("resume", args, arch, data, [], 29660, run=run)
+        result["resume_exit"] = code
+        result["resume_s"] = first_step_s(text, started)
+        restored = re.findall(r"resumed from \S+ \(step [^)]*\) in ([\d.]+) s", text)
+        result["resume_restore_s"] = float(restored[-1]) if restored else None
+        rows.append(("resume: job start -> first step", f"{result['resume_s'] or float('nan'):.1f} s "
+                     f"(load_state {result['resume_restore_s'] or float('nan'):.1f} s), exit {code}"))
+        shutil.rmtree(run / "checkpoints", ignore_errors=True)  # room for the sync run's
+    run, code, text, _ = run_once("sync", args, arch, data, [*saves, "--set", "train.async_save=false"], 29670)
+    result["sync"] = mfu_with_pauses(run, code, text, rows, "sync", arch, lengths)
+    for name in ("nosave", "async", "sync"):
+        stats = result.get(name)
+        if not stats:
+            continue
+        pauses = [c["save_pause_s"] for c in stats["saves"]]
+        rates = [c["gb"] / c["write_s"] for c in stats["saves"] if c["write_s"]]
+        stats.update(save_pause_s=pauses, write_gbps=rates)
+        rows.append((f"{name}: MFU (saves' pauses counted)", f"{(stats['mfu'] or 0) * 100:.1f}% "
+                     f"({(stats['mfu_with_pauses'] or 0) * 100:.1f}%)"))
+        if pauses:
+            rows.append((f"{name}: pause per save, write GB/s",
+                         f"{', '.join(f'{p:.2f}' for p in pauses)} s; {', '.join(f'{r:.2f}' for r in rates)} GB/s"))
+    if args.results:
+        write_result(args.results / "save-async.json", result)
+    print("\n| measurement | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+
+
+if __name__ == "__main__":
+    main()

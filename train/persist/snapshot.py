@@ -1,0 +1,170 @@
+"""One checkpoint write in flight beside training: stage to CPU memory, write in a thread, agree when done.
+
+The training pause of an asynchronous save is the staging alone: every tensor of this rank's shard is
+copied to CPU memory (pinned on GPUs, so the copy runs at PCIe speed; torch's DefaultStager keeps the
+buffers from one save to the next, so only the first save allocates them). The copy is the snapshot of
+step N: the next optimizer step may change the live tensors while the thread writes the copy.
+
+Why a thread of ours over `torch.distributed.checkpoint.async_save`: async_save with its THREAD executor
+does the same two things (DefaultStager, then `dcp.save` in a one-worker thread pool), once per state
+dict; Accelerate's layout, which `load_state` reads, is two DCP saves (model, optimizer) into two
+folders, and our checkpoint is valid only after both and after every rank's files are durable. One
+job in one thread writes both in order, then runs the caller's `after` (fault hooks, fsync); the
+ranks agree at a step boundary that every rank's job is over (`all_finished`, one all-reduce of one
+integer). torch's PROCESS executor would start a child process with a process group of its own for
+each save; on SLURM that is a second rendezvous per job for no gain here (the thread's writes release
+the GIL).
+
+The thread's collectives (DCP's plan and metadata gathers) run on a gloo group of their own: on the
+group training uses, two threads' collectives would interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+logger = logging.getLogger(__name__)
+
+# Of the memory the node has available when the first save stages, the share all its ranks' copies
+# may take: the page cache, the data loader and the writer's own buffers need the rest.
+RAM_SHARE = 0.8
+
+
+def cpu_group(timeout: timedelta | None) -> dist.ProcessGroup | None:
+    """A gloo group for small CPU collectives of the main thread (None = the default group, already gloo,
+    or no world). Collective: every rank creates it at the same point. `timeout`: a new group does not
+    inherit the default group's (gloo's own default is 30 minutes)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
+def tensor_bytes(state: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict, a DTensor counted by its local shard."""
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(tensor_bytes(value) for value in state)
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return local.numel() * local.element_size()
+    return 0
+
+
+def unstageable_tensor(state: Any) -> str:
+    """The type of the first tensor the stager cannot copy as plain storage ("" = none): a tensor subclass other
+    than DTensor and Parameter, or a DTensor over one (QLoRA's NF4 weights, float8 all-gather's weight wrapper)."""
+    if isinstance(state, dict):
+        return next((found for value in state.values() if (found := unstageable_tensor(value))), "")
+    if isinstance(state, list | tuple):
+        return next((found for value in state if (found := unstageable_tensor(value))), "")
+    if not isinstance(state, torch.Tensor):
+        return ""
+    local = state.to_local() if hasattr(state, "to_local") else state
+    return "" if type(local) in (torch.Tensor, torch.nn.Parameter) else type(local).__name__
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping), else free pages."""
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class SnapshotWriter:
+    """Stages state dicts to CPU memory and writes them with DCP in one background thread.
+
+    At most one write in flight: `stage` is refused while one runs (the cached CPU buffers it would
+    overwrite are the ones being written). Every method is called on every rank at the same point."""
+
+    def __init__(self, timeout: timedelta | None):
+        on_gpu = torch.cuda.is_available()
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
+                                                    use_async_staging=False, use_non_blocking_copy=on_gpu))
+        distributed = dist.is_available() and dist.is_initialized()
+        self._group = dist.new_group(backend="gloo", timeout=timeout) if distributed else None
+        self._future: Future | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._future is not None
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A CPU copy of `state_dict` (its DTensors keep their placement); returns once copied."""
+        if self._future is not None:
+            raise RuntimeError("a checkpoint write is still in flight; wait for it before staging the next")
+        return self._stager.stage(state_dict)
+
+    def submit(self, writes: list[tuple[dict[str, Any], Path]], after: Callable[[], None]) -> None:
+        """Write each staged state dict into its folder (DCP, every file fsynced), then run `after`.
+
+        A daemon thread, not a thread pool: a run that fails while a write is in flight must exit at
+        once, not wait at interpreter exit for a write whose peers may be gone (the next start removes
+        what it left)."""
+        future: Future = Future()
+
+        def job() -> None:
+            try:
+                for staged, folder in writes:
+                    dcp.save(staged, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True),
+                             planner=DefaultSavePlanner(), process_group=self._group, no_dist=self._group is None)
+                after()
+            except BaseException as err:  # DCP's CheckpointException is a BaseException
+                future.set_exception(err)
+            else:
+                future.set_result(None)
+
+        self._future = future
+        threading.Thread(target=job, name="checkpoint-writer", daemon=True).start()
+
+    def fits_in_ram(self, nbytes: int, local_ranks: int, group: dist.ProcessGroup | None,
+                    stageable: bool = True) -> bool:
+        """Collective on `group`: whether every rank's state is `stageable` and every node can hold its ranks'
+        copies (`nbytes` each) in RAM."""
+        short = 0 if stageable and nbytes * local_ranks <= RAM_SHARE * available_ram_bytes() else 1
+        if dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([short], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            short = int(flag.item())
+        return not short
+
+    def all_finished(self, group: dist.ProcessGroup | None) -> bool:
+        """Collective on `group` (main thread): whether every rank's write job is over, done or failed.
+        Never blocks on the write itself."""
+        running = 0 if self._future is None or self._future.done() else 1
+        if not (dist.is_available() and dist.is_initialized()):
+            return not running
+        flag = torch.tensor([running], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return not flag.item()
+
+    def wait(self, timeout: float | None = None) -> BaseException | None:
+        """Block until this rank's write job is over (at most `timeout` s: then a TimeoutError is the answer);
+        its error, or None. The writer is free again."""
+        future, self._future = self._future, None
+        if future is None:
+            return None
+        try:
+            return future.exception(timeout)
+        except TimeoutError as err:
+            return err
+
+    def close(self) -> None:
+        self._stager.close()
