@@ -35,7 +35,7 @@ from launcher.plan.planner import PlanInput, make_plan
 RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "450"))
 # name -> train.toml overrides on top of: LoRA r16, checkpointing, eager layers, fused loss
 VARIANTS: dict[str, dict[str, Any]] = {
-    "offload+mlp-chunks": {"activation_offload": True, "mlp_chunk_tokens": 16384},
+    "offload-mlp-chunks": {"activation_offload": True, "mlp_chunk_tokens": 16384},
 }
 
 
