@@ -27,7 +27,7 @@ from pathlib import Path
 from contract import __version__, protocol
 from contract.command import ACCELERATE_CLI, accelerate_of_this_python
 from contract.config import load_train_config
-from contract.schema import ConfigError, build, to_dict
+from contract.schema import ConfigError, build
 from launcher.ops import evalresults, rundir
 from launcher.resolve.profile import EMBEDDED_LOCAL_NAME, EMBEDDED_LOCAL_PROFILE, ClusterProfile, build_profile, \
     format_time_limit, parse_time_limit, read_cluster_file, select_profile
@@ -227,12 +227,12 @@ def eval_command(python: str, accelerate: tuple[str, ...], num_processes: int, f
 
 def render_script(request: EvalRequest, profile_name: str, profile: ClusterProfile, time_limit: str,
                   allow_code_eval: bool) -> str:
-    from launcher.execute.render import _environment
+    from launcher.execute.render import _environment, profile_view
     from launcher.resolve.sbatch_options import profile_sbatch_options, sbatch_line
 
     processes = max(1, profile.gpus_per_node)
     command = eval_command(profile.python, ACCELERATE_CLI, profile.gpus_per_node, request.args)
-    view = to_dict(profile)
+    view = profile_view(profile)
     return _environment().get_template(TEMPLATE).render(
         version=__version__, profile_name=profile_name, p=view, container=view["container"],
         job_name=re.sub(r"[^A-Za-z0-9._-]+", "-", f"eval-{request.run_dir.name}")[:64], name=request.name,

@@ -20,6 +20,7 @@ from contract.schema import to_dict
 from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, zero_reduce_bucket_size
 from launcher import runrecord
 from launcher.resolve.options import Launch
+from launcher.resolve.profile import ClusterProfile
 from launcher.resolve.sbatch_options import profile_sbatch_options, sbatch_line
 
 TEMPLATE_NAMES = {
@@ -91,16 +92,20 @@ def node_command() -> str:
     return text
 
 
+def profile_view(profile: ClusterProfile) -> dict[str, Any]:
+    """The profile as the job templates read it (`p`): its keys and what they derive from them."""
+    return {**to_dict(profile), "procs_per_node": profile.procs_per_node, "unset_in_job": profile.unset_in_job}
+
+
 def context(launch: Launch) -> dict[str, Any]:
-    profile = launch.profile
-    profile_view = {**to_dict(profile), "procs_per_node": profile.procs_per_node}
+    view = profile_view(launch.profile)
     # The trained arch (a --set model.arch.hidden_size=... override included), not the preset's.
     hidden = int(launch.train.model.arch.get("hidden_size") or launch.preset.arch["hidden_size"])
     return {
         "version": __version__,
         "profile_name": launch.profile_name,
-        "p": profile_view,
-        "container": profile_view["container"],
+        "p": view,
+        "container": view["container"],
         "job_name": launch.job_name,
         "nodes": launch.nodes,
         "world_size": launch.world_size,
@@ -123,7 +128,7 @@ def context(launch: Launch) -> dict[str, Any]:
         "files": {"accelerate": protocol.ACCELERATE_CONFIG, "train": protocol.TRAIN_CONFIG,
                   "run": protocol.RUN_RECORD, "logs": protocol.LOGS_DIR},
         "master_port": {"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN},
-        "sbatch_lines": [sbatch_line(flag, value) for flag, value in profile_sbatch_options(profile)],
+        "sbatch_lines": [sbatch_line(flag, value) for flag, value in profile_sbatch_options(launch.profile)],
         "node_command": node_command(),
         "s": launch.strategy_spec,
         "layer_class": launch.train.model.layer_class,

@@ -191,6 +191,7 @@ def _setup_lines(launch: Launch) -> list[str]:
     exports = [f"export {name}={shlex.quote(value)}" for name, value in sorted(profile.env.items())]
     if profile.hf_home:
         exports.append(f"export HF_HOME={shlex.quote(profile.hf_home)}")
+    exports += [f"unset {name}" for name in profile.unset_in_job]
     # The tasks read SUBMITIT_PREEMPT_SIGNAL when they import submitit.
     return [*profile.setup, *exports, f"export SUBMITIT_PREEMPT_SIGNAL={PREEMPT_SIGNAL}",
             f"cd {shlex.quote(str(launch.run_dir))}"]

@@ -125,15 +125,21 @@ class ClusterProfile:
     def time_limit_s(self) -> int:
         return parse_time_limit(self.time)
 
+    @property
+    def unset_in_job(self) -> list[str]:
+        """What a job must not inherit from the submitting shell: with hf_home set, HF_DATASETS_CACHE (unless
+        `env` sets it), which would override it: `plan` reads <hf_home>/datasets, and so must the run on every
+        executor (contract/readers.py's hub_datasets_cache)."""
+        return ["HF_DATASETS_CACHE"] if self.hf_home and "HF_DATASETS_CACHE" not in self.env else []
+
     def job_env(self, base: dict[str, str]) -> dict[str, str]:
-        """`base` plus what the job script exports (`env`, HF_HOME = hf_home), for runs started here. With
-        hf_home set, HF_DATASETS_CACHE is dropped unless `env` sets it: `plan` reads <hf_home>/datasets,
-        and so must the run (contract/readers.py's hub_datasets_cache)."""
+        """`base` plus what the job script exports (`env`, HF_HOME = hf_home), less `unset_in_job`, for runs
+        started here."""
         env = {**base, **self.env}
         if self.hf_home:
             env["HF_HOME"] = self.hf_home
-            if "HF_DATASETS_CACHE" not in self.env:
-                env.pop("HF_DATASETS_CACHE", None)
+        for name in self.unset_in_job:
+            env.pop(name, None)
         return env
 
     def validate(self) -> None:
