@@ -15,10 +15,10 @@ Measures, in one call:
      checkpointing, --tokens8b-fp8 tokens/GPU): the speed-up;
   7. (phase 8b-peer, bench/multi/multi_full.py) 8B full fine-tuning, ours (random weights, compile, no
      checkpointing, one timed save) against TRL's SFTTrainer under accelerate FSDP2, each side under its
-     own time limit: multi-<gpus>gpu-8b-full.json.
+     own time limit, --repeat N runs a side alternating (default 3): multi-<gpus>gpu-8b-full.json.
 Prints a table last.
 
-    python -m bench.multi.gpu_multi --gpus 4 --only 8b-peer --results DIR   # 8b-peer only (never run by default)
+    python -m bench.multi.gpu_multi --gpus 4 --only 8b-peer --repeat 3 --results DIR   # 8b-peer only (never by default)
 
     python -m bench.multi.gpu_multi --gpus 2 --skip naive,8b,scaling,8b-mfu --tag fp8 --results DIR   # FP8 only
 """
@@ -112,6 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown := (skip | only) - set(PHASES):
         parser.error(f"--skip/--only: unknown phase(s) {','.join(sorted(unknown))}; known: {','.join(PHASES)}")
     args.skip_phases = set(PHASES) - only if only else skip | {"8b-peer"}
+    multi_full.resolve_arguments(parser, args)
     args.lengths = sample_lengths(DOCS, seed=0, hi=MAX_DOC_TOKENS)
     return args
 

@@ -1,7 +1,12 @@
 """Phase `8b-peer` of bench/multi/gpu_multi.py (issue #29 items 1 and 2): 8B full fine-tuning on all GPUs of
 the host, ours against the peer a user would pick, same documents and tokens per GPU, one call.
 
-    python -m bench.multi.gpu_multi --gpus 4 --only 8b-peer --results DIR   # multi-4gpu-8b-full.json
+    python -m bench.multi.gpu_multi --gpus 4 --only 8b-peer --repeat 3 --results DIR   # multi-4gpu-8b-full.json
+
+--repeat N (default 3; 1 where one side runs, or on CPU where the peer cannot build its model) runs each side N
+times, alternating from the peer, a peer run more than 15% below the peer's median once more, and records every
+run (ours' windows, recompiles and save; the peer's step times) under `sides` with the median ratio and its range
+(bench/report/distribution.py). --repeat 1 writes one run a side under `8b_full` / `8b_full_peer`.
 
 - Ours: rendered by `sft-launch` and started as a 2-node job (bench/multi/gpu_multi.py: 2 machines x G/2
   processes): FSDP2, compiled layers, no activation checkpointing (unless --checkpointing8b-full: both
@@ -20,8 +25,8 @@ the host, ours against the peer a user would pick, same documents and tokens per
   inside its time limit (`gradient_checkpointing`, `fallback_reason` say which ran and why).
   torch_compile is off unless --peer-compile: it gave 1.00x on one H100 (BENCHMARKS.md, single-1b) and a
   whole-model compile of 8B would eat the call's time.
-Each side runs under its own wall-clock limit (run_logged kills the whole process tree). The results
-file is rewritten after each side, so a call cut short keeps the first.
+Each run runs under its side's wall-clock limit (run_logged kills the whole process tree). The results
+file is rewritten after each run, so a call cut short keeps the runs it finished.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from bench.multi import host
 from bench.suites.gpu_single import device_peak, windows  # windows: also multi_fp8's
 from bench.common.processes import TIMED_OUT
 from bench.peers.peer_fsdp import run_peer
+from bench.report import distribution
 from bench.report.results_io import WARMUP_STEPS, throughput_numbers, write_result
 from contract import protocol
 from contract.config import load_train_config
@@ -69,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "GPUs does not fit without it)")
     parser.add_argument("--no-save8b-full", action="store_true",
                         help="8b-peer: our run without its one timed save (an A/B of step speed alone)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help=f"8b-peer: runs a side, alternating from the peer (default {distribution.RUNS_PER_SIDE} "
+                             "with both sides on GPUs, else 1; 1: the one-run-a-side file)")
+
+
+def resolve_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--repeat's default, or its usage error (bench/report/distribution.py's repeat_of)."""
+    args.repeat = distribution.repeat_of(parser, args.repeat, args.sides8b_full == {"ours", "peer"}, host.CPU_SMOKE)
 
 
 def _sides(text: str) -> set[str]:
@@ -111,8 +125,13 @@ def free_disk(run: Path) -> None:
     shutil.rmtree(run / protocol.CHECKPOINT_DIR, ignore_errors=True)
 
 
-def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any]:
-    run = args.out / "run-8b-full"
+def numbered(name: str, index: int | None) -> str:
+    """A run's folder: `name` for the one run of --repeat 1, name-<index> for run `index` of a side."""
+    return name if index is None else f"{name}-{index}"
+
+
+def ours(args: argparse.Namespace, data: Path, arch: dict, index: int | None = None) -> dict[str, Any]:
+    run = args.out / numbered("run-8b-full", index)
     shutil.rmtree(run, ignore_errors=True)  # a run of an earlier call would be resumed, its metrics appended to
     at = NO_SAVE_STEP if args.no_save8b_full else save_step(args.steps8b_full)
     host.render(run, SHAPE, data, args.gpus, [
@@ -122,7 +141,7 @@ def ours(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any]:
         "--set", f"data.tokens_per_micro_batch={args.tokens8b_full}",
         "--set", f"train.compile={str(not host.CPU_SMOKE).lower()}",
         *(arg for setting in args.ours_set for arg in ("--set", setting))])
-    code, text = host.launch(run, args.gpus, 29640, args.ours_timeout, {"TORCH_LOGS": "recompiles"})
+    code, text = host.launch(run, args.gpus, 29640 + (index or 0), args.ours_timeout, {"TORCH_LOGS": "recompiles"})
     free_disk(run)
     if code != 0:
         print(text[-4000:])
@@ -151,8 +170,8 @@ def failed(run: Path, why: str) -> dict[str, Any]:
     return {"error": why, "windows": windows(metrics) if metrics.is_file() else []}
 
 
-def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any]:
-    side = run_peer(args.out / "peer-trl-full", args.gpus, [
+def peer(args: argparse.Namespace, data: Path, arch: dict, index: int | None = None) -> dict[str, Any]:
+    side = run_peer(args.out / numbered("peer-trl-full", index), args.gpus, [
         "--data", str(data), "--shape", SHAPE, "--max-length", str(args.tokens8b_full),
         "--max-steps", str(args.steps8b_full), *(["--compile"] if args.peer_compile else [])],
         args.peer_timeout, checkpointing_fallback=True, checkpointing=args.checkpointing8b_full)
@@ -164,7 +183,8 @@ def peer(args: argparse.Namespace, data: Path, arch: dict) -> dict[str, Any]:
 
 
 def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: list) -> dict[str, Any]:
-    """Both sides, ours first; the record (also written to multi-<gpus>gpu-8b-full.json after each side)."""
+    """Both sides, ours first (--repeat N > 1: compare_8b_peer); the record (also written to
+    multi-<gpus>gpu-8b-full.json after each side)."""
     arch = host.shape(SHAPE)
     record: dict[str, Any] = {"gpu_count": args.gpus, "docs": host.DOCS, "max_doc_tokens": host.MAX_DOC_TOKENS,
                               "shape": "tiny" if host.CPU_SMOKE else SHAPE, "tokens_per_gpu": args.tokens8b_full,
@@ -173,6 +193,8 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
     record["expected_save_s"] = record["expected_save_gb"] / disk_gbps
     print(f"8b-peer: our save writes ~{record['expected_save_gb']:.0f} GB; at the measured {disk_gbps:.2f} GB/s "
           f"~{record['expected_save_s']:.0f} s of our {args.ours_timeout:.0f} s limit", flush=True)
+    if args.repeat > 1:
+        return compare_8b_peer(args, data, arch, record, rows)
     for key, side in (("8b_full", ours), ("8b_full_peer", peer)):
         if side.__name__ not in args.sides8b_full:
             continue
@@ -188,6 +210,36 @@ def bench_8b_peer(args: argparse.Namespace, data: Path, disk_gbps: float, rows: 
             write_result(args.results / result_name(args), record)
     rows.extend(table_rows(record, args.gpus))
     return record
+
+
+def compare_8b_peer(args: argparse.Namespace, data: Path, arch: dict, record: dict[str, Any],
+                    rows: list) -> dict[str, Any]:
+    """--repeat N runs a side, alternating from the peer, every run recorded (bench/report/distribution.py); the
+    results file is rewritten after each run."""
+    def written(fields: dict[str, Any]) -> None:
+        if args.results:
+            write_result(args.results / result_name(args), {**record, **fields})
+
+    checkpointing = {"gradient_checkpointing": args.checkpointing8b_full}
+    record.update(distribution.compare(
+        args.repeat, lambda index: peer(args, data, arch, index), lambda index: ours(args, data, arch, index),
+        {"path": "ours-8b-full", **checkpointing}, {"path": "peer-trl" + "-compile" * args.peer_compile, **checkpointing},
+        written))
+    rows.extend(compare_rows(record, args.gpus, "8B full FT", "TRL+FSDP2"))
+    return record
+
+
+def compare_rows(record: dict[str, Any], gpus: int, what: str, peer_name: str) -> list[tuple[str, str]]:
+    """A --repeat file's table rows: each run in the order it ran, then the figure (bench/multi/gpu_multi_lora.py's too)."""
+    rows, seen = [], {"ours": 0, "peer": 0}
+    for side in record["order"]:
+        run = record["sides"][side]["runs"][seen[side]]
+        seen[side] += 1
+        label = f"{what} {side} run {seen[side]}" + (" (re-run below)" if "rerun_as" in run else "")
+        rows.append((label, run["error"] if "error" in run else f"{run['real_tokens_per_s'] / gpus:,.0f} tokens/s/GPU"))
+    if record["ratio_median"] is not None:
+        rows.append((f"{what} ours / {peer_name} real tokens/s", distribution.ratio_cell(record)))
+    return rows
 
 
 def result_name(args: argparse.Namespace) -> str:

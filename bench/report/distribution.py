@@ -13,6 +13,7 @@ tests/bench/test_results.py re-derives every field here from the runs.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -67,20 +68,53 @@ def summary(ours: list[dict[str, Any]], peer: list[dict[str, Any]]) -> dict[str,
 
 
 def run_alternating(runs_per_side: int, run_peer: Callable[[int], dict[str, Any]],
-                    run_ours: Callable[[int], dict[str, Any]]) -> tuple[list[str], list[dict], list[dict]]:
+                    run_ours: Callable[[int], dict[str, Any]],
+                    landed: Callable[[list[str], list[dict], list[dict]], None] = lambda *_: None,
+                    ) -> tuple[list[str], list[dict], list[dict]]:
     """Run both sides `runs_per_side` times, alternating; then each peer run more than PEER_LOW below the peer's
     median once more (the slow one kept, marked `rerun_as`). Returns (order as run, peer runs, our runs);
-    the callables take the run's index within its side."""
+    the callables take the run's index within its side; `landed` sees (order, peer, ours) after every run."""
     order, peer, ours = [], [], []
     for side in alternating(runs_per_side):
         runs, run = (peer, run_peer) if side == "peer" else (ours, run_ours)
         runs.append(run(len(runs)))
         order.append(side)
+        landed(order, peer, ours)
     for index in low_runs(peer):
         peer[index]["rerun_as"] = len(peer)
         peer.append(run_peer(len(peer)))
         order.append("peer")
+        landed(order, peer, ours)
     return order, peer, ours
+
+
+def comparison(order: list[str], peer: list[dict], ours: list[dict], ours_side: dict[str, Any],
+               peer_side: dict[str, Any]) -> dict[str, Any]:
+    """A results file's comparison fields: the order, each side's settings (`path`, `gradient_checkpointing`, ...)
+    with every run, and the figure (summary)."""
+    return {"order": list(order), "sides": {"ours": {**ours_side, "runs": list(ours)},
+                                            "peer": {**peer_side, "runs": list(peer)}},
+            **summary(ours, peer)}
+
+
+def compare(runs_per_side: int, run_peer: Callable[[int], dict[str, Any]], run_ours: Callable[[int], dict[str, Any]],
+            ours_side: dict[str, Any], peer_side: dict[str, Any],
+            written: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
+    """run_alternating, then comparison's fields; `written` gets them after every run as well, so that a call cut
+    short by its time limit keeps the runs it finished (a bench rewrites its results file there)."""
+    landed = lambda order, peer, ours: written(comparison(order, peer, ours, ours_side, peer_side))  # noqa: E731
+    return comparison(*run_alternating(runs_per_side, run_peer, run_ours, landed), ours_side, peer_side)
+
+
+def repeat_of(parser: argparse.ArgumentParser, repeat: int | None, both_sides: bool, cpu: bool) -> int:
+    """A multi-GPU bench's --repeat: as given, else RUNS_PER_SIDE when both sides run on GPUs and 1 otherwise (one
+    side has nothing to alternate with; on CPU the TRL peer cannot build its model, so no run of it lands).
+    --repeat N > 1 of one side is a usage error (exit 2)."""
+    if repeat is None:
+        return RUNS_PER_SIDE if both_sides and not cpu else 1
+    if repeat < 1 or (repeat > 1 and not both_sides):
+        parser.error(f"--repeat {repeat}: N >= 1 runs a side, N > 1 only with both sides (ours and the peer)")
+    return repeat
 
 
 def ratio_cell(record: dict[str, Any]) -> str:

@@ -309,20 +309,18 @@ def compare(args: argparse.Namespace, data: Path, arch: dict, lengths: list[int]
         (args.out / f"peer-{index}").mkdir(parents=True, exist_ok=True)
         return measured(run_peer(peer_name, args.out / f"peer-{index}", data, args.shape, args.budget))
 
-    order, peers, runs = distribution.run_alternating(args.repeat, peer, ours)
     record = {"shape": args.shape, "budget": args.budget, "docs": len(lengths), "total_real_tokens": sum(lengths),
-              "gpu": gpu, "gpu_count": 1, "peak_flops": peak, "order": order,
-              "sides": {"ours": {"path": ours_name, "gradient_checkpointing": checkpointing["ours"], "runs": runs},
-                        "peer": {"path": f"peer-{peer_name}", "gradient_checkpointing": checkpointing["peer"],
-                                 "runs": peers}},
-              **distribution.summary(runs, peers)}
+              "gpu": gpu, "gpu_count": 1, "peak_flops": peak,
+              **distribution.compare(args.repeat, peer, ours,
+                                     {"path": ours_name, "gradient_checkpointing": checkpointing["ours"]},
+                                     {"path": f"peer-{peer_name}", "gradient_checkpointing": checkpointing["peer"]})}
     if peer_name == "fastchat":  # the peer a FastChat user runs, as its train.py configures it
         record["difference_reason"] = "FastChat-style peer: padded batches of 8 documents, activation checkpointing"
     if args.results:
         write_result(args.results / f"compare-{args.shape}-{ours_name}-vs-peer-{peer_name}.json", record)
     if record["ratio_median"] is not None:
         print(f"\n{gpu}: {ours_name} / peer-{peer_name}, real tokens/s: {distribution.ratio_cell(record)}, "
-              f"runs in order {' '.join(order)}")
+              f"runs in order {' '.join(record['order'])}")
 
 
 def device_peak() -> tuple[str, float | None]:

@@ -150,6 +150,8 @@ def multi_problems(r: dict[str, Any], name: str) -> list[str]:
     side = lambda block, tokens: {"steps": block["steps"], "tokens_per_step": tokens,  # noqa: E731
                                   "gradient_checkpointing": bool(block.get("gradient_checkpointing"))}
     reason = r.get("difference_reason")
+    if "runs_per_side" in r:  # --repeat N: every run under `sides`
+        return runs_problems(r, name, multi_tokens(r), r["gpu_count"])
     if ours := r.get("8b_full"):
         tokens = ours["tokens_per_micro_batch"] * accumulation(r)
         found += _problems(name, "windows", window_problems(ours))
@@ -186,21 +188,41 @@ def single_problems(r: dict[str, Any], name: str, peer: dict[str, Any] | None) -
 
 def compare_problems(r: dict[str, Any], name: str) -> list[str]:
     """bench/suites/gpu_single.py --repeat N's files: every run's windows or step times and slots, and the sides."""
+    tokens = {label: VARIANTS.get(side["path"], {}).get("data", {}).get("tokens_per_micro_batch", r["budget"])
+              for label, side in r["sides"].items()}
+    return runs_problems(r, name, tokens, 1)
+
+
+def multi_tokens(r: dict[str, Any]) -> dict[str, int]:
+    """Tokens per GPU per optimizer step of each side of a multi-GPU --repeat file (bench/multi/multi_full.py: ours
+    with its micro-batches per step; bench/multi/gpu_multi_lora.py: --budget on both)."""
+    if "tokens_per_gpu" in r:
+        return {"ours": r["tokens_per_gpu"] * accumulation(r), "peer": r["tokens_per_gpu"]}
+    return {"ours": r["budget"], "peer": r["budget"]}
+
+
+def runs_problems(r: dict[str, Any], name: str, tokens: dict[str, int], gpus: int) -> list[str]:
+    """A --repeat file's runs (bench/report/distribution.py's `sides`): each run's windows, MFU mean, step times and
+    token slots (`tokens` per step per GPU, by side); one step count and one activation checkpointing (the run's,
+    else its side's) within a side; the two sides as side_problems compares them."""
     found: list[str] = []
     sides = {}
     for label, side in r["sides"].items():
         runs = [run for run in side["runs"] if "error" not in run]
-        tokens = VARIANTS.get(side["path"], {}).get("data", {}).get("tokens_per_micro_batch", r["budget"])
         for run in runs:
             found += _problems(name, "windows", window_problems(run))
+            found += _problems(name, "mfu mean", mean_mfu_problems(run))
             found += _problems(name, "step times", step_time_problems(run))
-            if side["path"] != "peer-fastchat":
-                found += _problems(name, "token slots", slot_problems(run["real_tokens"], run["steps"], tokens, 1))
+            if side["path"] != "peer-fastchat":  # padded batches of 8: no token budget a step
+                found += _problems(name, "token slots", slot_problems(run["real_tokens"], run["steps"], tokens[label],
+                                                                      run.get("gpu_count", gpus)))
         steps = {run["steps"] for run in runs}
-        if len(steps) > 1:
-            found += _problems(name, "comparison", [f"{label}'s runs timed different step counts {sorted(steps)}"])
-        sides[label] = {"steps": min(steps, default=0), "tokens_per_step": tokens,
-                        "gradient_checkpointing": side["gradient_checkpointing"]}
+        checkpointing = {bool(run.get("gradient_checkpointing", side["gradient_checkpointing"])) for run in runs}
+        for what, values in (("step counts", steps), ("activation checkpointing", checkpointing)):
+            if len(values) > 1:
+                found += _problems(name, "comparison", [f"{label}'s runs differ in {what} {sorted(values)}"])
+        sides[label] = {"steps": min(steps, default=0), "tokens_per_step": tokens[label],
+                        "gradient_checkpointing": min(checkpointing, default=side["gradient_checkpointing"])}
     found += _problems(name, "comparison", side_problems(sides["ours"], sides["peer"], r.get("difference_reason")))
     return found
 
@@ -213,6 +235,13 @@ def check_compare_record(r: dict, name: str) -> None:
     ours, peer = r["sides"]["ours"]["runs"], r["sides"]["peer"]["runs"]
     for run in (x for x in ours + peer if "error" not in x):
         check_run_block({**run, "gpu_count": 1, "peak_flops": r["peak_flops"]}, SHAPES[r["shape"]], lengths, name)
+    check_distribution(r, name)
+
+
+def check_distribution(r: dict, name: str) -> None:
+    """A --repeat file's figure (single- or multi-GPU): the order alternating from the peer, a re-run only for a slow
+    peer run, and runs_per_side, ratio_median, ratio_min, ratio_max, peer_low_runs re-derived from the runs."""
+    ours, peer = r["sides"]["ours"]["runs"], r["sides"]["peer"]["runs"]
     n = r["runs_per_side"]
     assert n >= distribution.RUNS_PER_SIDE, f"{name}: {n} runs a side"
     assert r["order"][:2 * n] == distribution.alternating(n) and r["order"].count("ours") == len(ours), f"{name}: order"

@@ -1,6 +1,7 @@
 """A comparison is a distribution (issue #51, bench/report/distribution.py): each side runs N times alternating,
 a slow peer run is run again, and the figure is the median ratio with its range, re-derived from the runs by
-tests/bench/results_checks.check_compare_record. Built from committed one-run files at other rates; no GPU."""
+tests/bench/results_checks.check_compare_record (check_distribution for the multi-GPU files). Built from committed
+one-run files at other rates, the multi-GPU benches' runs replaced by stand-ins; no GPU, no processes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import copy
 
 import pytest
 
-from bench.common.synthetic import SHAPES
+from bench.common.synthetic import SHAPES, sample_lengths
 from bench.report import distribution
 from bench.report.results_io import RESULTS, document_lengths, throughput_numbers
 from tests.bench import results_checks as checks
@@ -54,3 +55,74 @@ def test_a_comparison_is_the_median_of_alternating_runs_and_a_slow_peer_run_is_r
     tampered = copy.deepcopy(record)
     tampered["sides"]["peer"]["runs"][1]["steps"] -= 1
     assert any(p.startswith("comparison:") for p in checks.compare_problems(tampered, "tampered"))
+
+
+def _peer_like(block: dict, arch: dict, lengths: list[int], rate: float) -> dict:
+    """A committed multi-GPU peer run at another rate, with its per-step times (equal steps)."""
+    seconds = block["real_tokens"] / rate
+    return {**block, "seconds": seconds, "real_tokens_per_s": rate, "step_seconds": [seconds / block["steps"]] * block["steps"],
+            **throughput_numbers(arch, lengths, rate, block["gpu_count"], block["peak_flops"])}
+
+
+def test_the_8b_full_comparison_alternates_records_every_run_and_rederives(tmp_path, monkeypatch):
+    """bench/multi/multi_full.py --repeat 3 (gpu_multi's 8b-peer) with stand-in runs of both sides, from the committed
+    8B file: peer first, turn about, the slow third peer run again; the file re-derives as a committed one would."""
+    from bench.multi import gpu_multi, host, multi_full
+    from tests.bench.test_results import FULL, _check_multi
+
+    monkeypatch.setattr(host, "CPU_SMOKE", False)
+    committed = _load(RESULTS / FULL)
+    args = gpu_multi.parse_args(["--gpus", "4", "--only", "8b-peer", "--results", str(tmp_path), "--out", str(tmp_path),
+                                 "--tokens8b-full", str(committed["tokens_per_gpu"])])
+    assert args.repeat == distribution.RUNS_PER_SIDE
+    lengths = sample_lengths(committed["docs"], seed=0, hi=committed["max_doc_tokens"])
+    rate = committed["8b_full_peer"]["real_tokens_per_s"]
+    rates = iter([rate, 1.01 * rate, 0.8 * rate, 0.99 * rate])
+    calls = []
+    monkeypatch.setattr(multi_full, "ours", lambda a, data, arch, index: calls.append(("ours", index)) or copy.deepcopy(committed["8b_full"]))
+    monkeypatch.setattr(multi_full, "peer", lambda a, data, arch, index: calls.append(("peer", index)) or _peer_like(
+        committed["8b_full_peer"], SHAPES["llama3-8b"], lengths, next(rates)))
+    rows: list = []
+    multi_full.bench_8b_peer(args, tmp_path / "docs.jsonl", 2.0, rows)
+    assert calls == [("peer", 0), ("ours", 0), ("peer", 1), ("ours", 1), ("peer", 2), ("ours", 2), ("peer", 3)]
+    record = _load(tmp_path / "multi-4gpu-8b-full.json")
+    assert "8b_full" not in record and record["sides"]["peer"]["runs"][2]["rerun_as"] == 3
+    _check_multi(record, "in memory", tmp_path / "multi-4gpu-8b-full.json")
+    assert not checks.multi_problems(record, "in memory")
+    ours_rate = committed["8b_full"]["real_tokens_per_s"]
+    assert record["ratio_median"] == pytest.approx(ours_rate / rate) and record["runs_per_side"] == 3
+    assert rows[-1] == ("8B full FT ours / TRL+FSDP2 real tokens/s", distribution.ratio_cell(record))
+    tampered = copy.deepcopy(record)
+    tampered["sides"]["ours"]["runs"][1]["windows"][-1]["seconds"] += 0.5
+    assert any(p.startswith("windows:") for p in checks.multi_problems(tampered, "tampered"))
+    tampered = copy.deepcopy(record)
+    tampered["ratio_max"] *= 1.01
+    with pytest.raises(AssertionError, match="ratio_max"):
+        _check_multi(tampered, "tampered", tmp_path / "multi-4gpu-8b-full.json")
+    with pytest.raises(SystemExit):  # one side has nothing to alternate with (argparse's usage error, exit 2)
+        gpu_multi.parse_args(["--only", "8b-peer", "--sides8b-full", "ours", "--repeat", "3"])
+
+
+def test_the_8b_lora_comparison_alternates_and_records_ours_windows(tmp_path, monkeypatch):
+    """bench/multi/gpu_multi_lora.py --repeat 3 with stand-in runs (the committed 2-GPU LoRA file's sides): every run
+    lands in `sides`, ours with its logged windows, the peer with its step times, and the file re-derives."""
+    from bench.multi import gpu_multi_lora, host
+    from tests.bench.test_results import _check_multi
+
+    monkeypatch.setattr(host, "CPU_SMOKE", False)
+    committed = _load(RESULTS / "h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json")
+    raw = ("path", "real_tokens", "seconds", "warmup_steps", "real_tokens_per_s", "peak_mem_gib", "steps")
+    peer = {k: committed["8b_lora_peer"][k] for k in raw}
+    ours = {k: committed["8b_lora"][k] for k in raw}
+    monkeypatch.setattr(gpu_multi_lora, "ours", lambda a, data, arch, index: dict(ours))
+    monkeypatch.setattr(gpu_multi_lora, "peer", lambda a, data, index: {
+        **peer, "step_seconds": [peer["seconds"] / peer["steps"]] * peer["steps"], "gradient_checkpointing": False})
+    monkeypatch.setattr(gpu_multi_lora, "windows", lambda metrics: [])
+    monkeypatch.setattr("sys.argv", ["gpu_multi_lora", "--gpus", "2", "--docs", str(committed["docs"]), "--budget",
+                                     str(committed["budget"]), "--out", str(tmp_path), "--results", str(tmp_path)])
+    gpu_multi_lora.main()
+    record = _load(tmp_path / "multi-2gpu-8b-lora.json")
+    assert record["order"] == distribution.alternating(3) and all("windows" in r for r in record["sides"]["ours"]["runs"])
+    _check_multi(record, "in memory", tmp_path / "multi-2gpu-8b-lora.json")
+    assert not checks.multi_problems(record, "in memory")
+    assert record["ratio_median"] == pytest.approx(committed["ratio_vs_peer"])

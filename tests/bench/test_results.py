@@ -174,35 +174,61 @@ def _check_multi(r: dict, name: str, path: Path) -> None:
         _close(r["ratio_vs_peer"], ratio, "ratio_vs_peer", name)
     if "8b_full" in r or "8b_full_peer" in r:
         check_8b_full(r, SHAPES["llama3-8b"], lengths, name)
+    if "runs_per_side" in r:  # multi_full.py or gpu_multi_lora.py --repeat N: every run under `sides`
+        check_multi_compare(r, SHAPES["llama3-8b"], lengths, name)
+
+
+def check_multi_compare(r: dict, arch: dict, lengths: list[int], name: str) -> None:
+    """A multi-GPU --repeat file: each run as its one-run file's block is checked (an 8B full run of ours as
+    check_8b_full checks `8b_full`; a LoRA run with its adapters), then the figure from the runs
+    (results_checks.check_distribution)."""
+    full = "tokens_per_gpu" in r  # bench/multi/multi_full.py; else bench/multi/gpu_multi_lora.py
+    for label, side in r["sides"].items():
+        for index, run in enumerate(side["runs"]):
+            what = f"{name}: {label} run {index}"
+            if "error" in run:
+                continue
+            assert run["gpu_count"] == r["gpu_count"] and (full or run["lora_params"]), what
+            if full and label == "ours":
+                _check_8b_full_ours(run, r, arch, lengths, what)
+            else:
+                _check_run_block(run, arch, lengths, what)
+    checks.check_distribution(r, name)
 
 
 def check_8b_full(r: dict, arch: dict, lengths: list[int], name: str) -> None:
     """bench/multi/multi_full.py (gpu_multi's 8b-peer phase): ours' aggregate over the timed windows it lists,
     the save's seconds booked on their own, the top-level fields taken from the sides."""
     if ours := r.get("8b_full"):
-        _check_run_block(ours, arch, lengths, f"{name}: 8b_full")
-        start = clock_start(w["step"] for w in ours["windows"])  # logging every N steps: the first window past warm-up
-        timed = [w for w in ours["windows"] if w["step"] > start]
-        _close(ours["seconds"], sum(w["seconds"] for w in timed), "seconds over the timed windows", name)
-        assert ours["steps"] == timed[-1]["step"] - start == r["steps"], f"{name}: steps"
-        # The per-window mean over the windows past the recorded warm-up: until 2026-11-27 that was 4 even when
-        # the clock started later (the log10 file's mean holds its compile window), since then the clock's start.
-        mfus = [w["mfu"] for w in ours["windows"] if w["step"] > ours["warmup_steps"] and w["mfu"]]
-        _close(ours["mean_step_mfu"], statistics.fmean(mfus) if mfus else None, "mean_step_mfu", name)
+        _check_8b_full_ours(ours, r, arch, lengths, name)
+        assert ours["steps"] == r["steps"], f"{name}: steps"
         assert (r["mfu"], r["mean_step_mfu"]) == (ours["mfu"], ours["mean_step_mfu"]), f"{name}: top-level mfu"
-        if save := ours.get("save"):
-            assert start < save["step"] < r["max_steps"], f"{name}: the save is not inside the clock"
-            with_save = ours["with_save"]
-            _close(with_save["seconds"], ours["seconds"] + save["seconds"], "with_save seconds", name)
-            _close(with_save["real_tokens_per_s"], ours["real_tokens"] / with_save["seconds"], "with_save rate", name)
-            derived = throughput_numbers(arch, lengths, with_save["real_tokens_per_s"], ours["gpu_count"],
-                                         ours["peak_flops"])
-            _close(with_save["mfu"], derived["mfu"], "with_save mfu", name)
     if peer := r.get("8b_full_peer"):
         _check_run_block(peer, arch, lengths, f"{name}: 8b_full_peer")
         assert r["peer"] == peer["path"] and isinstance(peer["gradient_checkpointing"], bool), f"{name}: peer"
     if ours and peer:
         _close(r["ratio_vs_peer"], ours["real_tokens_per_s"] / peer["real_tokens_per_s"], "ratio_vs_peer", name)
+
+
+def _check_8b_full_ours(ours: dict, r: dict, arch: dict, lengths: list[int], name: str) -> None:
+    """One 8B run of ours: its rate, FLOP numbers and MFU mean from its windows, its save inside the clock."""
+    _check_run_block(ours, arch, lengths, f"{name}: 8b_full")
+    start = clock_start(w["step"] for w in ours["windows"])  # logging every N steps: the first window past warm-up
+    timed = [w for w in ours["windows"] if w["step"] > start]
+    _close(ours["seconds"], sum(w["seconds"] for w in timed), "seconds over the timed windows", name)
+    assert ours["steps"] == timed[-1]["step"] - start, f"{name}: steps"
+    # The per-window mean over the windows past the recorded warm-up: until 2026-11-27 that was 4 even when
+    # the clock started later (the log10 file's mean holds its compile window), since then the clock's start.
+    mfus = [w["mfu"] for w in ours["windows"] if w["step"] > ours["warmup_steps"] and w["mfu"]]
+    _close(ours["mean_step_mfu"], statistics.fmean(mfus) if mfus else None, "mean_step_mfu", name)
+    if save := ours.get("save"):
+        assert start < save["step"] < r["max_steps"], f"{name}: the save is not inside the clock"
+        with_save = ours["with_save"]
+        _close(with_save["seconds"], ours["seconds"] + save["seconds"], "with_save seconds", name)
+        _close(with_save["real_tokens_per_s"], ours["real_tokens"] / with_save["seconds"], "with_save rate", name)
+        derived = throughput_numbers(arch, lengths, with_save["real_tokens_per_s"], ours["gpu_count"],
+                                     ours["peak_flops"])
+        _close(with_save["mfu"], derived["mfu"], "with_save mfu", name)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "attention"], ids=_id)
