@@ -177,10 +177,14 @@ class Checkpointer:
         if self.pending is not None and self.writer is not None and self.writer.all_finished(self.vote_group):
             self._complete()
 
-    def finish(self) -> None:
-        """Wait for the save in flight (if any) and publish it: at a stop, before the next save, at the end."""
-        if self.pending is not None:
-            self._complete()
+    def finish(self) -> int | None:
+        """Wait for the save in flight (if any) and publish it: at a stop, before the next save, at the end.
+        Returns the step it finished, None when none was in flight."""
+        if self.pending is None:
+            return None
+        step = self.pending.step
+        self._complete()
+        return step
 
     def stop_save(self, state: TrainState, step_s: float) -> None:
         """The save that answers a stop request (time limit, preemption, Ctrl-C). A save in flight is finished,
