@@ -125,7 +125,9 @@ def runs() -> Iterator[dict[str, object]]:
         # and the preemption comes after that step: the stop-save must finish that write, not start another.
         inflight_env = fault_env(dict(os.environ), slow_save_step=SAVE_STEPS, slow_save_s=INFLIGHT_S)
         phase2 = [launch("preempt-fast", root, "cpu", *common, env=inflight_env),
-                  launch("preempt-slow", root, "cpu", *common, env=slow_env)]
+                  # No periodic checkpoint to answer its stop (a recent one would, train/engine/checkpoint.py's
+                  # stop_save): the slow stop-save always runs.
+                  launch("preempt-slow", root, "cpu", *common, "--save_steps", str(10 * STEPS), env=slow_env)]
         started += phase2
         at_step = random.randint(SAVE_STEPS + 1, 2 * SAVE_STEPS - 3)
         facts["at_step"] = at_step
