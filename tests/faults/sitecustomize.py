@@ -27,9 +27,12 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_S
         # Lets a test kill -9 the job in the middle of a save (temp dir written, not yet renamed), or stop it
         # (a stop request, a preemption) while an asynchronous save's write is in flight: the stall ends once
         # the stop file exists, as a write that was merely slow would end by itself.
+        # Only a stop that comes during the stall ends it: a stop whose own save this is (its file already
+        # there) stalls the whole time, for a test to act while that save hangs.
         deadline = time.monotonic() + _SLOW_SAVE_S
+        stopped_before = bool(_stop_file) and _stop_file[0].exists()
         while str(step) == _SLOW_SAVE and time.monotonic() < deadline:
-            if _stop_file and _stop_file[0].exists():
+            if not stopped_before and _stop_file and _stop_file[0].exists():
                 time.sleep(1.0)  # the rest of the write: the stop's step boundary finds it still in flight
                 return
             time.sleep(0.1)

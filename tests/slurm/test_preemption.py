@@ -167,19 +167,23 @@ def assert_preempted_and_back_bitwise(run: Run, baseline: Run, facts: dict[str, 
     (requeue,) = events(run, "requeue")
     assert requeue["kind"] == "preemption" and "by" not in requeue, requeue
     assert "preemption (SLURM reports PreemptTime" in log_text(run, 0)
-    steps = steps_by_restart(run.dir)
-    # The stop-save saved the last step, or (train.async_save) finished the save in flight or named a recent
-    # complete one instead (train/engine/checkpoint.py Checkpointer.stop_save): the restart goes on from there.
-    resumed = steps[1][0] - 1
-    answered = resumed == steps[0][-1] or any(
-        words in log_text(run, 0) for words in (f"stop: finishing the checkpoint of step {resumed} in flight",
-                                                f"stop: step-{resumed:08d} answers it"))
-    assert answered, f"the stop-save did not answer the preemption: {steps[0][-1]} -> {steps[1]}"
+    assert_resumed_from_the_stop_save(run)
     assert "resumed from" in log_text(run, 1)
     assert_same_weights(run, baseline)
     assert facts["urgent_job"]["JobState"] == "COMPLETED"  # type: ignore[index]
     assert "preemptions 1" in status_text(run)
     return _epoch(requeue["time"]) - float(facts["preempted_at"])  # type: ignore[arg-type]
+
+
+def assert_resumed_from_the_stop_save(run: Run) -> None:
+    """The stop-save saved the last step, or finished the save in flight, or named a recent complete one
+    instead (train/engine/checkpoint.py Checkpointer.stop_save): the restart goes on from there."""
+    steps = steps_by_restart(run.dir)
+    resumed = steps[1][0] - 1
+    answered = resumed == steps[0][-1] or any(
+        words in log_text(run, 0) for words in (f"stop: finishing the checkpoint of step {resumed} in flight",
+                                                f"stop: step-{resumed:08d} answers it"))
+    assert answered, f"the stop-save did not answer the stop: {steps[0][-1]} -> {steps[1]}"
 
 
 def test_real_preemption_during_an_async_write_finishes_it_and_comes_back_bitwise(runs):
@@ -230,8 +234,7 @@ def test_sigterm_after_the_stop_checkpoint_does_not_undo_it(runs):
     run, baseline = runs["runs"]["signal-after-marker"], runs["runs"]["baseline"]
     assert run.job.get("JobState") == "COMPLETED" and run.job.get("Restarts") == "1", run.job
     assert [e.get("kind") for e in events(run, "requeue")] == ["preemption"]
-    steps = steps_by_restart(run.dir)
-    assert steps[1][0] - 1 == steps[0][-1], "the restart did not resume from the stop checkpoint"
+    assert_resumed_from_the_stop_save(run)
     assert_same_weights(run, baseline)
 
 
