@@ -34,9 +34,9 @@ from contract.protocol import EXIT_REQUEUE, LOGS_DIR, PROFILE_DIR
 from contract.schema import ConfigError
 from contract.sources import Mixture
 from train.kernels import float8
-from train.kernels import context_parallel
 from train.kernels.attention import setup_attention
-from train.kernels.context_parallel import ContextParallel, label_tokens
+from train.kernels.context_parallel import ContextParallel, label_tokens, register_attention
+from train.kernels.context_parallel import setup as setup_context_parallel
 from train.kernels.long_context import ActivationOffload
 from train.engine.checkpoint import Checkpointer, TrainState, latest_checkpoint, load_checkpoint, remove_stale
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
@@ -123,12 +123,12 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     # Rank 0 tokenizes and caches; the others wait at the barrier, then read the cache.
     bundle = build_datasets(cfg, tokenizer, is_main=accelerator.is_main_process,
                             barrier=accelerator.wait_for_everyone)
-    cp = context_parallel.setup(cfg.parallel.context, accelerator.num_processes, accelerator.process_index,
+    cp = setup_context_parallel(cfg.parallel.context, accelerator.num_processes, accelerator.process_index,
                                 *attention_heads(cfg))
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
                       cfg.data.packing, pad_id(tokenizer), bundle.mixture,
                       fixed_length=compiles_decoder_layers(cfg, accelerator.num_processes), cp=cp)
-    attn = context_parallel.register_attention(
+    attn = register_attention(
         setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing), cp)
     started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)
