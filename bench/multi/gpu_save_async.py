@@ -112,6 +112,7 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=2 if gpu_multi.CPU_SMOKE else 20)
     parser.add_argument("--tokens", type=int, default=256 if gpu_multi.CPU_SMOKE else 32768)
     parser.add_argument("--run-timeout", type=float, default=150)
+    parser.add_argument("--runs", default="nosave,async,resume,sync", help="which of the four runs (resume needs async)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     arch = arch_for_disk(args.out)
@@ -127,11 +128,14 @@ def main() -> None:
                  f"state {result['state_gb']:.1f} GB (fp32 weights + AdamW moments)"))
     rows.append(("disk write (dd-like)", f"{result['disk_write_gbps']:.2f} GB/s"))
     saves = ["--save_steps", str(args.save_every)]
+    runs = args.runs.split(",")
     for port, (name, extra) in enumerate((("nosave", ["--save_steps", "1000000"]),
                                           ("async", [*saves, "--set", "train.async_save=true"])), start=29650):
+        if name not in runs:
+            continue
         run, code, text, _ = run_once(name, args, arch, data, extra, port)
         result[name] = mfu_with_pauses(run, code, text, rows, name, arch, lengths)
-    if result.get("async"):
+    if result.get("async") and "resume" in runs:
         run = args.out / "run-async"
         _, code, text, started = run_once("resume", args, arch, data, [], 29660, run=run)
         result["resume_exit"] = code
@@ -141,8 +145,9 @@ def main() -> None:
         rows.append(("resume: job start -> first step", f"{result['resume_s'] or float('nan'):.1f} s "
                      f"(load_state {result['resume_restore_s'] or float('nan'):.1f} s), exit {code}"))
         shutil.rmtree(run / "checkpoints", ignore_errors=True)  # room for the sync run's
-    run, code, text, _ = run_once("sync", args, arch, data, [*saves, "--set", "train.async_save=false"], 29670)
-    result["sync"] = mfu_with_pauses(run, code, text, rows, "sync", arch, lengths)
+    if "sync" in runs:
+        run, code, text, _ = run_once("sync", args, arch, data, [*saves, "--set", "train.async_save=false"], 29670)
+        result["sync"] = mfu_with_pauses(run, code, text, rows, "sync", arch, lengths)
     for name in ("nosave", "async", "sync"):
         stats = result.get(name)
         if not stats:
