@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from contract import gpus
 from contract.shape import ModelShape
-from launcher.plan.memory import MemoryOptions, NF4_BYTES_PER_PARAM, trainable_params
+from launcher.plan.memory import NF4_BYTES_PER_PARAM, MemoryOptions, offloaded_activation_bytes, trainable_params
 
 if TYPE_CHECKING:
     from launcher.plan.planner import PlanInput
@@ -54,15 +54,17 @@ FP8_SPEEDUP = 1.2
 
 # NCCL bus bandwidth (nccl-tests' busbw for large all-gathers / reduce-scatters), GB/s per GPU. Within a node:
 # NVLink through NVSwitch (A100 600 GB/s and H100 900 GB/s bidirectional per GPU; nccl-tests reach ~230 and
-# ~360); PCIe cards ~20. Across nodes: the node's NICs (one 200 Gb/s HDR per A100, one 400 Gb/s NDR per H100,
-# as in DGX-class nodes; a ring's busbw reaches ~90% of it). Datasheet figures, not measured here.
+# ~360); PCIe cards ~20. Across nodes: a ring per NIC, so the node's NICs together: DGX-class nodes with one
+# 200 Gb/s HDR NIC per A100 (8 x 25 GB/s, ~185 reached) or one 400 Gb/s NDR per H100 (~370). A node with fewer
+# NICs gets proportionally less. Datasheet and nccl-tests figures, not measured here.
 INTRA_NODE_GBPS = {"a100": 230.0, "a100-40gb": 230.0, "h100": 360.0, "h100-nvl": 300.0, "gh200": 360.0,
                    "h200": 360.0, "b200": 700.0}
-INTER_NODE_GBPS = {"a100": 22.0, "a100-40gb": 22.0, "h100": 45.0, "h100-nvl": 45.0, "gh200": 45.0,
-                   "h200": 45.0, "b200": 90.0}
+INTER_NODE_GBPS = {"a100": 185.0, "a100-40gb": 185.0, "h100": 370.0, "h100-nvl": 370.0, "gh200": 370.0,
+                   "h200": 370.0, "b200": 370.0}
 FALLBACK_LINK_GBPS = 20.0  # PCIe cards (l40s, h100-pcie, ...) and unknown GPUs: through the host
-# Host <-> GPU copies (activation and CPU offload): PCIe 4.0/5.0 x16 pinned copies reach ~20-25 GB/s each way.
-PCIE_GBPS = 20.0
+# Host <-> GPU copies (activation and CPU offload) while every GPU of the node copies: a PCIe 4.0 x16 link reaches
+# ~25 GB/s each way, and DGX-class nodes put two GPUs behind each switch's host link: ~12.5 GB/s a GPU.
+PCIE_GBPS = 12.5
 # HBM bandwidth a memory-bound kernel reaches (QLoRA's dequantization), GB/s: ~70% of the datasheet's.
 HBM_GBPS = {"a100": 1400.0, "a100-40gb": 1100.0, "h100": 2300.0, "h100-nvl": 2700.0, "gh200": 2800.0,
             "h200": 3300.0, "b200": 5500.0}
@@ -168,12 +170,12 @@ def _context_parallel_seconds(shape: ModelShape, inp: PlanInput, tokens: float) 
     return passes * shape.layers * per_layer / (_bus_gbps(inp, False) * 1e9)
 
 
-def _activation_offload_seconds(shape: ModelShape, inp: PlanInput, tokens: float, compute_s: float) -> float:
+def _activation_offload_seconds(shape: ModelShape, inp: PlanInput, options: MemoryOptions, compute_s: float) -> float:
     """train.activation_offload: each checkpointed layer input goes to pinned host memory in the forward and
     back in the backward, on a side stream: only what outlasts the compute adds to the step."""
     if not inp.activation_offload:
         return 0.0
-    copies = 2 * shape.layers * tokens * shape.hidden * BF16 / (PCIE_GBPS * 1e9)
+    copies = 2 * offloaded_activation_bytes(shape, options) / (PCIE_GBPS * 1e9)  # out in forward, back in backward
     return max(0.0, copies - compute_s)
 
 
@@ -196,8 +198,8 @@ def step_time(inp: PlanInput, per_token: float) -> StepTime | None:
         return None
     shape = ModelShape.from_arch(inp.arch)
     names = {f.name for f in dataclasses.fields(MemoryOptions)} - {"world_size"}
-    trainable = trainable_params(shape, MemoryOptions(world_size=inp.world_size,
-                                                      **{n: getattr(inp, n) for n in names}))
+    options = MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
+    trainable = trainable_params(shape, options)
     peak = spec.peak_tflops_bf16 * 1e12
     tokens = inp.micro_batch_tokens * inp.packing_efficiency / inp.context_parallel  # real tokens per GPU
     recompute = 1 + forward_share(shape, inp, per_token) if inp.gradient_checkpointing else 1.0
@@ -207,7 +209,7 @@ def step_time(inp: PlanInput, per_token: float) -> StepTime | None:
     exposed = max(0.0, collectives - compute) + 2 * collectives / (shape.layers + 2)
     copies, host = _cpu_offload_seconds(inp, trainable, shape.total_params)
     other = (_dequantize_seconds(shape, inp) + _context_parallel_seconds(shape, inp, tokens)
-             + _activation_offload_seconds(shape, inp, tokens, compute) + copies)
+             + _activation_offload_seconds(shape, inp, options, compute) + copies)
     accumulation = inp.gradient_accumulation_steps
     optimizer = host or ADAMW_BYTES_PER_PARAM * trainable / inp.world_size / (
         HBM_GBPS.get(inp.gpu_type.lower(), FALLBACK_HBM_GBPS) * 1e9)
