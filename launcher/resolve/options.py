@@ -341,6 +341,8 @@ def _user_set(request: LaunchRequest, key: str) -> bool:
     section, name = key.split(".")
     if section == "train" and name in request.train_flags:
         return True
+    if key == "parallel.context" and request.context_parallel is not None:  # --context_parallel N
+        return True
     return any(item.partition("=")[0].strip() == key for item in request.sets)
 
 
