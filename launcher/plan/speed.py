@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from contract import gpus
 from contract.shape import ModelShape
 from launcher.plan.memory import NF4_BYTES_PER_PARAM, MemoryOptions, offloaded_activation_bytes, trainable_params
 
-if TYPE_CHECKING:
-    from launcher.plan.planner import PlanInput
+# launcher.plan.planner.PlanInput: not imported, the planner imports this module (no import cycle, even type-only)
+PlanInput = Any
 
 # Achievable fraction of the dense bf16 peak for this project's compiled, packed, uncheckpointed training
 # step of full weights (its GEMMs, attention kernels and elementwise work together). Hopper: calibrated on the
