@@ -19,9 +19,9 @@ from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
 from launcher.plan.host_memory import cpu_bytes_per_node
-from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, trainable_params
+from launcher.plan.memory import GIB, MemoryBreakdown, trainable_params
 from launcher.plan.peak import gpu_memory
-from launcher.plan.speed import step_time
+from launcher.plan.speed import memory_options, step_time
 
 CHECKPOINT_WRITE_SAFETY = 1.5  # shared storage is rarely at its nominal bandwidth
 # The work a preemption may lose that the suggested train.save_steps aims at, and (synchronous saves) the
@@ -207,12 +207,6 @@ class Plan:
         where = [name for name, ok in ((device_memory, self.fits_gpu), ("CPU RAM per node", self.fits_cpu))
                  if ok is False]
         return "does not fit: " + " and ".join(where)
-
-
-def memory_options(inp: PlanInput) -> MemoryOptions:
-    """The memory model's view of a plan input (fields of the same names; world_size derived)."""
-    names = {f.name for f in dataclasses.fields(MemoryOptions)} - {"world_size"}
-    return MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
 
 
 def _gpu_usable_bytes(inp: PlanInput) -> int | None:

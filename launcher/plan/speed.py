@@ -94,6 +94,12 @@ class StepTime:
     mfu: float  # model FLOPs per second per GPU over the bf16 peak
 
 
+def memory_options(inp: PlanInput) -> MemoryOptions:
+    """The memory model's view of a plan input (fields of the same names; world_size derived)."""
+    names = {f.name for f in dataclasses.fields(MemoryOptions)} - {"world_size"}
+    return MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
+
+
 def _efficiency(inp: PlanInput) -> float:
     base = EFFICIENCY.get(inp.gpu_type.lower(), FALLBACK_EFFICIENCY)
     return base * (LORA_EFFICIENCY if inp.lora else 1.0) * (FP8_SPEEDUP if inp.fp8 else 1.0)
@@ -197,8 +203,7 @@ def step_time(inp: PlanInput, per_token: float) -> StepTime | None:
     if spec is None:
         return None
     shape = ModelShape.from_arch(inp.arch)
-    names = {f.name for f in dataclasses.fields(MemoryOptions)} - {"world_size"}
-    options = MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
+    options = memory_options(inp)
     trainable = trainable_params(shape, options)
     peak = spec.peak_tflops_bf16 * 1e12
     tokens = inp.micro_batch_tokens * inp.packing_efficiency / inp.context_parallel  # real tokens per GPU
