@@ -53,10 +53,12 @@ def _memory_lines(plan: Plan) -> list[str]:
 
 def _time_lines(plan: Plan) -> list[str]:
     t, inp = plan.time, plan.input
-    rate = f"{t.tokens_per_s:,.0f} tok/s at MFU {t.expected_mfu:.0%}" if t.tokens_per_s and t.expected_mfu else "? tok/s"
+    rate = (f"{t.tokens_per_s:,.0f} tok/s predicted (MFU {t.expected_mfu:.0%})" if t.tokens_per_s and t.expected_mfu
+            else "? tok/s")
     steps = "?" if t.steps is None else f"{t.steps:,}"
     tokens = "?" if t.total_tokens is None else _count(t.total_tokens)
-    lines = [f"Time    {steps} steps x {t.tokens_per_step:,} tok = {tokens} tokens; {rate}",
+    per_billion = f"; 1B tokens in {_duration(1e9 / t.tokens_per_s)}" if t.tokens_per_s else ""
+    lines = [f"Time    {steps} steps x {t.tokens_per_step:,} tok = {tokens} tokens; {rate}{per_billion}",
              f"        ETA {_duration(t.eta_s)} (compute {_duration(t.train_time_s)})"
              + ("" if inp.device == "cpu" else f", {'?' if t.gpu_hours is None else f'{t.gpu_hours:,.1f}'} GPU-hours")
              + (f", cost {t.cost:,.0f}" if t.cost is not None else "")]

@@ -1,8 +1,8 @@
 """The planner: will a run fit, how long will it take, what will it cost — before anything is submitted.
 
 Pure Python (no torch), instant on a login node. `make_plan(PlanInput) -> Plan` combines the memory
-model (launcher/plan/memory.py, peak.py) with a throughput model (expected MFU x peak FLOP/s / FLOPs
-per token), the time limit (how many requeues) and the checkpoint size (how early SLURM must signal the
+model (launcher/plan/memory.py, peak.py) with the speed model (launcher/plan/speed.py: compute and what
+of communication and offload does not overlap it), the time limit (how many requeues) and the checkpoint size (how early SLURM must signal the
 job so the save finishes). `plan_format.format_plan` renders a compact table, `plan_to_dict` the same for `--json`.
 """
 
@@ -19,35 +19,9 @@ from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
 from launcher.plan.host_memory import cpu_bytes_per_node
-from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, trainable_params
+from launcher.plan.memory import GIB, MemoryBreakdown, trainable_params
 from launcher.plan.peak import gpu_memory
-
-# Expected model-FLOPs utilization (docs/ARCHITECTURE.md's MFU) for full fine-tuning with per-layer
-# checkpointing, packed micro-batches, FSDP2, bf16 (PlanInput.expected_mfu overrides). Hopper entries are
-# measured on H200 in results files since removed (issue #33: no provenance; to be re-measured) and used
-# for every GH100-based GPU:
-#   multi-4gpu-8b.json: Llama-3-8B shape, FSDP2 on 4 GPUs, 16k tokens/GPU, checkpointing, no compile: 36.3%
-#   single-llama3.2-1b-ours-ckpt.json: Llama-3.2-1B, 1 GPU, 32k-token packed, compile, checkpointing: 40.6%
-#   single-llama3.2-1b-ours.json: the same without checkpointing: 49.6%
-# The sharded number is kept for every multi-GPU run (torch.compile, now the default, would add to it:
-# conservative); one GPU (no collectives) uses the 1-GPU one. Other GPU types are unmeasured guesses.
-HOPPER_SHARDED_MFU = 0.363
-HOPPER_ONE_GPU_MFU = 0.406
-DEFAULT_MFU = {"h100": HOPPER_SHARDED_MFU, "h100-pcie": 0.36, "h100-nvl": HOPPER_SHARDED_MFU,
-               "gh200": HOPPER_SHARDED_MFU, "h200": HOPPER_SHARDED_MFU,
-               "b200": 0.35, "a100": 0.45, "a100-40gb": 0.42, "l40s": 0.35}
-ONE_GPU_MFU = {"h100": HOPPER_ONE_GPU_MFU, "h100-nvl": HOPPER_ONE_GPU_MFU, "gh200": HOPPER_ONE_GPU_MFU,
-               "h200": HOPPER_ONE_GPU_MFU}
-FALLBACK_MFU = 0.30
-NO_CHECKPOINTING_MFU_GAIN = 0.496 / 0.406  # measured (1B, 1 H200): no recompute of the forward
-MAX_EXPECTED_MFU = 0.6
-CPU_OFFLOAD_MFU_FACTOR = 0.5  # host AdamW + PCIe traffic; crude, offload is a last resort
-# train.precision = "fp8" (torchao float8 linears): tokens/s over the bf16 path. MFU stays counted against the
-# bf16 peak, so an FP8 run's expected MFU is the bf16 one times this gain. Measured on the 1B shape, one H100,
-# 16k tokens a step (bench/gpu_parity.py, the training logs of a call whose FP8 side was cut off during its
-# export, so no results file): median step 61.5k vs 60.1k tokens/s (1.02x), no real gain at that size; the 8B on
-# several GPUs (bench/gpu_multi.py's 8b-fp8 phase) is not measured yet. Until it is, no gain is assumed.
-FP8_GAIN = 1.0
+from launcher.plan.speed import memory_options, step_time
 
 CHECKPOINT_WRITE_SAFETY = 1.5  # shared storage is rarely at its nominal bandwidth
 # The work a preemption may lose that the suggested train.save_steps aims at, and (synchronous saves) the
@@ -105,7 +79,7 @@ class PlanInput:
     # The lead the batch script asks SLURM for (profile.signal_lead_s, its one source); None: the
     # planner's own estimate of what the checkpoint needs stands in for it.
     signal_lead_s: int | None = None
-    expected_mfu: float | None = None  # None = the measured/default tables above (_expected_mfu)
+    expected_mfu: float | None = None  # None = launcher/plan/speed.py's prediction; a number overrides it
     adamw_impl: Literal["fused", "foreach"] = "fused"  # train/engine/optim.py: fused; torch.optim.AdamW() default: foreach
     storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
     node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
@@ -235,12 +209,6 @@ class Plan:
         return "does not fit: " + " and ".join(where)
 
 
-def memory_options(inp: PlanInput) -> MemoryOptions:
-    """The memory model's view of a plan input (fields of the same names; world_size derived)."""
-    names = {f.name for f in dataclasses.fields(MemoryOptions)} - {"world_size"}
-    return MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
-
-
 def _gpu_usable_bytes(inp: PlanInput) -> int | None:
     spec = gpus.lookup(inp.gpu_type) if inp.device == "gpu" else None
     memory_gib = inp.gpu_memory_gib or (spec.memory_gib if spec else None)
@@ -361,20 +329,6 @@ def save_cadence(ckpt_bytes: int, inp: PlanInput, step_time_s: float | None, lea
                        max(1, math.ceil(interval_s / step_time_s)))
 
 
-def _expected_mfu(inp: PlanInput) -> float | None:
-    if inp.expected_mfu is not None:
-        return inp.expected_mfu
-    if inp.device == "cpu" or gpus.lookup(inp.gpu_type) is None:
-        return None
-    gpu_type = inp.gpu_type.lower()
-    mfu = DEFAULT_MFU.get(gpu_type, FALLBACK_MFU)
-    if inp.world_size == 1:
-        mfu = ONE_GPU_MFU.get(gpu_type, mfu)
-    if not inp.gradient_checkpointing:
-        mfu = min(MAX_EXPECTED_MFU, mfu * NO_CHECKPOINTING_MFU_GAIN)
-    return mfu * (CPU_OFFLOAD_MFU_FACTOR if inp.cpu_offload else 1.0) * (FP8_GAIN if inp.fp8 else 1.0)
-
-
 def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
     """contract/shape.py's formula at the planned mean document length (a document longer than a
     micro-batch is cut to it). LoRA skips the frozen weights' gradients: 4N instead of 6N."""
@@ -383,10 +337,11 @@ def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
 
 
 def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) -> TimeEstimate:
-    """Steps from dataset tokens (or max_steps); tokens/s = MFU x peak x GPUs / FLOPs per token;
-    segments = compute time / (time limit - startup - signal lead); cost = GPU-hours x price."""
+    """Steps from dataset tokens (or max_steps); tokens/s from launcher/plan/speed.py's step time (or, with
+    PlanInput.expected_mfu, MFU x peak x GPUs / FLOPs per token); segments = compute time / (time limit -
+    startup - signal lead); cost = GPU-hours x price."""
     per_token = flops_per_token(shape, inp)
-    mfu = _expected_mfu(inp)
+    predicted = step_time(inp, per_token)
     spec = gpus.lookup(inp.gpu_type)
     tokens_per_step = int(inp.micro_batch_tokens * inp.packing_efficiency) * inp.gradient_accumulation_steps \
         * (inp.world_size // inp.context_parallel)  # a context-parallel group shares its micro-batches
@@ -394,8 +349,11 @@ def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) 
     if steps is None and inp.dataset_tokens is not None:
         steps = max(1, math.ceil(inp.dataset_tokens * inp.num_train_epochs / tokens_per_step))
     total = steps * tokens_per_step if steps is not None else None
-    rate = mfu * spec.peak_tflops_bf16 * 1e12 * inp.world_size / per_token if (mfu and spec) else None
-    step_time = tokens_per_step / rate if rate else None
+    mfu, rate = (predicted.mfu, predicted.tokens_per_s) if predicted else (None, None)
+    if inp.expected_mfu is not None and spec is not None and inp.device == "gpu":
+        mfu = inp.expected_mfu
+        rate = mfu * spec.peak_tflops_bf16 * 1e12 * inp.world_size / per_token
+    step_s = tokens_per_step / rate if rate else None
     train_time = total / rate if (rate and total is not None) else None
     segments = requeues = eta = gpu_hours = cost = None
     if train_time is not None:
@@ -408,7 +366,7 @@ def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) 
             eta = train_time + segments * inp.startup_s
             gpu_hours = eta * inp.world_size / 3600
             cost = gpu_hours * inp.gpu_hour_price if inp.gpu_hour_price is not None else None
-    return TimeEstimate(per_token, mfu, tokens_per_step, steps, total, rate, step_time, train_time,
+    return TimeEstimate(per_token, mfu, tokens_per_step, steps, total, rate, step_s, train_time,
                         segments, requeues, eta, gpu_hours, cost)
 
 

@@ -341,6 +341,8 @@ def _user_set(request: LaunchRequest, key: str) -> bool:
     section, name = key.split(".")
     if section == "train" and name in request.train_flags:
         return True
+    if key == "parallel.context" and request.context_parallel is not None:  # --context_parallel N
+        return True
     return any(item.partition("=")[0].strip() == key for item in request.sets)
 
 
@@ -352,6 +354,8 @@ def _fit_micro_batch(launch: Launch, request: LaunchRequest) -> MicroBatchChoice
         if choice.tokens != inp.micro_batch_tokens:
             launch.train.data.tokens_per_micro_batch = choice.tokens
         launch.train.train.gradient_checkpointing = choice.checkpointing
+        launch.train.train.activation_offload = choice.activation_offload
+        launch.train.parallel.context = choice.context_parallel
     return choice
 
 

@@ -82,6 +82,7 @@ def test_fp8_reaches_train_toml_and_the_plan(tmp_path: Path) -> None:
 def test_the_float8_casts_are_planned_memory(tmp_path: Path) -> None:
     inp = plan_input_from_launch(_h100_launch(tmp_path))
     inp.compile = False  # eager: the same saved tensors in bf16 and fp8 (compiled, fp8 keeps fewer: memory.py)
+    inp.gradient_checkpointing = True  # per-layer checkpointing (the launcher may pick it off: the fastest that fits)
     bf16 = make_plan(inp.__class__(**{**inp.__dict__, "fp8": False}))
     fp8 = make_plan(inp)
     casts = float8_cast_bytes(ModelShape.from_arch(inp.arch), memory_options(inp))

@@ -229,14 +229,6 @@ def test_reserved_and_total_sit_on_top_of_allocated():
     assert g.reserved >= g.parameters + g.optimizer_states + g.activations + g.logits_loss
 
 
-@pytest.mark.parametrize(("gpus_per_node", "checkpointing", "measured"), [
-    (1, True, 0.406), (1, False, 0.496), (4, True, 0.363)])  # H200 runs in bench/results/
-def test_default_mfu_reproduces_the_h200_benchmarks(gpus_per_node, checkpointing, measured):
-    for gpu_type in ("h100", "h200"):
-        p = plan(gpus_per_node=gpus_per_node, gpu_type=gpu_type, gradient_checkpointing=checkpointing)
-        assert p.time.expected_mfu == pytest.approx(measured, abs=5e-4)
-
-
 def test_preemption_loss_and_the_save_steps_that_bound_it():
     """GraceTime shorter than the stop-save: the job resumes from its newest COMPLETE checkpoint. With
     asynchronous saves that is up to save_steps + one write's worth of steps old; synchronous, save_steps."""
