@@ -121,6 +121,7 @@ def main() -> None:
     rows: list[tuple[str, str]] = []
     result: dict[str, Any] = {"arch": arch, "gpu_count": 1, "steps": args.steps, "save_every": args.save_every,
                               "tokens_per_micro_batch": args.tokens, "docs": gpu_multi.DOCS,
+                              "max_doc_tokens": gpu_multi.MAX_DOC_TOKENS,
                               "disk_write_gbps": gpu_multi.disk_write_gbps(args.out)}
     result["state_gb"] = STATE_BYTES_PER_PARAM * ModelShape.from_arch(arch).total_params / 1e9
     rows.append(("shape", f"{arch['num_hidden_layers']} layers of {arch['hidden_size']} wide, "
