@@ -62,5 +62,6 @@ def save_staging(setting: str, shard_bytes: int, process_bytes: int, node_gib: f
         return (f"staged in CPU memory if a node's available RAM holds its {shards}, else on node-local disk "
                 "(profile.mem does not give the node's RAM)")
     fits = shard_bytes <= STAGING_RAM_SHARE * (node_gib * GIB - process_bytes)
-    return (f"staged {'in CPU memory' if fits else 'on node-local disk (profile.node_local_dir)'}: {shards} + "
-            f"{process_bytes / 1e9:,.1f} GB of training processes {'fit' if fits else 'exceed'} mem {node_gib:,.0f} GiB")
+    where = "in CPU memory" if fits else "on node-local disk (profile.node_local_dir)"
+    return (f"staged {where}: {shards} + {process_bytes / 1e9:,.1f} GB of training processes "
+            f"{'fit' if fits else 'exceed'} mem {node_gib:,.0f} GiB")

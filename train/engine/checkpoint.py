@@ -151,10 +151,7 @@ class Checkpointer:
     A crash before that leaves .tmp-step-N (removed at the next start) and the previous complete checkpoint
     as it was. `record` gets one metrics record per save (pause_s, write_s, GB).
 
-    `staging` (train.async_save_staging) chooses where the shard is copied at the first save: CPU memory, or, when a
-    node's RAM cannot hold its ranks' shards, node-local disk (`node_local_dir`, train/persist/staging.py): there each
-    rank writes it with DCP (the pause) and the thread copies the files into .tmp-step-N. A start removes what a killed
-    run left staged on this node."""
+    `staging` (train.async_save_staging): CPU memory, or node-local disk (`node_local_dir`, train/persist/staging.py)."""
 
     def __init__(self, accelerator: Accelerator, root: Path, keep: int, async_save: bool,
                  vote_group: dist.ProcessGroup | None, timeout: timedelta | None,
