@@ -25,6 +25,7 @@ Fp8Recipe = Literal["tensorwise", "rowwise", "torchao-tensorwise"]
 Fp8Linears = Literal["", "ours", "torchao"]  # whose float8 linear layers run; "" = none (bf16 linears)
 LoraQuant = Literal["none", "nf4"]
 ModelInit = Literal["full", "sharded"]
+SaveStaging = Literal["auto", "memory", "disk"]  # train.async_save_staging
 
 
 def fp8_linears(recipe: str, all_gather: bool) -> Fp8Linears:
@@ -130,6 +131,11 @@ class TrainSection:
         False, "true = periodic checkpoints (FSDP2 sharded state) are copied to CPU memory and written by a "
                "background thread while training goes on; each becomes valid (COMPLETE) once every rank's files "
                "are on disk (off by default until its GPU benchmark has run); false = training waits for the write")
+    async_save_staging: SaveStaging = documented(
+        "auto", "train.async_save: where a save's snapshot of the state is staged while it is written: memory (CPU "
+                "RAM, pinned on GPUs), disk (each node's profile.node_local_dir, fsynced, then copied to the "
+                "checkpoint directory in the background), auto = memory when every node's available RAM holds "
+                "its ranks' shards, else disk")
     logging_steps: int = documented(10, "write a metrics.jsonl record every N optimizer steps")
     eval_steps: int = documented(0, "evaluate every N steps; 0 = only at the end (when there is an eval split)")
     report_to: list[str] = documented(["jsonl"], "reporters besides metrics.jsonl, which is always written (status and "
@@ -275,6 +281,9 @@ class RunSection:
     # or longer when steps are slow: exit EXIT_HUNG; 0 = off) and the collective (process-group) timeout.
     hang_timeout_s: int = 600
     collective_timeout_s: int = 600
+    # From the profile: node-local storage where train.async_save_staging = "disk" stages a save ($VARS expanded on
+    # the node); "" = $SLURM_TMPDIR where the job has one, else the system's temp dir (train/persist/staging.py).
+    node_local_dir: str = ""
     wandb_project: str = "sft-launch"
     name: str = ""
 

@@ -85,6 +85,9 @@ EVAL_HELDOUT_TASK = "heldout"
 CHECKPOINT_PREFIX = "step-"
 CHECKPOINT_TMP_PREFIX = ".tmp-step-"
 CHECKPOINT_MARKER = "COMPLETE"
+# train.async_save: of the RAM a node has available, the share its ranks' staged shards may take (the page cache,
+# the data loader and the writer's buffers need the rest); more, and auto staging goes to node-local disk.
+STAGING_RAM_SHARE = 0.8
 
 # MASTER_PORT when the profile fixes none: derived from the job id, outside the ephemeral range
 # (32768+), so jobs sharing a node do not collide. launch.slurm renders the same two numbers.

@@ -2,6 +2,7 @@
 
     python -m bench.multi.gpu_save_async --out /tmp/save-async --results bench/results/h200/<dated-folder>
     BENCH_CPU_SMOKE=1 python -m bench.multi.gpu_save_async --out /tmp/save-async-smoke   # CPU, tiny: the plumbing
+    ... --staging disk   # the async run staged on --out's disk (train.async_save_staging), copied in the background
 
 One process, FSDP2 over one GPU (the launcher's rendering for --nodes 1, as gpu_multi runs it), random
 weights of the Llama-3-8B layer shape with as many decoder layers as the disk under --out can hold two
@@ -113,6 +114,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256 if gpu_multi.CPU_SMOKE else 32768)
     parser.add_argument("--run-timeout", type=float, default=150)
     parser.add_argument("--runs", default="nosave,async,resume,sync", help="which of the four runs (resume needs async)")
+    parser.add_argument("--staging", choices=("auto", "memory", "disk"), default="auto",
+                        help="train.async_save_staging of the async run (disk: the shard written to --out's disk in "
+                             "the pause, copied to the checkpoint directory in the background)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     arch = arch_for_disk(args.out)
@@ -122,6 +126,7 @@ def main() -> None:
     rows: list[tuple[str, str]] = []
     result: dict[str, Any] = {"arch": arch, "gpu_count": 1, "steps": args.steps, "save_every": args.save_every,
                               "tokens_per_micro_batch": args.tokens, "docs": gpu_multi.DOCS,
+                              "max_doc_tokens": gpu_multi.MAX_DOC_TOKENS, "staging": args.staging,
                               "disk_write_gbps": gpu_multi.disk_write_gbps(args.out)}
     result["state_gb"] = STATE_BYTES_PER_PARAM * ModelShape.from_arch(arch).total_params / 1e9
     rows.append(("shape", f"{arch['num_hidden_layers']} layers of {arch['hidden_size']} wide, "
@@ -130,7 +135,10 @@ def main() -> None:
     saves = ["--save_steps", str(args.save_every)]
     runs = args.runs.split(",")
     for port, (name, extra) in enumerate((("nosave", ["--save_steps", "1000000"]),
-                                          ("async", [*saves, "--set", "train.async_save=true"])), start=29650):
+                                          ("async", [*saves, "--set", "train.async_save=true", "--set",
+                                                    f"train.async_save_staging={args.staging}",
+                                                    "--set", f"profile.node_local_dir={args.out / 'node-local'}"])),
+                                          start=29650):
         if name not in runs:
             continue
         run, code, text, _ = run_once(name, args, arch, data, extra, port)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contract.protocol import STAGING_RAM_SHARE
 from contract.shape import ModelShape
 from launcher.plan.memory import (GIB, MemoryOptions, ceil_div, low_bytes, offloaded_activation_bytes, shard_degree,
                                   trainable_params)
@@ -41,3 +42,26 @@ def cpu_bytes_per_node(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]
     baseline = (PROCESS_CPU_BYTES if opts.device == "gpu" else PROCESS_CPU_ONLY_BYTES) * local
     return {"process_baseline": baseline, "model_loading": loading, "offload": offload,
             "total": baseline + loading + offload}
+
+
+def training_cpu_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
+    """Host RAM of a node's training processes once the model is loaded (what a save's staging competes with)."""
+    ram = cpu_bytes_per_node(shape, opts)
+    return ram["total"] - ram["model_loading"]
+
+
+def save_staging(setting: str, shard_bytes: int, process_bytes: int, node_gib: float | None) -> str:
+    """Where train.async_save stages a save, as profile.mem tells (the run decides at its first save from the RAM a
+    node has available: train/engine/checkpoint.py): CPU memory when the node's `shard_bytes` (its ranks' shards)
+    fit STAGING_RAM_SHARE of what its training processes (`process_bytes`) leave, else node-local disk."""
+    shards = f"{shard_bytes / 1e9:,.1f} GB of shards a node"
+    if setting != "auto":
+        where = "in CPU memory" if setting == "memory" else "on node-local disk (profile.node_local_dir)"
+        return f"staged {where}: train.async_save_staging = {setting}, {shards}"
+    if node_gib is None:
+        return (f"staged in CPU memory if a node's available RAM holds its {shards}, else on node-local disk "
+                "(profile.mem does not give the node's RAM)")
+    fits = shard_bytes <= STAGING_RAM_SHARE * (node_gib * GIB - process_bytes)
+    where = "in CPU memory" if fits else "on node-local disk (profile.node_local_dir)"
+    return (f"staged {where}: {shards} + {process_bytes / 1e9:,.1f} GB of training processes "
+            f"{'fit' if fits else 'exceed'} mem {node_gib:,.0f} GiB")

@@ -95,12 +95,13 @@ def _preempt_lines(plan: Plan) -> list[str]:
     lost = f"{cadence.lost_steps:,} steps" + (f" (~{_duration(cadence.lost_s)})" if cadence.lost_s else "")
     line = (f"Preempt GraceTime under ~{cadence.stop_save_s} s: a preempted job loses up to {lost} "
             f"(save_steps {save_steps:,}, {mode}, each written in ~{_duration(cadence.write_s)})")
+    lines = [line, *([f"        each save {cadence.staging}"] if cadence.staging else [])]
     suggested = cadence.suggested_save_steps
     if suggested is None or cadence.lost_s is None or suggested > 0.75 * save_steps:
-        return [line]  # only a clearly shorter interval is worth a suggestion
+        return lines  # only a clearly shorter interval is worth a suggestion
     step_s = cadence.lost_s / cadence.lost_steps
     bound = (cadence.lost_steps - save_steps + suggested) * step_s
-    return [line, f"        --set train.save_steps={suggested} bounds it to ~{_duration(bound)}"]
+    return [*lines, f"        --set train.save_steps={suggested} bounds it to ~{_duration(bound)}"]
 
 
 def format_plan(plan: Plan) -> str:

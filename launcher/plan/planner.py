@@ -18,8 +18,8 @@ from contract.config import Fp8Linears, context_blocker
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
-from launcher.plan.host_memory import cpu_bytes_per_node
-from launcher.plan.memory import GIB, MemoryBreakdown, trainable_params
+from launcher.plan.host_memory import cpu_bytes_per_node, save_staging, training_cpu_bytes
+from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, trainable_params
 from launcher.plan.peak import gpu_memory
 from launcher.plan.speed import memory_options, step_time
 
@@ -85,6 +85,7 @@ class PlanInput:
     node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
     save_steps: int = 500  # train.save_steps
     async_save: bool = False  # train.async_save (FSDP2 sharded state only; other strategies save synchronously)
+    async_save_staging: str = "auto"  # train.async_save_staging: memory, disk, or auto (host_memory.save_staging)
     startup_s: float = 180.0  # per (re)start: imports, load + shard weights, resume
     gpu_hour_price: float | None = None  # currency per GPU-hour, for the cost line
 
@@ -165,6 +166,7 @@ class SaveCadence:
     lost_steps: int | None  # at most: the steps since the newest COMPLETE checkpoint
     lost_s: float | None
     suggested_save_steps: int | None
+    staging: str = ""  # asynchronous saves: where they are staged and why (host_memory.save_staging)
 
 
 @dataclass
@@ -314,19 +316,23 @@ def signal_lead_seconds(ckpt_bytes: int, inp: PlanInput, step_time_s: float | No
     return max(MIN_SIGNAL_LEAD_S, int(math.ceil(seconds / 10.0)) * 10)
 
 
-def save_cadence(ckpt_bytes: int, inp: PlanInput, step_time_s: float | None, lead_s: int) -> SaveCadence:
+def save_cadence(ckpt_bytes: int, inp: PlanInput, step_time_s: float | None, lead_s: int,
+                 process_bytes: int = 0) -> SaveCadence:
     """A preemption whose GraceTime ends before the stop-save completes resumes from the newest COMPLETE
     checkpoint: up to save_steps steps old, and with asynchronous saves up to a write longer (the save of step
     N is complete only once written, while training goes on). Synchronous saves pause training for the whole
     write, so the suggested interval also keeps their pauses under SYNC_SAVE_SHARE of the time."""
     write_s = checkpoint_write_seconds(ckpt_bytes, inp)
     asynchronous = inp.async_save and inp.spec.engine == "fsdp" and inp.spec.fsdp_version != 1
+    node_shards = ckpt_bytes if inp.spec.shards == "node" else ckpt_bytes // inp.nodes  # HSDP: a copy per node
+    staging = save_staging(inp.async_save_staging, node_shards, process_bytes, inp.cpu_mem_per_node_gib) \
+        if asynchronous else ""
     if not step_time_s:
-        return SaveCadence(write_s, lead_s, asynchronous, None if asynchronous else inp.save_steps, None, None)
+        return SaveCadence(write_s, lead_s, asynchronous, None if asynchronous else inp.save_steps, None, None, staging)
     lost_steps = inp.save_steps + (math.ceil(write_s / step_time_s) if asynchronous else 0)
     interval_s = max(LOSS_TARGET_S, write_s if asynchronous else write_s / SYNC_SAVE_SHARE)
     return SaveCadence(write_s, lead_s, asynchronous, lost_steps, lost_steps * step_time_s,
-                       max(1, math.ceil(interval_s / step_time_s)))
+                       max(1, math.ceil(interval_s / step_time_s)), staging)
 
 
 def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
@@ -394,7 +400,7 @@ def make_plan(inp: PlanInput) -> Plan:
         params_matmul=shape.matmul_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
         time=estimate_time(shape, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
-        cadence=save_cadence(ckpt, inp, step_time, lead),
+        cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts)),
     )
 
 

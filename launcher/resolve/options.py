@@ -194,7 +194,7 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
         "parallel": {"context": request.context_parallel} if request.context_parallel is not None else {},
         # run.dir "." = the folder holding train.toml, so the run directory stays relocatable.
         "run": {"dir": ".", "gpu_type": profile.gpu_type, "hang_timeout_s": profile.hang_timeout_s,
-                "collective_timeout_s": profile.collective_timeout_s},
+                "collective_timeout_s": profile.collective_timeout_s, "node_local_dir": profile.node_local_dir},
     }
     if not preset.hf_id:
         data["model"]["arch"] = dict(preset.arch)

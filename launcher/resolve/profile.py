@@ -105,6 +105,9 @@ class ClusterProfile:
     # Write bandwidth of the shared storage available to one job (GB/s): the planner sizes the signal
     # lead a checkpoint save needs from it. 2 GB/s is a conservative parallel-filesystem figure.
     storage_write_gbps: float = 2.0
+    # Node-local storage (NVMe) where an asynchronous save is staged when a node's RAM cannot hold its ranks'
+    # shards (train.async_save_staging); $VARS are expanded on the node; "" = $SLURM_TMPDIR, else /tmp.
+    node_local_dir: str = ""
     max_timeouts: int = 3  # stop requeueing after this many time-limit hits (preemptions are not capped)
     rdzv_timeout_s: int = 900  # how long nodes wait for each other at startup
     # A dead or hung node (#15): a rank with no completed step for max(hang_timeout_s, a multiple of the

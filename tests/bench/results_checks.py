@@ -6,7 +6,8 @@ run it on a committed file and on a tampered in-memory copy alike.
 - token slots: real tokens <= timed steps x tokens per micro-batch x micro-batches per step x GPUs;
 - comparison: the two sides of a comparison timed the same number of steps, with the same tokens per step and
   the same activation checkpointing, unless the file records why not (`difference_reason`) or ALLOWED does;
-- MFU mean: `mean_step_mfu` is the mean over exactly the timed windows, the ones the aggregate counts.
+- MFU mean: `mean_step_mfu` is the mean over exactly the timed windows, the ones the aggregate counts;
+- saves (save-async.json): each save's pause and write rate, the MFU with the pauses counted, the resume.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bench.common.synthetic import SHAPES
+from bench.common.synthetic import SHAPES, sample_lengths
 from bench.report import distribution
 from bench.report.results_io import clock_start, document_lengths, throughput_numbers
 from bench.suites.gpu_single import VARIANTS
@@ -255,3 +256,59 @@ def check_distribution(r: dict, name: str) -> None:
     for key in ("ratio_median", "ratio_min", "ratio_max"):
         close(r[key], derived[key], key, name)
     assert (r["runs_per_side"], r["peer_low_runs"]) == (derived["runs_per_side"], derived["peer_low_runs"]), name
+
+
+SAVE_RUNS = ("nosave", "async", "sync")  # bench/multi/gpu_save_async.py's runs with a block of numbers each
+
+
+def save_async_problems(r: dict[str, Any], name: str) -> list[str]:
+    """bench/multi/gpu_save_async.py's `save-async.json`: each run's rate and FLOP numbers from its raw fields (the
+    FLOP count from the shape where the file names its documents' length cap); each save of the run in the run's
+    own mode (none in nosave); `save_pause_s` and `write_gbps` (gb / write_s) one per save; the pauses past the
+    warm-up summed, and the MFU with them counted as wall time (<= the MFU without); a resume that started."""
+    found: list[str] = []
+    for run in SAVE_RUNS:
+        block = r.get(run)
+        if block is None:  # a failed run is recorded as such
+            continue
+        at = f"{run}: "
+        lengths = (sample_lengths(r["docs"], seed=0, hi=r["max_doc_tokens"]) if "max_doc_tokens" in r else None)
+        found += [at + line for line in _rate_problems(block, r["arch"], lengths)]
+        saves = block["saves"]
+        modes = {save["mode"] for save in saves}
+        if (run == "nosave" and saves) or (run != "nosave" and modes - {run}):
+            found.append(f"{at}saves in mode {sorted(modes)}")
+        for key, derived in (("save_pause_s", [s["save_pause_s"] for s in saves]),
+                             ("write_gbps", [s["gb"] / s["write_s"] for s in saves if s["write_s"]])):
+            if len(block[key]) != len(derived) or any(not _near(a, b) for a, b in zip(block[key], derived)):
+                found.append(f"{at}{key} {block[key]}, from its saves {derived}")
+        paused = sum(s["save_pause_s"] for s in saves if s["step"] > block["warmup_steps"])
+        if not _near(block["save_pause_total_s"], paused):
+            found.append(f"{at}save_pause_total_s {block['save_pause_total_s']}, its timed saves' pauses sum to {paused}")
+        with_pauses = None if block["mfu"] is None else block["mfu"] * block["seconds"] / (block["seconds"] + paused)
+        if not _near(block["mfu_with_pauses"], with_pauses):
+            found.append(f"{at}mfu_with_pauses {block['mfu_with_pauses']}, re-derived {with_pauses}")
+        if block["mfu"] is not None and (block["mfu_with_pauses"] or 0) > block["mfu"]:
+            found.append(f"{at}mfu_with_pauses {block['mfu_with_pauses']} > mfu {block['mfu']}")
+    if r.get("async") and r.get("resume_exit") == 0 and not (r.get("resume_s") or 0) > 0:
+        found.append(f"resume_s {r.get('resume_s')}: a resume that ran took no time")
+    return found
+
+
+def _near(recorded: float | None, derived: float | None) -> bool:
+    if recorded is None or derived is None:
+        return recorded is derived
+    return abs(recorded - derived) <= REL * max(abs(recorded), abs(derived))
+
+
+def _rate_problems(block: dict[str, Any], arch: dict, lengths: list[int] | None) -> list[str]:
+    """check_run_block's numbers as lines: the rate from tokens and seconds; the FLOP count from the shape (when the
+    documents are known), TFLOP/s and MFU from the rate and the FLOP count."""
+    rate = block["real_tokens"] / block["seconds"]
+    per_token = block["flops_per_token"]
+    if lengths is not None:
+        per_token = throughput_numbers(arch, lengths, rate, block["gpu_count"], block["peak_flops"])["flops_per_token"]
+    tflops = per_token * rate / block["gpu_count"] / 1e12
+    derived = {"real_tokens_per_s": rate, "flops_per_token": per_token, "tflops_per_gpu": tflops,
+               "mfu": tflops * 1e12 / block["peak_flops"] if block["peak_flops"] else None}
+    return [f"{key} {block[key]}, re-derived {value}" for key, value in derived.items() if not _near(block[key], value)]

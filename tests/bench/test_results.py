@@ -52,6 +52,9 @@ OTHER_KEYS = {
     "qlora": None,  # bench/multi/gpu_qlora.py: checked below
     "lora": None,  # bench/multi/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
     "resume": None,  # bench/multi/gpu_resume.py: checked below
+    "save": {"arch", "gpu_count", "steps", "save_every", "tokens_per_micro_batch", "docs", "max_doc_tokens", "staging",
+             "disk_write_gbps", "state_gb", "nosave", "async", "resume_exit", "resume_s", "resume_restore_s", "sync",
+             "provenance"},  # bench/multi/gpu_save_async.py's save-async.json: checked below (save_async_problems)
     "parity": {"shape", "steps", "budget", "lr", "warmup_ratio", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
                "provenance", "merged_from"},  # bench/suites/gpu_parity.py (merged_from: --merge)
 }
@@ -525,3 +528,52 @@ def test_an_mfu_mean_over_other_windows_is_caught():
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "compare"], ids=_id)
 def test_compare_numbers_rederive(path):
     checks.check_compare_record(_load(path), _id(path))
+
+
+# bench/multi/gpu_save_async.py's output from its CPU smoke (BENCH_CPU_SMOKE=1), unedited: the sample the checks of
+# save-async.json are shown failing on, tampered in memory (no peak FLOP/s on a CPU: the test gives it one).
+SAVE_SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "save-async-cpu-smoke.json"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "save"], ids=_id)
+def test_save_async_numbers_rederive(path):
+    r, name = _load(path), _id(path)
+    assert path.name == "save-async.json", f"{name}: not the name gpu_save_async.py gives it"
+    problems = checks.save_async_problems(r, name)
+    assert not problems, f"{name}:\n" + "\n".join(problems)
+
+
+def _save_sample(peak_flops: float | None = None) -> dict:
+    """The smoke's file; with `peak_flops`, as a GPU of that peak would have recorded the same runs."""
+    r = _load(SAVE_SAMPLE)
+    for run in checks.SAVE_RUNS:
+        block = r[run]
+        block["peak_flops"] = peak_flops
+        block["mfu"] = block["tflops_per_gpu"] * 1e12 / peak_flops if peak_flops else None
+        paused = block["save_pause_total_s"]
+        block["mfu_with_pauses"] = (block["mfu"] * block["seconds"] / (block["seconds"] + paused)
+                                    if peak_flops else None)
+    return r
+
+
+@pytest.mark.parametrize("tamper", ["a pause", "a write rate", "a pause total", "mfu with pauses above mfu",
+                                    "a resume without time", "a synchronous save in the async run", "a rate"])
+def test_a_save_async_file_edited_by_hand_is_caught(tamper):
+    assert not checks.save_async_problems(_save_sample(), SAVE_SAMPLE.name)
+    r = _save_sample(peak_flops=1e12)
+    assert not checks.save_async_problems(r, SAVE_SAMPLE.name)
+    if tamper == "a pause":
+        r["async"]["save_pause_s"][0] /= 10
+    elif tamper == "a write rate":
+        r["sync"]["write_gbps"][-1] *= 2
+    elif tamper == "a pause total":
+        r["sync"]["save_pause_total_s"] += 1.0
+    elif tamper == "mfu with pauses above mfu":
+        r["async"]["mfu_with_pauses"] = r["async"]["mfu"] * 1.05
+    elif tamper == "a resume without time":
+        r["resume_s"] = 0.0
+    elif tamper == "a synchronous save in the async run":
+        r["async"]["saves"][0]["mode"] = "sync"
+    else:
+        r["nosave"]["real_tokens_per_s"] *= 1.1
+    assert checks.save_async_problems(r, SAVE_SAMPLE.name), tamper

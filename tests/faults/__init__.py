@@ -13,6 +13,7 @@ SLOW_SAVE_STEP_ENV = "SFT_FAULT_SLOW_SAVE_STEP"  # the save of this step stalls 
 SLOW_SAVE_S_ENV = "SFT_FAULT_SLOW_SAVE_S"  # ... for this many seconds (default 600), or until a stop is requested
 RAISE_AT_STEP_ENV = "SFT_FAULT_RAISE_AT_STEP"  # every rank raises RuntimeError after this step (a code bug)
 SLOW_STOP_SAVE_ENV = "SFT_FAULT_SLOW_STOP_SAVE_S"  # a save answering a stop request stalls this long
+KILL_IN_COPY_STEP_ENV = "SFT_FAULT_KILL_IN_COPY_STEP"  # rank 1 SIGKILLs itself mid-copy of this step's disk-staged save
 FP8_ON_CPU_ENV = "SFT_FAULT_FP8_ON_CPU"  # "1": train.precision = "fp8" runs on the CPU (no FP8 GPU here)
 
 

@@ -61,6 +61,20 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_S
     HOOKS.before_checkpoint_publish = (_slow_save if _SLOW_SAVE else _slow_stop_save if _SLOW_STOP_SAVE_S
                                        else None)
 
+_KILL_IN_COPY = os.environ.get("SFT_FAULT_KILL_IN_COPY_STEP", "")
+if "RANK" in os.environ and _KILL_IN_COPY:
+    import signal
+
+    from train.engine.hooks import HOOKS
+
+    def _kill_in_copy(step: int, copied) -> None:
+        # A save staged on node-local disk: rank 1 dies (SIGKILL, as on a lost node) once it copied its first
+        # file of this step's save into the checkpoint's temp dir, the others' copies going on or done.
+        if str(step) == _KILL_IN_COPY and os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    HOOKS.checkpoint_file_copied = _kill_in_copy
+
 if "RANK" in os.environ and os.environ.get("SFT_FAULT_FP8_ON_CPU") == "1":
     # The one thing CI cannot show: an FP8 GPU. torch runs torch._scaled_mm on the CPU, so every other
     # part of an FP8 run (torchao's float8 linears, FSDP2, checkpoints, export) is the real one.

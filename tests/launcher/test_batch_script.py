@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.shellcheck import shellcheck
-from tests.launcher.conftest import REPO, write_stub
+from tests.launcher.conftest import GOLDEN_DIR, REPO, write_stub
 from launcher.resolve.options import LaunchRequest, resolve
 from launcher.execute.render import write_run_dir
 
@@ -405,3 +406,30 @@ def test_budgets_count_this_submission_only(tmp_path: Path) -> None:
     result = _run_script(tmp_path, run_dir, STOP_THEN_75, elapsed_s=60)
     assert result.returncode == 0 and _requeues(tmp_path) == 1
     assert _events(run_dir)[-1]["kind"] == "timeout" and str(_events(run_dir)[-1]["timeouts"]) == "1"
+
+
+# A command or process substitution: $(...) (not arithmetic $((...))), <(...), >(...).
+SUBSTITUTION = re.compile(r"\$\((?!\()|[<>]\(")
+TRAP = re.compile(r"^\s*trap '([^']*)' [A-Z]")
+
+
+def test_no_command_expands_two_substitutions_and_every_trap_parses(tmp_path: Path) -> None:
+    # bash 5.2 runs the trap of a signal that came during a command's first substitution inside its parse of
+    # the second, where the trap's text fails to parse ("trap: line 2: unexpected EOF while looking for
+    # matching `)'", the SLURM preemption test's flake): the signal is lost and `set -e` ends the script.
+    scripts = [_render(tmp_path, "run", []) / "launch.slurm", *sorted(GOLDEN_DIR.glob("*/launch.slurm"))]
+    for script in scripts:
+        command = ""
+        for number, line in enumerate(script.read_text().splitlines(), 1):
+            if line.lstrip().startswith("#"):
+                continue
+            command += line
+            if line.endswith("\\"):
+                continue
+            assert len(SUBSTITUTION.findall(command)) <= 1, f"{script}:{number}: two substitutions in `{command}`"
+            command = ""
+        traps = [match[1] for line in script.read_text().splitlines() if (match := TRAP.match(line))]
+        assert len(traps) >= 3, f"{script}: the stop traps are not where this test looks"
+        for handler in traps:
+            parsed = subprocess.run(["bash", "-n", "-c", handler], capture_output=True, text=True)
+            assert parsed.returncode == 0, f"{script}: trap {handler!r}: {parsed.stderr}"

@@ -253,3 +253,22 @@ def test_preemption_loss_and_the_save_steps_that_bound_it():
     # No step time (CPU): a synchronous run loses up to the interval; an asynchronous one, an unknown number more.
     assert plan(device="cpu", gpus_per_node=2, async_save=False).cadence.lost_steps == 500
     assert plan(device="cpu", gpus_per_node=2, async_save=True).cadence.lost_steps is None
+
+
+def test_the_plan_says_where_asynchronous_saves_are_staged_and_why():
+    """train.async_save_staging = auto: CPU memory when a node's shards (the state / nodes) fit STAGING_RAM_SHARE of
+    the RAM (profile.mem) its training processes leave, else node-local disk; unknown RAM: the run decides."""
+    def staging(mem_gib, setting="auto", strategy="fsdp"):
+        p = plan(LLAMA3_70B, nodes=4, max_steps=2000, save_steps=500, async_save=True, cpu_mem_per_node_gib=mem_gib,
+                 async_save_staging=setting, strategy=strategy)
+        return p.cadence.staging, format_plan(p), p.checkpoint_bytes
+
+    big, text, state_bytes = staging(2000)
+    assert big.startswith("staged in CPU memory: ") and "fit mem 2,000 GiB" in big and f"each save {big}" in text
+    assert f"{state_bytes / 4 / 1e9:,.1f} GB of shards a node" in big
+    small, _, _ = staging(240)  # 207 GB of shards a node: more than 80% of what the processes leave
+    assert small.startswith("staged on node-local disk (profile.node_local_dir): ") and "exceed mem 240 GiB" in small
+    assert "else on node-local disk" in staging(None)[0]
+    assert staging(2000, "disk")[0].startswith("staged on node-local disk (profile.node_local_dir): train.async_")
+    assert f"{state_bytes / 1e9:,.1f} GB of shards a node" in staging(None, strategy="hsdp")[0]  # a copy a node
+    assert plan(LLAMA3_70B, nodes=4, max_steps=2000, async_save=False, cpu_mem_per_node_gib=240).cadence.staging == ""

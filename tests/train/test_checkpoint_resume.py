@@ -15,7 +15,7 @@ from tests.train.run_helpers import (kill_job, assert_sharded_checkpoint, export
                                      read_log, run_training, write_run)
 
 from contract.protocol import EXIT_REQUEUE, checkpointed_after_stop
-from tests.faults import SLOW_SAVE_S_ENV
+from tests.faults import KILL_IN_COPY_STEP_ENV, SLOW_SAVE_S_ENV
 from tests.faults import SLOW_SAVE_STEP_ENV as TEST_SLOW_SAVE_STEP_ENV
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
 from tests.train.conftest import TINY_ARCH, TINY_TOKENIZER_DIR
@@ -105,6 +105,7 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, re
         finally:
             kill_job(proc)  # the whole job, mid-write: as a node failure would
     assert "checkpoint of step 10 staged" in read_log(run_dir, "first.log")
+    assert "each save is staged in CPU memory" in read_log(run_dir, "first.log")  # auto: the node's RAM holds it
     assert (ckpts / "step-00000005" / MARKER).is_file()
     assert_sharded_checkpoint(ckpts / "step-00000005", world=2)
     assert not (ckpts / "step-00000010").exists()
@@ -114,6 +115,34 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, re
     assert "step-00000005 (step 5" in log and "removing incomplete checkpoint" in log
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-00000020", "step-00000025"]  # last K kept
     assert_sharded_checkpoint(ckpts / "step-00000025", world=2)
+    assert_same_weights(run_dir, reference)
+
+
+def test_a_rank_killed_mid_copy_of_a_disk_staged_save_leaves_the_previous_one(tmp_path, reference, pretrained):
+    """train.async_save_staging = "disk": each save is written to node-local storage (run.node_local_dir) in the
+    pause and copied into the checkpoint dir in the background. Rank 1 dies mid-copy of step 10's save (tests/faults:
+    after its first file); the job fails with step 5 complete. The next start removes the partial .tmp-step-10 and
+    what the dead run left staged on the node, resumes from step 5 bitwise, and stages every later save the same way."""
+    local = tmp_path / "node-local"
+    run_dir = write_run(tmp_path / "run", {**pretrained, "train": {"save_steps": 5, "async_save_staging": "disk"},
+                                           "run": {"node_local_dir": str(local)}})
+    ckpts = run_dir / "checkpoints"
+    assert run_training(run_dir, {KILL_IN_COPY_STEP_ENV: "10"}, log_name="first.log") != 0
+    first = read_log(run_dir, "first.log")
+    assert "each save is staged on node-local disk" in first and "train.async_save_staging = disk" in first, first
+    assert (ckpts / "step-00000005" / MARKER).is_file() and not (ckpts / "step-00000010").exists(), first
+    assert list(local.rglob("*.distcp")), "the dead run left nothing staged: the kill came too late to test"
+    partial = (ckpts / ".tmp-step-00000010").exists()  # unless the surviving rank removed it on its way out
+
+    assert run_training(run_dir, log_name="second.log") == 0, read_log(run_dir, "second.log")
+    second = read_log(run_dir, "second.log")
+    assert "step-00000005 (step 5" in second and ("removing incomplete checkpoint" in second) == partial
+    assert "removing the partial node-local staging" in second
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-00000020", "step-00000025"]
+    assert_sharded_checkpoint(ckpts / "step-00000025", world=2)
+    assert not list(local.iterdir()), "the run left staged files behind"
+    saves = [r for r in metrics(run_dir) if r.get("event") == "checkpoint" and r["step"] > 5]
+    assert {(r["mode"], r["staging"]) for r in saves} == {("async", "disk")}, saves
     assert_same_weights(run_dir, reference)
 
 

@@ -2,6 +2,7 @@
 
 import os
 import signal
+from pathlib import Path
 
 import torch
 
@@ -164,3 +165,31 @@ def test_the_background_write_is_a_snapshot_of_the_staged_step(tmp_path):
     writer.submit([(writer.stage({"weight": weight}), tmp_path / "blocked")], after=lambda: None)
     assert writer.wait() is not None  # the error comes back to the caller, who removes the partial save
     writer.close()
+
+
+def test_node_local_staging_folder_and_durable_copy(tmp_path, monkeypatch):
+    """train/persist/staging.py: where a disk-staged save goes ($SLURM_TMPDIR by default, $VARS expanded on the node,
+    one folder per run), and the background copy: every file to the same place under the target, the source removed."""
+    import tempfile
+
+    from train.persist.staging import copy_durable, node_local_root, run_staging_dir
+
+    monkeypatch.delenv("SLURM_TMPDIR", raising=False)
+    assert node_local_root("") == Path(tempfile.gettempdir())
+    monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path / "job"))
+    assert node_local_root("") == tmp_path / "job"
+    assert node_local_root("$SLURM_TMPDIR/mine") == tmp_path / "job" / "mine"
+    one, two = run_staging_dir(tmp_path, tmp_path / "a" / "checkpoints"), run_staging_dir(tmp_path, tmp_path / "b")
+    assert one != two and one == run_staging_dir(tmp_path, tmp_path / "a" / ".." / "a" / "checkpoints")
+
+    source, target = tmp_path / "staged" / ".tmp-step-00000005", tmp_path / "shared" / ".tmp-step-00000005"
+    (source / "optimizer_0").mkdir(parents=True)
+    (source / "optimizer_0" / "__1_0.distcp").write_bytes(b"x" * 1000)
+    (source / "optimizer_0" / ".metadata").write_bytes(b"meta")
+    (target / "optimizer_0").mkdir(parents=True)
+    (target / "optimizer_0" / "__0_0.distcp").write_bytes(b"another rank's")  # the other ranks' copies stay
+    copied: list[str] = []
+    assert copy_durable(source, target, lambda path: copied.append(path.name)) == 1004
+    assert sorted(copied) == [".metadata", "__1_0.distcp"] and not source.exists()
+    assert (target / "optimizer_0" / "__1_0.distcp").read_bytes() == b"x" * 1000
+    assert (target / "optimizer_0" / "__0_0.distcp").read_bytes() == b"another rank's"

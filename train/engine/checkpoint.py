@@ -16,6 +16,7 @@ after the new one has its marker, so there is always one to resume from.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,6 +40,8 @@ from contract import protocol
 from train.engine.hooks import HOOKS
 from train.persist.layout import MARKER, PREFIX, TMP_PREFIX, failed_save, latest_checkpoint, publish, prune, write_json
 from train.persist.snapshot import SnapshotWriter, tensor_bytes, unstageable_tensor
+from train.persist.staging import (DISK_SHARE, clear_local, copy_durable, free_bytes, node_local_root,
+                                   run_staging_dir)
 
 logger = logging.getLogger(__name__)
 
@@ -145,12 +149,19 @@ class Checkpointer:
     writes model and optimizer there (DCP, every file fsynced). At each later step boundary the ranks agree
     whether every rank's write is over (`poll`); then rank 0 fsyncs, renames, marks it COMPLETE and prunes.
     A crash before that leaves .tmp-step-N (removed at the next start) and the previous complete checkpoint
-    as it was. `record` gets one metrics record per save (pause_s, write_s, GB)."""
+    as it was. `record` gets one metrics record per save (pause_s, write_s, GB).
+
+    `staging` (train.async_save_staging): CPU memory, or node-local disk (`node_local_dir`, train/persist/staging.py)."""
 
     def __init__(self, accelerator: Accelerator, root: Path, keep: int, async_save: bool,
                  vote_group: dist.ProcessGroup | None, timeout: timedelta | None,
-                 record: Callable[[dict], None] | None = None):
+                 record: Callable[[dict], None] | None = None, staging: str = "auto", node_local_dir: str = ""):
         self.acc, self.root, self.keep, self.vote_group = accelerator, root, keep, vote_group
+        self.staging, self.mode = staging, ""  # the setting; "memory" or "disk" once the first save chose
+        self.local = run_staging_dir(node_local_root(node_local_dir), root) / f"rank-{accelerator.process_index}"
+        if accelerator.is_local_main_process:
+            clear_local(self.local.parent)
+        accelerator.wait_for_everyone()
         self.record = record or (lambda _record: None)
         why_not = async_save and sync_only_reason(accelerator)
         if why_not and accelerator.is_main_process:
@@ -215,6 +226,9 @@ class Checkpointer:
             self._abandon()
         if self.writer is not None:
             self.writer.close()
+        shutil.rmtree(self.local, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the last rank of the node removes the run's staging folder
+            self.local.parent.rmdir()
 
     def _abandon(self) -> None:
         """The run failed with a save in flight (a peer died, a collective failed): give this rank's writer a
@@ -223,21 +237,34 @@ class Checkpointer:
         pending, self.pending = self.pending, None
         self.writer.wait(timeout=ABANDON_WAIT_S)
         shutil.rmtree(pending.tmp, ignore_errors=True)
+        shutil.rmtree(self.local / pending.tmp.name, ignore_errors=True)
 
     def _can_stage(self) -> bool:
-        """Once, at the first asynchronous save: whether every tensor is one the stager copies (no tensor
-        subclass: the same model on every rank) and each node can hold its ranks' CPU copies (collective)."""
+        """Once, at the first asynchronous save (collective): whether every tensor is one the stager copies (no
+        tensor subclass: the same model on every rank), and where: CPU memory if every node can hold its ranks'
+        copies there (unless staging = "disk"), else node-local disk if every node has the room (unless "memory")."""
         if self._checked or self.writer is None:
             return self.writer is not None
         self._checked = True
         state_dicts = self._state_dicts()
         subclass, nbytes = unstageable_tensor(state_dicts), tensor_bytes(state_dicts)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if self.writer.fits_in_ram(nbytes, local, self.vote_group, stageable=not subclass):
+        in_ram = self.staging != "disk" and self.writer.fits_in_ram(nbytes, local, self.vote_group, not subclass)
+        on_disk = not in_ram and self.staging != "memory" and self.writer.every_rank(
+            not subclass and nbytes * local <= DISK_SHARE * free_bytes(self.local), self.vote_group)
+        self.mode = "memory" if in_ram else "disk" if on_disk else ""
+        shards = f"{local} ranks x {nbytes / 1e9:.2f} GB of state"
+        if self.mode and self.acc.is_main_process:
+            why = ("train.async_save_staging = disk" if self.staging == "disk" else
+                   f"{shards} fit in this node's available RAM" if in_ram else
+                   f"{shards} do not fit in this node's available RAM")
+            where = "in CPU memory" if in_ram else f"on node-local disk ({self.local.parent}), copied in the background"
+            logger.info("train.async_save: each save is staged %s (%s)", where, why)
+        if self.mode:
             return True
         if self.acc.is_main_process:
-            why = (f"its state holds {subclass} tensors" if subclass else
-                   f"{local} ranks x {nbytes / 1e9:.1f} GB of state do not fit in this node's available RAM")
+            why = (f"its state holds {subclass} tensors" if subclass else f"{shards} do not fit in this node's "
+                   + ("available RAM" if self.staging == "memory" else f"available RAM nor on {self.local.parent}"))
             logger.warning("train.async_save: %s; checkpoints are written synchronously", why)
         self.writer.close()
         self.writer = None
@@ -259,18 +286,32 @@ class Checkpointer:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
         self.acc.wait_for_everyone()
-        step = state.step
+        step, local = state.step, self.local / tmp.name
+
+        def copied(path: Path) -> None:
+            if HOOKS.checkpoint_file_copied is not None:
+                HOOKS.checkpoint_file_copied(step, path)
+
         try:
-            staged = self.writer.stage(self._state_dicts())
+            if self.mode == "disk":  # written and fsynced on this node (the pause), copied in the background
+                shutil.rmtree(local, ignore_errors=True)
+                live = self._state_dicts()
+                self.writer.write_now([(live[name], local / name) for name in live])
+                job = partial(copy_durable, local, tmp, copied)
+            else:
+                staged = self.writer.stage(self._state_dicts())
+                job = partial(self.writer.write_now, [(staged[name], tmp / name) for name in staged])
             _save_small_state(self.acc, tmp, state)
-            self.writer.submit([(staged[name], tmp / name) for name in staged],
-                               after=lambda: HOOKS.before_checkpoint_publish and HOOKS.before_checkpoint_publish(step))
+            self.writer.submit_job(job, after=lambda: HOOKS.before_checkpoint_publish
+                                   and HOOKS.before_checkpoint_publish(step))
         except BaseException as err:  # this rank's small files found no room (the other ranks' writes then fail)
+            shutil.rmtree(local, ignore_errors=True)
             raise failed_save(self.root, tmp, err) from err
         pause = time.perf_counter() - started
         self.pending = PendingSave(step, tmp, self.root / protocol.checkpoint_name(step), started, pause)
         if self.acc.is_main_process:
-            logger.info("checkpoint of step %d staged in %.2f s; written in the background", step, pause)
+            logger.info("checkpoint of step %d staged in %.2f s (%s); written in the background", step, pause,
+                        self.mode)
 
     def _complete(self) -> None:
         """Every rank's write is over (or this rank waits for its own): publish, or clean up and raise."""
@@ -278,6 +319,7 @@ class Checkpointer:
         error = self.writer.wait()
         failed = _agreed(error is not None, self.vote_group, any_rank=True)
         if failed:
+            shutil.rmtree(self.local / pending.tmp.name, ignore_errors=True)
             error = error or RuntimeError(f"checkpoint write of {pending.tmp} failed on another rank; "
                                           f"{latest_checkpoint(self.root) or 'no checkpoint'} is kept")
             raise failed_save(self.root, pending.tmp, error) from error
@@ -295,7 +337,8 @@ class Checkpointer:
         if mode == "async":  # the line save_checkpoint writes for a synchronous save, the same words
             logger.info("checkpoint saved: %s (%.2f GB in %.1f s, %.2f GB/s)", final, size, self.last_write_s,
                         size / self.last_write_s)
-        self.record({"event": "checkpoint", "step": step, "mode": mode, "save_pause_s": pause_s,
+        staging = {"staging": self.mode} if mode == "async" else {}
+        self.record({"event": "checkpoint", "step": step, "mode": mode, **staging, "save_pause_s": pause_s,
                      "write_s": self.last_write_s, "gb": size})
 
 

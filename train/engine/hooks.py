@@ -18,6 +18,9 @@ class Hooks:
     after_step: Callable[[int, bool, Path], None] | None = None
     # (step): every rank, after a checkpoint's temp dir is fully written and before it is renamed and marked.
     before_checkpoint_publish: Callable[[int], None] | None = None
+    # (step, file): every rank, after its background writer copied one file of a save staged on node-local disk
+    # into the checkpoint's temp dir (train/persist/staging.py).
+    checkpoint_file_copied: Callable[[int, Path], None] | None = None
 
 
 HOOKS = Hooks()

@@ -149,7 +149,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
                 steps_per_epoch)
     sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
     saver = Checkpointer(accelerator, ckpt_root, cfg.train.save_total_limit, cfg.train.async_save, stop.group,
-                         timedelta(seconds=cfg.run.collective_timeout_s), sink.write)
+                         timedelta(seconds=cfg.run.collective_timeout_s), sink.write, cfg.train.async_save_staging,
+                         cfg.run.node_local_dir)
     watchdog = Watchdog(Path(cfg.run.dir), cfg.run.hang_timeout_s)
     watchdog.start(state.step)
     try:

@@ -36,11 +36,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+from contract import protocol
+
 logger = logging.getLogger(__name__)
 
-# Of the memory the node has available when the first save stages, the share all its ranks' copies
-# may take: the page cache, the data loader and the writer's own buffers need the rest.
-RAM_SHARE = 0.8
 
 
 def cpu_group(timeout: timedelta | None) -> dist.ProcessGroup | None:
@@ -113,18 +112,28 @@ class SnapshotWriter:
         return self._stager.stage(state_dict)
 
     def submit(self, writes: list[tuple[dict[str, Any], Path]], after: Callable[[], None]) -> None:
-        """Write each staged state dict into its folder (DCP, every file fsynced), then run `after`.
+        """Write each staged state dict into its folder (DCP, every file fsynced), then run `after`."""
+        self.submit_job(lambda: self.write_now(writes), after)
+
+    def write_now(self, writes: list[tuple[dict[str, Any], Path]]) -> None:
+        """Write each state dict into its folder with DCP, every file fsynced; returns once written. Collective (on
+        the writer's group: the main thread calls it only while no job is in flight)."""
+        for state, folder in writes:
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True),
+                     planner=DefaultSavePlanner(), process_group=self._group, no_dist=self._group is None)
+
+    def submit_job(self, job: Callable[[], None], after: Callable[[], None]) -> None:
+        """Run `job` (the write of a staged save: DCP from CPU memory, or the copy of node-local files), then
+        `after`, in the background; `wait` gives its error.
 
         A daemon thread, not a thread pool: a run that fails while a write is in flight must exit at
         once, not wait at interpreter exit for a write whose peers may be gone (the next start removes
         what it left)."""
         future: Future = Future()
 
-        def job() -> None:
+        def run() -> None:
             try:
-                for staged, folder in writes:
-                    dcp.save(staged, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True),
-                             planner=DefaultSavePlanner(), process_group=self._group, no_dist=self._group is None)
+                job()
                 after()
             except BaseException as err:  # DCP's CheckpointException is a BaseException
                 future.set_exception(err)
@@ -132,18 +141,23 @@ class SnapshotWriter:
                 future.set_result(None)
 
         self._future = future
-        threading.Thread(target=job, name="checkpoint-writer", daemon=True).start()
+        threading.Thread(target=run, name="checkpoint-writer", daemon=True).start()
 
-    def fits_in_ram(self, nbytes: int, local_ranks: int, group: dist.ProcessGroup | None,
-                    stageable: bool = True) -> bool:
-        """Collective on `group`: whether every rank's state is `stageable` and every node can hold its ranks'
-        copies (`nbytes` each) in RAM."""
-        short = 0 if stageable and nbytes * local_ranks <= RAM_SHARE * available_ram_bytes() else 1
+    @staticmethod
+    def every_rank(holds: bool, group: dist.ProcessGroup | None) -> bool:
+        """Collective on `group`: whether `holds` is true on every rank."""
+        short = 0 if holds else 1
         if dist.is_available() and dist.is_initialized():
             flag = torch.tensor([short], dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
             short = int(flag.item())
         return not short
+
+    def fits_in_ram(self, nbytes: int, local_ranks: int, group: dist.ProcessGroup | None,
+                    stageable: bool = True) -> bool:
+        """Collective on `group`: whether every rank's state is `stageable` and every node can hold its ranks'
+        copies (`nbytes` each) in RAM."""
+        return self.every_rank(stageable and nbytes * local_ranks <= protocol.STAGING_RAM_SHARE * available_ram_bytes(), group)
 
     def all_finished(self, group: dist.ProcessGroup | None) -> bool:
         """Collective on `group` (main thread): whether every rank's write job is over, done or failed.
