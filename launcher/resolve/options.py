@@ -26,6 +26,7 @@ from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, Strategy
 from launcher.plan.autofit import MicroBatchChoice, fit_micro_batch
 from launcher.resolve.plan_input import plan_input_from_launch
 from launcher.resolve.data_args import absolute_paths, at_line, data_table, data_toml
+from launcher.resolve.max_length import AutoLength, resolve_auto_length
 from launcher.resolve.presets import Preset, resolve_model
 from launcher.resolve.profile import (
     ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
@@ -79,6 +80,7 @@ class Launch:
     micro_batch: MicroBatchChoice | None = None  # launcher/plan/autofit.py's choice; None = the user fixed it
     data_checks: list[DataCheck] = field(default_factory=list)  # launcher/resolve/preflight.py's verdicts on the data
     data_file: Path | None = None  # `--data FILE.toml`: its errors are named FILE:LINE (data_args.at_line)
+    auto_length: AutoLength | None = None  # what model_max_length = "auto" resolved to (launcher/resolve/max_length.py)
 
     @property
     def world_size(self) -> int:
@@ -373,6 +375,7 @@ def resolve(request: LaunchRequest) -> Launch:
     launch = Launch(profile_name, profile, preset, train, request.nodes, strategy, time_limit_s, Path(),
                     "", request.executor, str(cluster.path) if cluster else None)
     launch.data_file = data_toml([request.data] if isinstance(request.data, str) else list(request.data or []))
+    launch.auto_length = resolve_auto_length(launch)  # before anything reads model_max_length
     check_combinations(launch)
     # Before the run-directory hash: a different micro-batch is a different run, never resumed as this one.
     launch.micro_batch = _fit_micro_batch(launch, request)
