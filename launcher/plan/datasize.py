@@ -157,7 +157,8 @@ def _from_sample(lengths: list[int], rows: int, max_length: int, what: str) -> D
     """A sample's lengths scaled to the `rows` the metadata counts (exactly)."""
     if not lengths or not rows:
         return None
-    how = f"{what}: all {rows:,} rows read" if len(lengths) >= rows else f"{what}: first {len(lengths):,} of {rows:,} rows"
+    how = f"{what}: all {rows:,} rows read" if len(lengths) >= rows else \
+        f"{what}: first {len(lengths):,} of {rows:,} rows"
     return _from_rows(lengths, max_length, rows / len(lengths), f"{how}, chars/{CHARS_PER_TOKEN}", True, rows)
 
 
@@ -210,11 +211,11 @@ def _estimate_shards(files: list[Path], max_length: int) -> DataEstimate | None:
     if not parts or any(part is None for part in parts):
         return None
     known = [part for part in parts if part is not None]
-    sampled = any("sample" in p.lengths for p in known)
+    sampled = ", a sample of each" if any("sample" in p.lengths for p in known) else ""
     return DataEstimate(sum(p.tokens for p in known), sum(p.rows for p in known),
                         f"{len(known)} shards, {known[0].method}", all(p.exact_rows for p in known),
                         longer=sum(p.longer for p in known), longest=max(p.longest for p in known),
-                        lengths=f"chars/{CHARS_PER_TOKEN} of {len(known)} shards" + (", a sample of each" if sampled else ""))
+                        lengths=f"chars/{CHARS_PER_TOKEN} of {len(known)} shards{sampled}")
 
 
 def saved_split_files(path: Path, split: str) -> list[Path]:

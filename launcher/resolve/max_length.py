@@ -9,7 +9,9 @@ first rows where its tokenizer.json is here, else characters / 3.5 of a sample),
 of two, the sizes the micro-batch search tries. Never below the length the launch would have without
 "auto" (the model preset's, else TrainSection's default): a short dataset keeps today's plan. Never
 above AUTO_MAX_LENGTH: longer documents are still cut to it, and the plan's long-documents line says
-how many. Past the model's context, train/engine/model.py stretches RoPE (the plan's RoPE line).
+how many. Past the model's context, train/engine/model.py stretches RoPE (the plan's RoPE line). Where the
+data raised the length past the default, the micro-batch fit keeps documents whole (as for a length the
+user set); at the default, the launch is planned as without "auto".
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ class AutoLength:
     longest: int  # tokens of the longest document found; 0 = the data's lengths are unknown here
     floor: int  # the length without "auto"
     lengths: str = ""  # how the longest was had (DataEstimate.lengths)
+
+    @property
+    def raised(self) -> bool:
+        """The data's longest document took the length past the default: the micro-batch fit then keeps
+        documents whole, as for a length the user chose; at the default it fits the micro-batch as without auto."""
+        return self.tokens > self.floor
 
     def describe(self) -> str:
         if not self.longest:

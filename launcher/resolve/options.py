@@ -23,7 +23,7 @@ from contract.config import TrainConfig, TrainSection, context_blocker
 from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.shape import ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
-from launcher.plan.autofit import MicroBatchChoice, fit_micro_batch
+from launcher.plan.autofit import MAX_LENGTH_KEY, MicroBatchChoice, fit_micro_batch
 from launcher.resolve.plan_input import plan_input_from_launch
 from launcher.resolve.data_args import absolute_paths, at_line, data_table, data_toml
 from launcher.resolve.max_length import AutoLength, resolve_auto_length
@@ -349,7 +349,12 @@ def _user_set(request: LaunchRequest, key: str) -> bool:
 def _fit_micro_batch(launch: Launch, request: LaunchRequest) -> MicroBatchChoice | None:
     """launcher/plan/autofit.py's choice for this launch, applied to its train.toml config."""
     inp = plan_input_from_launch(launch)
-    choice = fit_micro_batch(inp, launch.train.train.model_max_length, lambda key: _user_set(request, key))
+    auto = launch.auto_length
+
+    def user_set(key: str) -> bool:  # "auto" raised past the default by the data: keep those documents whole
+        return auto.raised if key == MAX_LENGTH_KEY and auto is not None else _user_set(request, key)
+
+    choice = fit_micro_batch(inp, launch.train.train.model_max_length, user_set)
     if choice is not None:
         if choice.tokens != inp.micro_batch_tokens:
             launch.train.data.tokens_per_micro_batch = choice.tokens

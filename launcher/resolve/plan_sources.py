@@ -103,8 +103,8 @@ def estimate_source(launch: SourcesView, source: DataSource) -> DataEstimate | N
     how = f"all {counted.rows:,} rows" if counted.complete else f"the first {counted.rows:,} rows"
     scale, exact = rows / counted.rows, counted.complete or bool(guess and guess.exact_rows)
     sample = "" if counted.complete else f" of {'' if exact else '~'}{rows:,} (a sample)"
-    return DataEstimate(round(counted.tokens(max_length) * scale), rows, f"{how} counted with {tokenizer.name}'s tokenizer",
-                        exact, longer=round(counted.longer(max_length) * scale), longest=counted.longest,
+    return DataEstimate(round(counted.tokens(max_length) * scale), rows,
+                        f"{how} counted with {tokenizer.name}'s tokenizer", exact, longer=round(counted.longer(max_length) * scale), longest=counted.longest,
                         lengths=f"counted with {tokenizer.name}'s tokenizer on {how}{sample}")
 
 

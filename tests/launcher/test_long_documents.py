@@ -78,12 +78,17 @@ def test_a_large_parquet_file_is_sampled_and_says_so(tmp_path: Path, monkeypatch
     assert estimate.longer == round(sum(1 for row in rows[:sample] if len(row["answer"]) > 1000) * 860 / sample)
 
 
-def _local(tmp_path: Path, rows: list[dict], *flags: str) -> SimpleNamespace:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = tmp_path / "qa.jsonl"
+def _jsonl(root: Path, rows: list[dict]) -> str:
+    """The rows as prompt/completion JSONL (the format auto-detected)."""
+    root.mkdir(parents=True, exist_ok=True)
+    data = root / "qa.jsonl"
     data.write_text("".join(json.dumps({"prompt": r["question"], "completion": r["answer"]}) + "\n" for r in rows))
-    launch = resolve(LaunchRequest(model="tiny", executor="local", data=str(data), output=str(tmp_path / "run"),
-                                   train_flags={"model_max_length": "auto"}, sets=list(flags)))
+    return str(data)
+
+
+def _local(tmp_path: Path, rows: list[dict], *flags: str) -> SimpleNamespace:
+    launch = resolve(LaunchRequest(model="tiny", executor="local", data=_jsonl(tmp_path, rows),
+                                   output=str(tmp_path / "run"), train_flags={"model_max_length": "auto"}, sets=list(flags)))
     return SimpleNamespace(launch=launch, text=plan_launch(launch).text, files=render_files(launch))
 
 
@@ -118,3 +123,19 @@ def test_train_refuses_a_train_toml_that_still_says_auto(tmp_path: Path) -> None
     (tmp_path / "train.toml").write_text('[model]\narch = {hidden_size = 64}\n[train]\nmodel_max_length = "auto"\n')
     with pytest.raises(ConfigError, match="train.model_max_length = 'auto' is resolved by sft-launch"):
         load_train_config(tmp_path / "train.toml")
+
+
+def test_auto_keeps_documents_whole_only_where_the_data_raised_the_length(tmp_path: Path) -> None:
+    """The headline plan with auto is today's (the shipped sample's documents are short: the default stays and
+    the micro-batch fit may go below it); raised by a 12k-token document, the fit keeps documents whole."""
+    from tests.launcher.conftest import EXAMPLE_CLUSTER
+
+    def headline(**kw: object):
+        return resolve(LaunchRequest(model="llama-70b", nodes=2, cluster=str(EXAMPLE_CLUSTER), **kw))
+
+    auto = headline(train_flags={"model_max_length": "auto"})
+    assert auto.micro_batch is not None and auto.micro_batch.record() == headline().micro_batch.record()
+    rows = [{"question": "Recite it all.", "answer": "lorem ipsum dolor " * 2500}, *ROWS[3:]]
+    raised = headline(train_flags={"model_max_length": "auto"}, data=_jsonl(tmp_path, rows))
+    assert raised.train.train.model_max_length == 16384 and raised.auto_length.raised
+    assert raised.micro_batch is not None and not raised.micro_batch.rules.cut_documents
