@@ -26,6 +26,7 @@ Fp8Linears = Literal["", "ours", "torchao"]  # whose float8 linear layers run; "
 LoraQuant = Literal["none", "nf4"]
 ModelInit = Literal["full", "sharded"]
 SaveStaging = Literal["auto", "memory", "disk"]  # train.async_save_staging
+AUTO_LENGTH = "auto"  # train.model_max_length: the launcher's choice from the data (launcher/resolve/max_length.py)
 
 
 def fp8_linears(recipe: str, all_gather: bool) -> Fp8Linears:
@@ -123,7 +124,10 @@ class TrainSection:
     adam_beta1: float = documented(0.9, "AdamW beta1")
     adam_beta2: float = documented(0.95, "AdamW beta2")
     max_grad_norm: float = documented(1.0, "clip the global gradient norm to this; 0 = no clipping")
-    model_max_length: int = documented(2048, "longest sequence in tokens; longer examples are truncated")
+    model_max_length: int | Literal["auto"] = documented(
+        2048, "longest sequence in tokens; longer examples are cut to it (the plan and the training log count "
+              "them); auto = the data's longest document, rounded up to a power of two (sft-launch resolves it "
+              "before the queue: never below the model's default, at most 131072)")
     gradient_checkpointing: bool = documented(True, "recompute activations in backward (less memory, more compute)")
     save_steps: int = documented(500, "checkpoint every N optimizer steps (and on every stop request)")
     save_total_limit: int = documented(2, "keep the last K complete checkpoints")
@@ -196,7 +200,8 @@ class TrainSection:
         require(self.num_train_epochs > 0, "train.num_train_epochs", "must be > 0")
         require(0.0 <= self.warmup_ratio < 1.0, "train.warmup_ratio", "must be in [0, 1)")
         require(0.0 <= self.min_lr_ratio <= 1.0, "train.min_lr_ratio", "must be in [0, 1]")
-        require(self.model_max_length >= 8, "train.model_max_length", "must be >= 8")
+        require(self.model_max_length == AUTO_LENGTH or self.model_max_length >= 8, "train.model_max_length",
+                "must be >= 8, or auto")
         require(self.save_steps >= 1, "train.save_steps", "must be >= 1")
         require(self.save_total_limit >= 1, "train.save_total_limit", "must be >= 1")
         require(self.logging_steps >= 1, "train.logging_steps", "must be >= 1")
@@ -358,6 +363,9 @@ def load_train_config(path: str | Path) -> TrainConfig:
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise ConfigError(f"{path}: {err}") from None
     cfg = build(TrainConfig, data)
+    if cfg.train.model_max_length == AUTO_LENGTH:  # train.toml holds what sft-launch resolved
+        raise ConfigError(f"{path}: train.model_max_length = {AUTO_LENGTH!r} is resolved by sft-launch from the "
+                          "data before the queue; a train.toml run without it needs a number", "train.model_max_length")
     if not Path(cfg.run.dir).is_absolute():
         cfg.run.dir = str((path.parent / cfg.run.dir).resolve())
     return cfg

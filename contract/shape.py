@@ -61,6 +61,15 @@ NF4_SCALER_BLOCK_SIZE = 256
 NF4_QUANT_UNIT = NF4_BLOCK_SIZE * NF4_SCALER_BLOCK_SIZE  # a quantized weight's element count is a multiple of this
 
 
+def rope_factor(model_max_length: int, context: int | None) -> int | None:
+    """The linear RoPE interpolation factor when training past the model's context (max_position_embeddings):
+    ceil(model_max_length / context), as FastChat stretches it; None within the context. train/engine/model.py
+    applies it, the plan says it."""
+    if not context or model_max_length <= context:
+        return None
+    return math.ceil(model_max_length / context)
+
+
 def nf4_blocker(weight_shape: tuple[int, ...], world: int) -> str | None:
     """Why a weight of this (rows, ...) shape cannot be NF4-quantized and sharded over `world` ranks; None
     if it can. FSDP2 cuts dim 0 into `world` row blocks and NF4Tensor cuts its packed buffers the same way,

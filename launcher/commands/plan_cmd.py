@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contract.schema import ConfigError
+from contract.shape import rope_factor
 from launcher.plan.autofit import context_parallel_for
-from launcher.plan.datasize import DataEstimate
+from launcher.plan.datasize import DataEstimate, holding_length
 from launcher.plan.memory import GIB
 from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
 from launcher.resolve.plan_sources import source_rows, source_table
+from launcher.resolve.presets import cached_hf_config
 from launcher.plan.planner import Plan, make_plan, plan_to_dict
 from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, refusal, require_room, \
     room_warnings, run_writes
@@ -45,6 +47,7 @@ class LaunchPlan:
     disk: list[Filesystem] = field(default_factory=list)  # launcher/resolve/storage.py: what the run writes, where
     sources: list[str] = field(default_factory=list)  # a mixture's table (launcher/resolve/plan_sources.py)
     cluster: ClusterCheck | None = None  # launcher/ops/partition.py: the job against its partition
+    lengths: list[str] = field(default_factory=list)  # model_max_length auto, RoPE stretched (`length_lines`)
 
     @property
     def fits(self) -> bool:
@@ -59,6 +62,7 @@ class LaunchPlan:
         lines = format_plan(self.plan).splitlines()
         if self.micro_batch is not None:
             lines.insert(1, f"Micro   {self.micro_batch.describe()}")
+        lines[1:1] = self.lengths
         at = next((i for i, line in enumerate(lines) if line.startswith("Time ")), len(lines))
         lines[at:at] = ([f"Checked {line}" for line in self.checked] + self.sources
                         + [line for fs in self.disk for line in _disk_lines(fs)])
@@ -73,7 +77,7 @@ class LaunchPlan:
     def to_json(self) -> str:
         extra = {"dataset": asdict(self.data) if self.data else None, "data_checked": self.checked,
                  "data_sources": self.sources,
-                 "micro_batch": self.micro_batch.record() if self.micro_batch else None,
+                 "micro_batch": self.micro_batch.record() if self.micro_batch else None, "lengths": self.lengths,
                  "disk": [asdict(fs) | {"total": fs.total, "room": fs.room} for fs in self.disk],
                  "cluster": asdict(self.cluster) if self.cluster else None, "job_fits": self.fits}
         return json.dumps(plan_to_dict(self.plan) | extra, indent=2)
@@ -113,13 +117,50 @@ def long_documents(plan: Plan, data: DataEstimate | None, model_max_length: int)
     longest, split over the fewest GPUs that fit it: --context_parallel)."""
     if data is None or not data.longer:
         return None
-    need = 1 << (data.longest - 1).bit_length()  # a power of two: the micro-batch sizes the search tries
+    need = holding_length(data.longest)
     split = context_parallel_for(plan.input, need)
     keep = f"--model_max_length {need}" + (f" --context_parallel {split}" if split and split > 1 else "")
     how = f"whole with {keep}" if split else \
         f"a {need}-token sequence does not fit even split over the node's {plan.input.gpus_per_node} GPUs"
-    return (f"~{data.longer} document(s) longer than model_max_length {model_max_length} (longest ~{data.longest} "
-            f"tokens, estimated) are cut to it; {how}")
+    return (f"~{data.longer:,} document(s) longer than model_max_length {model_max_length} (longest ~{data.longest:,} "
+            f"tokens; {data.lengths or 'estimated'}) are cut to it; {how}")
+
+
+def length_lines(launch: Launch) -> list[str]:
+    """What model_max_length = "auto" resolved to (launcher/resolve/max_length.py), and whether the training
+    stretches RoPE to reach model_max_length (train/engine/model.py's apply_rope_scaling, the same factor)."""
+    lines = [f"Length  {launch.auto_length.describe()}"] if launch.auto_length else []
+    length = launch.train.train.model_max_length
+    context = (launch.train.model.arch or launch.preset.arch).get("max_position_embeddings")
+    factor = rope_factor(length, context) if isinstance(length, int) else None
+    if factor is None:
+        return lines
+    own = _own_rope_type(launch)
+    if not launch.train.model.rope_scaling:
+        lines.append(f"RoPE    not stretched (model.rope_scaling = false): positions past the model's {context:,} are "
+                     f"untrained up to model_max_length {length:,}")
+    elif own:
+        lines.append(f"RoPE    the model's own {own!r} scaling is kept (not stretched again) for model_max_length "
+                     f"{length:,} past its {context:,} positions")
+    else:
+        lines.append(f"RoPE    stretched x{factor} (linear): the model's {context:,} positions -> model_max_length "
+                     f"{length:,}")
+    return lines
+
+
+def _own_rope_type(launch: Launch) -> str | None:
+    """The RoPE scaling the model's config.json already has (train then leaves RoPE as it is); None: default
+    RoPE, or the config is not here (a preset planned before its download)."""
+    path = launch.train.model.path
+    config = Path(path).expanduser() / "config.json" if path and Path(path).expanduser().is_dir() else \
+        cached_hf_config(path, launch.profile.hf_home) if path else None
+    try:
+        values = json.loads(config.read_text(encoding="utf-8")) if config is not None else {}
+    except (OSError, ValueError):
+        return None
+    rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
+    kind = rope.get("rope_type") or rope.get("type") if isinstance(rope, dict) else None
+    return kind if kind and kind != "default" else None
 
 
 def data_lines(launch: Launch) -> list[str]:
@@ -151,7 +192,7 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     disk = disk_needs(launch, plan, data)
     plan.warnings += room_warnings(disk)
     return LaunchPlan(plan, data, launch.micro_batch, data_lines(launch), disk, source_table(launch, plan, rows),
-                      cluster)
+                      cluster, length_lines(launch))
 
 
 def disk_needs(launch: Launch, plan: Plan, data: DataEstimate | None) -> list[Filesystem]:

@@ -222,6 +222,8 @@ def record_fields(launch: Launch) -> dict[str, Any]:
         "python": sys.executable,
         # launcher/plan/autofit.py: the micro-batch chosen for the user and why (None: the user fixed it)
         "micro_batch": launch.micro_batch.record() if launch.micro_batch else None,
+        # launcher/resolve/max_length.py: what model_max_length = "auto" resolved to (None: the length was a number)
+        "model_max_length_auto": launch.auto_length.record() if launch.auto_length else None,
     }
 
 

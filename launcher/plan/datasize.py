@@ -9,9 +9,12 @@ CHARS_PER_TOKEN = 3.5 is a slightly pessimistic figure for English text with LLa
 vocabularies (32k-150k tokens: ~3.7-4.2 chars/token); code and non-English text run lower.
 Files up to SAMPLE_BYTES are read completely; larger JSON/JSONL files are estimated from their
 first SAMPLE_BYTES, scaled by file size (CSV likewise; a folder of shards sums its files). Parquet
-files and saved `datasets` directories fall back to uncompressed bytes / BYTES_PER_TOKEN (Parquet
-row-group metadata, Arrow file sizes). Anything else
-(e.g. a dataset id) gives None: the plan then reports no step count.
+files, saved `datasets` directories and hub datasets in the HF cache (Arrow files) are read with
+pyarrow: their row count from the metadata, the rows of their first SAMPLE_BYTES (decoded batch by
+batch, never the whole file) for the lengths, scaled to every row. Where pyarrow cannot read them,
+uncompressed bytes / BYTES_PER_TOKEN. Anything else gives None: the plan then reports no step count.
+Besides the tokens, each estimate keeps the longest row it read and how many rows are longer than
+model_max_length (scaled like the rows): the plan names the documents train would cut.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contract.readers import is_saved_dataset, shard_files
+from contract.readers import DEFAULT_SPLIT, is_saved_dataset, shard_files
 
 CHARS_PER_TOKEN = 3.5
 MESSAGE_OVERHEAD_TOKENS = 6  # chat template: role header + end-of-turn markers per message
 SEQUENCE_OVERHEAD_TOKENS = 2  # BOS + EOS
 BYTES_PER_TOKEN = 4.0  # raw bytes per token for the fallbacks (includes field names, JSON quoting)
 SAMPLE_BYTES = 4 * 1024 * 1024
+SAMPLE_BATCH_ROWS = 256  # Parquet rows decoded at a time while sampling
 SKIPPED_KEYS = frozenset({"id", "source", "from", "role"})  # metadata/role names the template replaces
 
 
@@ -42,10 +46,17 @@ class DataEstimate:
     exact_rows: bool  # False: extrapolated from a sample or from bytes
     longer: int = 0  # rows longer than model_max_length (train cuts them to it); scaled like `rows`
     longest: int = 0  # estimated tokens of the longest row read, before the cut
+    lengths: str = ""  # how `longest` and `longer` were had: "chars/3.5 of all 300 rows", "... a sample of ..."
 
     @property
     def mean_tokens(self) -> float | None:
         return self.tokens / self.rows if self.rows else None
+
+
+def holding_length(tokens: int) -> int:
+    """The model_max_length that holds a `tokens`-long document whole: the next power of two (the micro-batch
+    sizes the search tries)."""
+    return 1 << max(0, tokens - 1).bit_length()
 
 
 def _text_stats(value: Any, key: str = "") -> tuple[int, int]:
@@ -73,11 +84,16 @@ def row_tokens(row: Any, max_length: int | None) -> int:
     return tokens if max_length is None else min(tokens, max_length)
 
 
-def _from_rows(lengths: list[int], max_length: int, scale: float, method: str, exact: bool) -> DataEstimate:
-    """The estimate of rows of these (uncut) lengths, `scale` times as many in the whole file."""
+def _from_rows(lengths: list[int], max_length: int, scale: float, method: str, exact: bool,
+               rows: int | None = None) -> DataEstimate:
+    """The estimate of rows of these (uncut) lengths, `scale` times as many in the whole file (`rows` of them,
+    when known exactly)."""
     longer = sum(1 for n in lengths if n > max_length)
-    return DataEstimate(int(sum(min(n, max_length) for n in lengths) * scale), int(len(lengths) * scale), method,
-                        exact, longer=int(longer * scale), longest=max(lengths))
+    total = int(len(lengths) * scale) if rows is None else rows
+    read = f"all {len(lengths):,} rows" if len(lengths) >= total else \
+        f"a sample: the first {len(lengths):,} of {'' if exact else '~'}{total:,} rows"
+    return DataEstimate(int(sum(min(n, max_length) for n in lengths) * scale), total, method, exact,
+                        longer=int(longer * scale), longest=max(lengths), lengths=f"chars/{CHARS_PER_TOKEN} of {read}")
 
 
 def _json_rows(text: str, complete: bool) -> Iterator[Any]:
@@ -125,12 +141,53 @@ def estimate_bytes(uncompressed: int, rows: int, what: str) -> DataEstimate | No
     return DataEstimate(int(uncompressed / BYTES_PER_TOKEN), rows, f"{what} bytes/{BYTES_PER_TOKEN:g}", False)
 
 
-def _estimate_parquet(path: Path) -> DataEstimate | None:
+def _sample_lengths(batches: Iterator[Any]) -> list[int]:
+    """Uncut token estimates of the rows of the first SAMPLE_BYTES (Arrow bytes) of these record batches."""
+    lengths: list[int] = []
+    read = 0
+    for batch in batches:
+        lengths += [row_tokens(row, None) for row in batch.to_pylist()]
+        read += batch.nbytes
+        if read >= SAMPLE_BYTES:
+            break
+    return lengths
+
+
+def _from_sample(lengths: list[int], rows: int, max_length: int, what: str) -> DataEstimate | None:
+    """A sample's lengths scaled to the `rows` the metadata counts (exactly)."""
+    if not lengths or not rows:
+        return None
+    how = f"{what}: all {rows:,} rows read" if len(lengths) >= rows else \
+        f"{what}: first {len(lengths):,} of {rows:,} rows"
+    return _from_rows(lengths, max_length, rows / len(lengths), f"{how}, chars/{CHARS_PER_TOKEN}", True, rows)
+
+
+def _estimate_parquet(path: Path, max_length: int) -> DataEstimate | None:
     import pyarrow.parquet as pq  # only for Parquet data (~0.2 s); the default path never imports it
 
-    meta = pq.ParquetFile(path).metadata
-    uncompressed = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    return estimate_bytes(uncompressed, meta.num_rows, "Parquet uncompressed")
+    parquet = pq.ParquetFile(path)
+    lengths = _sample_lengths(parquet.iter_batches(batch_size=SAMPLE_BATCH_ROWS))
+    return _from_sample(lengths, parquet.metadata.num_rows, max_length, "Parquet")
+
+
+def _arrow_batches(files: list[Path]) -> tuple[int, Iterator[Any]]:
+    """(rows, record batches) of `datasets`' Arrow files (IPC streams, memory-mapped: counting the rows reads
+    only the batches' headers)."""
+    import pyarrow as pa
+
+    readers = [pa.ipc.open_stream(pa.memory_map(str(file))) for file in files]
+    batches = [batch for reader in readers for batch in reader]
+    return sum(batch.num_rows for batch in batches), iter(batches)
+
+
+def estimate_arrow(files: list[Path], max_length: int, what: str = "Arrow") -> DataEstimate | None:
+    """A saved `datasets` folder's or a cached hub dataset's split, from its Arrow files; bytes / BYTES_PER_TOKEN
+    where pyarrow cannot read them."""
+    try:
+        rows, batches = _arrow_batches(files)
+        return _from_sample(_sample_lengths(batches), rows, max_length, what)
+    except (ImportError, OSError, ValueError):
+        return estimate_bytes(sum(file.stat().st_size for file in files), 0, what)
 
 
 def _estimate_csv(path: Path, size: int, max_length: int) -> DataEstimate | None:
@@ -154,17 +211,24 @@ def _estimate_shards(files: list[Path], max_length: int) -> DataEstimate | None:
     if not parts or any(part is None for part in parts):
         return None
     known = [part for part in parts if part is not None]
+    sampled = ", a sample of each" if any("sample" in p.lengths for p in known) else ""
     return DataEstimate(sum(p.tokens for p in known), sum(p.rows for p in known),
                         f"{len(known)} shards, {known[0].method}", all(p.exact_rows for p in known),
-                        longer=sum(p.longer for p in known), longest=max(p.longest for p in known))
+                        longer=sum(p.longer for p in known), longest=max(p.longest for p in known),
+                        lengths=f"chars/{CHARS_PER_TOKEN} of {len(known)} shards{sampled}")
 
 
-def estimate_tokens(path: Path, max_length: int) -> DataEstimate | None:
+def saved_split_files(path: Path, split: str) -> list[Path]:
+    """The Arrow files of a saved `datasets` folder's split (a DatasetDict keeps one folder per split)."""
+    folder = path / split if (path / "dataset_dict.json").is_file() else path
+    return sorted(folder.glob("*.arrow"))
+
+
+def estimate_tokens(path: Path, max_length: int, split: str = DEFAULT_SPLIT) -> DataEstimate | None:
     """Token estimate of a training data file, a folder of shards or a saved `datasets` directory; None when unknown."""
     try:
         if is_saved_dataset(path):
-            arrow = sum(p.stat().st_size for p in path.rglob("*.arrow"))
-            return estimate_bytes(arrow, 0, "Arrow")
+            return estimate_arrow(saved_split_files(path, split), max_length, "saved dataset")
         if path.is_dir():
             return _estimate_shards(shard_files(path), max_length)
         if path.suffix in (".json", ".jsonl"):
@@ -172,7 +236,7 @@ def estimate_tokens(path: Path, max_length: int) -> DataEstimate | None:
         if path.suffix == ".csv":
             return _estimate_csv(path, path.stat().st_size, max_length)
         if path.suffix == ".parquet":
-            return _estimate_parquet(path)
+            return _estimate_parquet(path, max_length)
     except (OSError, ImportError, ValueError):
         return None  # unreadable here: the plan says "dataset size unknown"; train reports the real error
     return None

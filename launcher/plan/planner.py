@@ -19,7 +19,7 @@ from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
 from launcher.plan.host_memory import cpu_bytes_per_node, save_staging, training_cpu_bytes
-from launcher.plan.memory import GIB, MemoryBreakdown, MemoryOptions, trainable_params
+from launcher.plan.memory import GIB, MemoryBreakdown, trainable_params
 from launcher.plan.peak import gpu_memory
 from launcher.plan.speed import memory_options, step_time
 

@@ -7,8 +7,9 @@ SAMPLE_ROWS rows of the source go through `contract.formats.parse_row` (the trai
 is rendered with the tokenizer's chat template the way transformers' `apply_chat_template` renders it
 (Jinja, sandboxed, trim_blocks / lstrip_blocks, its `tojson`, `raise_exception`, `strftime_now`;
 `{% generation %}` marks nothing here) and encoded with `tokenizers` (Rust, torch-free); text rows
-are BOS + text + EOS and pre-tokenized rows their length, all truncated to model_max_length as the
-training truncates. The count is the sample's mean per row x the source's rows.
+are BOS + text + EOS and pre-tokenized rows their length. The count keeps each row's length before the
+cut, so one count serves any model_max_length: the tokens (each row truncated as the training truncates,
+the sample's mean per row x the source's rows), the rows longer than it, and the longest.
 """
 
 from __future__ import annotations
@@ -30,9 +31,24 @@ ENCODE_BATCH = 256
 
 @dataclass(frozen=True)
 class TokenCount:
-    tokens: int  # of the rows counted, each truncated to model_max_length
-    rows: int  # rows counted (good rows; bad ones are the check's business)
+    lengths: list[int]  # tokens of each row counted (good rows; bad ones are the check's business), uncut
     complete: bool  # every row of the source was counted
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def longest(self) -> int:
+        return max(self.lengths, default=0)
+
+    def tokens(self, max_length: int) -> int:
+        """Of the rows counted, each truncated to `max_length` as the training truncates it."""
+        return sum(min(n, max_length) for n in self.lengths)
+
+    def longer(self, max_length: int) -> int:
+        """Rows counted that the training would cut to `max_length`."""
+        return sum(1 for n in self.lengths if n > max_length)
 
 
 class CountingTokenizer:
@@ -82,8 +98,8 @@ class CountingTokenizer:
         except Exception:  # the template refuses the row: the training skips it too (the mask check says why)
             return None
 
-    def count(self, examples: list[Example], max_length: int) -> list[int]:
-        """Tokens of each example as the training would have them, truncated to `max_length`."""
+    def count(self, examples: list[Example]) -> list[int]:
+        """Tokens of each example as the training would have them, before the cut to model_max_length."""
         texts = [self._text(example) for example in examples]
         encoded = iter(self.tokenizer.encode_batch([t for t in texts if t is not None], add_special_tokens=False))
         counts = []
@@ -95,11 +111,11 @@ class CountingTokenizer:
                 continue
             else:
                 counts.append(len(next(encoded).ids) + (ends if example.text is not None else 0))
-        return [min(n, max_length) for n in counts]
+        return counts
 
 
 def count_rows(rows: Iterable[RawRow], fmt: str, text_field: str, mapping: RowMapping, tokenizer: CountingTokenizer,
-               max_length: int, sample: int = SAMPLE_ROWS) -> TokenCount:
+               sample: int = SAMPLE_ROWS) -> TokenCount:
     """Tokens of the first `sample` good rows of a source."""
     examples: list[Example] = []
     complete = True
@@ -114,8 +130,8 @@ def count_rows(rows: Iterable[RawRow], fmt: str, text_field: str, mapping: RowMa
         except BadRowError:
             continue
     counts = [n for start in range(0, len(examples), ENCODE_BATCH)
-              for n in tokenizer.count(examples[start:start + ENCODE_BATCH], max_length)]
-    return TokenCount(sum(counts), len(counts), complete)
+              for n in tokenizer.count(examples[start:start + ENCODE_BATCH])]
+    return TokenCount(counts, complete)
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -23,9 +23,10 @@ from contract.config import TrainConfig, TrainSection, context_blocker
 from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.shape import ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
-from launcher.plan.autofit import MicroBatchChoice, fit_micro_batch
+from launcher.plan.autofit import MAX_LENGTH_KEY, MicroBatchChoice, fit_micro_batch
 from launcher.resolve.plan_input import plan_input_from_launch
 from launcher.resolve.data_args import absolute_paths, at_line, data_table, data_toml
+from launcher.resolve.max_length import AutoLength, resolve_auto_length
 from launcher.resolve.presets import Preset, resolve_model
 from launcher.resolve.profile import (
     ClusterFile, ClusterProfile, build_profile, format_time_limit, parse_time_limit, read_cluster_file,
@@ -79,6 +80,7 @@ class Launch:
     micro_batch: MicroBatchChoice | None = None  # launcher/plan/autofit.py's choice; None = the user fixed it
     data_checks: list[DataCheck] = field(default_factory=list)  # launcher/resolve/preflight.py's verdicts on the data
     data_file: Path | None = None  # `--data FILE.toml`: its errors are named FILE:LINE (data_args.at_line)
+    auto_length: AutoLength | None = None  # what model_max_length = "auto" resolved to (launcher/resolve/max_length.py)
 
     @property
     def world_size(self) -> int:
@@ -349,7 +351,12 @@ def _user_set(request: LaunchRequest, key: str) -> bool:
 def _fit_micro_batch(launch: Launch, request: LaunchRequest) -> MicroBatchChoice | None:
     """launcher/plan/autofit.py's choice for this launch, applied to its train.toml config."""
     inp = plan_input_from_launch(launch)
-    choice = fit_micro_batch(inp, launch.train.train.model_max_length, lambda key: _user_set(request, key))
+    auto = launch.auto_length
+
+    def user_set(key: str) -> bool:  # "auto" raised past the default by the data: keep those documents whole
+        return auto.raised if key == MAX_LENGTH_KEY and auto is not None else _user_set(request, key)
+
+    choice = fit_micro_batch(inp, launch.train.train.model_max_length, user_set)
     if choice is not None:
         if choice.tokens != inp.micro_batch_tokens:
             launch.train.data.tokens_per_micro_batch = choice.tokens
@@ -377,6 +384,7 @@ def resolve(request: LaunchRequest) -> Launch:
     launch = Launch(profile_name, profile, preset, train, request.nodes, strategy, time_limit_s, Path(),
                     "", request.executor, str(cluster.path) if cluster else None)
     launch.data_file = data_toml([request.data] if isinstance(request.data, str) else list(request.data or []))
+    launch.auto_length = resolve_auto_length(launch)  # before anything reads model_max_length
     check_combinations(launch)
     # Before the run-directory hash: a different micro-batch is a different run, never resumed as this one.
     launch.micro_batch = _fit_micro_batch(launch, request)

@@ -8,6 +8,7 @@ It reads the launch through `LaunchView`, the fields it needs, so it never impor
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,13 +63,14 @@ def data_estimate(launch: LaunchView, rows: list[SourceRow] | None = None) -> Da
     check = next((c for c in launch.data_checks if not c.eval), None)
     if estimate is not None and not estimate.exact_rows and check is not None and estimate.rows:
         good = check.rows - check.bad_rows  # the check read every row: the count's mean x the rows there are
-        estimate = DataEstimate(round(estimate.tokens * good / estimate.rows), good, estimate.method, True)
+        scale = good / estimate.rows
+        estimate = replace(estimate, tokens=round(estimate.tokens * scale), rows=good, exact_rows=True,
+                           longer=round(estimate.longer * scale))
     if estimate is None or data.eval_path or not data.eval_fraction:
         return estimate
     keep = 1.0 - data.eval_fraction
-    return DataEstimate(int(estimate.tokens * keep), int(estimate.rows * keep),
-                        f"{estimate.method}, {keep:.0%} after the eval split", estimate.exact_rows,
-                        longer=int(estimate.longer * keep), longest=estimate.longest)
+    return replace(estimate, tokens=int(estimate.tokens * keep), rows=int(estimate.rows * keep),
+                   method=f"{estimate.method}, {keep:.0%} after the eval split", longer=int(estimate.longer * keep))
 
 
 def _precision(launch: LaunchView) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -23,13 +23,13 @@ from contract.datacheck import DataCheck, LocalData, cache_file
 from contract.readers import hub_cache_folder, iter_hub_rows
 from contract.schema import ConfigError
 from contract.sources import DataSource, epoch_examples, looks_like_hub_id
-from launcher.plan.datasize import DataEstimate, estimate_bytes, estimate_tokens
+from launcher.plan.datasize import DataEstimate, estimate_arrow, estimate_tokens
 from launcher.plan.planner import Plan
 from launcher.plan.tokencount import SAMPLE_ROWS, CountingTokenizer, TokenCount, count_rows
 from launcher.resolve.presets import cached_hf_config
 from launcher.resolve.profile import ClusterProfile
 
-COUNT_VERSION = 1  # bump when the count's rules change, so cached counts are not reused
+COUNT_VERSION = 2  # bump when the count's rules change, so cached counts are not reused
 _COUNTED: dict[str, TokenCount | None] = {}  # this process's counts (the micro-batch fit and the plan share them)
 
 
@@ -54,6 +54,9 @@ class SourceRow:
     eval_rows: int  # held out (eval_fraction) or its own eval data
     dropped: int  # bad rows skipped (data.allow_bad_rows)
     method: str = ""  # how its tokens were obtained
+    longer: int = 0  # usable rows longer than model_max_length (cut to it)
+    longest: int = 0  # tokens of its longest row read
+    lengths: str = ""  # how `longer` and `longest` were had (DataEstimate.lengths)
 
     @property
     def epoch_tokens(self) -> int | None:
@@ -76,8 +79,10 @@ def source_rows(launch: SourcesView) -> list[SourceRow]:
         tokens = round(estimate.tokens * usable / estimate.rows) if estimate and estimate.rows else \
             (estimate.tokens if estimate else None)
         weight = f"n={source.samples:,}" if source.samples else f"x{source.weight:g}"
+        longer = round(estimate.longer * usable / estimate.rows) if estimate and estimate.rows else 0
         rows.append(SourceRow(source.label, total, usable, tokens, weight, epoch_examples(source, usable),
-                              held_out or own_eval.get(source.label, 0), dropped, estimate.method if estimate else ""))
+                              held_out or own_eval.get(source.label, 0), dropped, estimate.method if estimate else "",
+                              longer, estimate.longest if estimate else 0, estimate.lengths if estimate else ""))
     return rows
 
 
@@ -90,14 +95,17 @@ def estimate_source(launch: SourcesView, source: DataSource) -> DataEstimate | N
     tokenizer = tokenizer_dir(launch.train, hf_home)
     if tokenizer is None or not (path.exists() or looks_like_hub_id(source.path)):
         return guess if guess is None or tokenizer is not None else \
-            DataEstimate(guess.tokens, guess.rows, f"{guess.method}; no tokenizer.json to count with", guess.exact_rows)
-    counted = _count(source, tokenizer, hf_home, max_length)
+            replace(guess, method=f"{guess.method}; no tokenizer.json to count with")
+    counted = _count(source, tokenizer, hf_home)
     if counted is None or not counted.rows:
         return guess
     rows = counted.rows if counted.complete else (guess.rows if guess and guess.rows else counted.rows)
     how = f"all {counted.rows:,} rows" if counted.complete else f"the first {counted.rows:,} rows"
-    return DataEstimate(round(counted.tokens * rows / counted.rows), rows,
-                        f"{how} counted with {tokenizer.name}'s tokenizer", counted.complete)
+    scale, exact = rows / counted.rows, counted.complete or bool(guess and guess.exact_rows)
+    sample = "" if counted.complete else f" of {'' if exact else '~'}{rows:,} (a sample)"
+    return DataEstimate(round(counted.tokens(max_length) * scale), rows,
+                        f"{how} counted with {tokenizer.name}'s tokenizer", exact, longer=round(counted.longer(max_length) * scale), longest=counted.longest,
+                        lengths=f"counted with {tokenizer.name}'s tokenizer on {how}{sample}")
 
 
 def tokenizer_dir(train: TrainConfig, hf_home: str) -> Path | None:
@@ -114,12 +122,12 @@ def tokenizer_dir(train: TrainConfig, hf_home: str) -> Path | None:
     return directory if directory is not None and (directory / "tokenizer.json").is_file() else None
 
 
-def _count(source: DataSource, tokenizer: Path, hf_home: str, max_length: int) -> TokenCount | None:
+def _count(source: DataSource, tokenizer: Path, hf_home: str) -> TokenCount | None:
     """`count_rows` of a source, once per process; cached beside large local data (keyed by its files'
-    size and mtime, the tokenizer's files, the mapping and max_length)."""
+    size and mtime, the tokenizer's files and the mapping; its lengths are uncut, for any max_length)."""
     path = Path(source.path).expanduser()
     local = LocalData(path.resolve(), source.split) if path.exists() else None
-    parts = {"version": COUNT_VERSION, "source": asdict(source), "hf_home": hf_home, "max_length": max_length,
+    parts = {"version": COUNT_VERSION, "source": asdict(source), "hf_home": hf_home,
              "sample": SAMPLE_ROWS, "files": _stats([*(local.files() if local else []), *tokenizer.iterdir()])}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     if key in _COUNTED:
@@ -135,8 +143,7 @@ def _count(source: DataSource, tokenizer: Path, hf_home: str, max_length: int) -
     rows = local.rows() if local is not None else \
         iter_hub_rows(source.path, source.config, source.split, hf_home, "data")
     try:
-        counted = count_rows(rows, source.format, source.text_field, source.mapping, CountingTokenizer(tokenizer),
-                             max_length)
+        counted = count_rows(rows, source.format, source.text_field, source.mapping, CountingTokenizer(tokenizer))
     except (ConfigError, OSError, ValueError):
         counted = None  # unreadable here: preflight names the problem; the plan falls back to the estimate
     _COUNTED[key] = counted
@@ -153,12 +160,24 @@ def _estimate(source: DataSource, hf_home: str, max_length: int) -> DataEstimate
     """The characters / bytes estimate (launcher/plan/datasize.py)."""
     path = Path(source.path).expanduser()
     if path.exists():
-        return estimate_tokens(path, max_length)
+        return estimate_tokens(path, max_length, source.split)
     if not looks_like_hub_id(source.path):
         return None
-    root = hub_cache_folder(source.path, hf_home)
-    arrow = sum(p.stat().st_size for p in root.rglob(f"*-{source.split}*.arrow")) if root.is_dir() else 0
-    return estimate_bytes(arrow, 0, "Arrow")  # as a saved datasets folder is estimated
+    files = _hub_split_files(hub_cache_folder(source.path, hf_home), source.config, source.split)
+    return estimate_arrow(files, max_length, "hub cache") if files else None  # as a saved datasets folder
+
+
+def _hub_split_files(root: Path, config: str, split: str) -> list[Path]:
+    """A cached hub dataset's Arrow files of `split` (NAME-SPLIT.arrow, NAME-SPLIT-00000-of-00002.arrow) in
+    its newest prepared folder (<root>/<config>/<version>/<hash>/)."""
+    folder = root / config if config else root
+    if not folder.is_dir():
+        return []
+    files = [*folder.rglob(f"*-{split}.arrow"), *folder.rglob(f"*-{split}-*-of-*.arrow")]
+    if not files:
+        return []
+    newest = max({file.parent for file in files}, key=lambda parent: parent.stat().st_mtime)
+    return sorted(file for file in files if file.parent == newest)
 
 
 def mixture_estimate(rows: list[SourceRow]) -> DataEstimate | None:
@@ -169,7 +188,10 @@ def mixture_estimate(rows: list[SourceRow]) -> DataEstimate | None:
     examples = sum(row.takes for row in rows)
     methods = sorted({row.method for row in rows if row.method})
     how = f"mixture of {len(rows)} source{'' if len(rows) == 1 else 's'}" + (f"; {'; '.join(methods)}" if methods else "")
-    return DataEstimate(sum(t for t in tokens if t), examples, how, False)
+    longer = round(sum(row.longer * row.takes / row.usable for row in rows if row.usable))
+    lengths = "; ".join(sorted({f"{row.name}: {row.lengths}" for row in rows if row.longer and row.lengths}))
+    return DataEstimate(sum(t for t in tokens if t), examples, how, False, longer=longer,
+                        longest=max((row.longest for row in rows), default=0), lengths=lengths)
 
 
 def source_table(launch: SourcesView, plan: Plan, rows: list[SourceRow]) -> list[str]:

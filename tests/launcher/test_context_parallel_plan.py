@@ -68,9 +68,10 @@ def test_documents_longer_than_model_max_length_are_one_line_naming_what_keeps_t
     from launcher.plan.datasize import DataEstimate
 
     plan = make_plan(dataclasses.replace(LONG, micro_batch_tokens=8192))
-    data = DataEstimate(10**6, 100, "test", True, longer=3, longest=200_000)
+    data = DataEstimate(10**6, 100, "test", True, longer=3, longest=200_000, lengths="chars/3.5 of all 100 rows")
     assert long_documents(plan, data, 8192) == (
-        "~3 document(s) longer than model_max_length 8192 (longest ~200000 tokens, estimated) are cut to it; "
+        "~3 document(s) longer than model_max_length 8192 (longest ~200,000 tokens; chars/3.5 of all 100 rows) are "
+        "cut to it; "
         "whole with --model_max_length 262144 --context_parallel 2")
     assert long_documents(plan, DataEstimate(10**6, 100, "test", True), 8192) is None
     too_long = long_documents(plan, DataEstimate(10**7, 100, "test", True, longer=1, longest=5_000_000), 8192)

@@ -218,13 +218,28 @@ def test_non_main_process_without_cache_fails_clearly(tmp_path, tiny_tokenizer):
     assert calls == [1]
 
 
-def test_truncation_is_counted(tmp_path, tiny_tokenizer):
+def test_truncation_is_counted_and_logged_with_the_longest_the_plan_counted(tmp_path, tiny_tokenizer, caplog):
+    """A cut is never silent: one warning at tokenize time (how many, the longest), and the longest is the
+    one the plan's tokenizer count found before the queue (launcher/resolve/plan_sources.py)."""
+    from types import SimpleNamespace
+
+    from launcher.resolve.plan_sources import estimate_source
+    from launcher.resolve.profile import ClusterProfile
+
     cfg = make_cfg(tmp_path)
     cfg.train.model_max_length = 40
-    bundle = build_datasets(cfg, tiny_tokenizer)
+    with caplog.at_level("WARNING", logger="train.dataset.tokenize"):
+        bundle = build_datasets(cfg, tiny_tokenizer)
     assert bundle.stats["truncated"] > 0
     assert max(bundle.train["length"]) <= 40
     assert bundle.stats["rows"] == bundle.stats["examples"] + bundle.stats["skipped"]
+    planned = estimate_source(SimpleNamespace(profile=ClusterProfile(), train=cfg, data_checks=[]),
+                              cfg.data.source_list()[0])
+    assert (planned.longer, planned.longest) == (bundle.stats["truncated"], bundle.stats["longest_cut"])
+    cut = [r.getMessage() for r in caplog.records if "longer than model_max_length" in r.getMessage()]
+    assert cut == [f"{cfg.data.source_list()[0].path}: {planned.longer} document(s) longer than model_max_length 40 "
+                   f"cut to it (the longest {planned.longest} tokens); keep them whole with a larger "
+                   "train.model_max_length (or auto), split over GPUs with --context_parallel"]
 
 
 def test_eval_fraction_is_deterministic_and_disjoint(tmp_path, tiny_tokenizer):

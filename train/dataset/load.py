@@ -41,7 +41,7 @@ from contract.datacheck import LocalData
 from contract.readers import DEFAULT_SPLIT, RawRow, hub_cache_folder, iter_hub_rows
 from contract.schema import ConfigError
 from contract.sources import DataSource, Mixture, epoch_examples, looks_like_hub_id
-from train.dataset.tokenize import MAX_LISTED_SKIPS, SplitStats, tokenize_input
+from train.dataset.tokenize import MAX_LISTED_SKIPS, SplitStats, combined, tokenize_input
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def _bundle(cfg: TrainConfig, sources: list[DataSource],
 def _summed(per_source: list[dict[str, Any]]) -> dict[str, Any]:
     """The mixture's stats: every count summed over the sources, each source's own under "sources"."""
     counts = [f.name for f in fields(SplitStats) if f.type == "int"] + ["eval_examples", "train_examples"]
-    total: dict[str, Any] = {name: sum(s[name] for s in per_source) for name in counts}
+    total: dict[str, Any] = {name: combined(name, [s[name] for s in per_source]) for name in counts}
     total["skipped_examples"] = [line for s in per_source for line in s["skipped_examples"]][:MAX_LISTED_SKIPS]
     return total | {"path": ", ".join(s["path"] for s in per_source), "format": "mixture", "sources": per_source}
 

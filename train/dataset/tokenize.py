@@ -34,6 +34,7 @@ from train.dataset.chat import IGNORE_INDEX, MaskError, has_generation_markers, 
 logger = logging.getLogger(__name__)
 
 BLOCK_ROWS = 4096  # rows per worker task (and per Arrow chunk: bounds Python-list memory)
+MAXED = frozenset({"longest_cut"})  # SplitStats fields combined by max, not summed
 MAX_LISTED_SKIPS = 20  # skipped rows named individually in stats/logs; the rest only counted
 FEATURES = datasets.Features(
     {
@@ -58,7 +59,8 @@ class SplitStats:
     skipped_bad_rows: int = 0
     skipped_mask: int = 0  # the assistant mask could not be computed (index reported)
     skipped_no_loss: int = 0  # nothing left to learn after truncation
-    truncated: int = 0
+    truncated: int = 0  # rows longer than model_max_length, cut to it
+    longest_cut: int = 0  # tokens of the longest of them before the cut (a maximum, never a sum: MAXED)
     tokens: int = 0
     loss_tokens: int = 0
     skipped_examples: list[str] = field(default_factory=list)  # first few "row N (file:line): reason"
@@ -74,11 +76,16 @@ class SplitStats:
         """Count a later block's stats in (its listed skips logged here, where logging is set up)."""
         for item in fields(self):
             if item.type == "int":
-                setattr(self, item.name, getattr(self, item.name) + getattr(part, item.name))
+                setattr(self, item.name, combined(item.name, [getattr(self, item.name), getattr(part, item.name)]))
         for line in part.skipped_examples[:MAX_LISTED_SKIPS - len(self.skipped_examples)]:
             self.skipped_examples.append(line)
             logger.warning("skipping %s", line)
 
+
+
+def combined(name: str, values: list[int]) -> int:
+    """Two blocks' or sources' SplitStats counts as one: summed, except a maximum (MAXED)."""
+    return max(values) if name in MAXED else sum(values)
 
 
 def tokenizing_workers() -> int:
@@ -116,6 +123,10 @@ def tokenize_input(rows: Iterable[RawRow], source: DataSource, where: str, key: 
         "%s: %d examples from %d rows (%d skipped, %d truncated), %d tokens, %d with loss",
         where, stats.examples, stats.rows, stats.skipped, stats.truncated, stats.tokens, stats.loss_tokens,
     )
+    if stats.truncated:  # never a silent cut; the plan counted them before the queue (launcher/commands/plan_cmd.py)
+        logger.warning("%s: %d document(s) longer than model_max_length %d cut to it (the longest %d tokens); keep "
+                       "them whole with a larger train.model_max_length (or auto), split over GPUs with "
+                       "--context_parallel", where, stats.truncated, cfg.train.model_max_length, stats.longest_cut)
     return sink.dataset(), stats
 
 
@@ -258,6 +269,7 @@ class RowTokenizer:
         max_length = cfg.train.model_max_length
         if len(input_ids) > max_length:
             stats.truncated += 1
+            stats.longest_cut = max(stats.longest_cut, len(input_ids))
             input_ids, labels = input_ids[:max_length], labels[:max_length]
         n_loss = sum(label != IGNORE_INDEX for label in labels[1:])  # label 0 is never predicted
         if n_loss == 0:

@@ -20,7 +20,6 @@ Each rank logs its peak RSS before and after, so the saving can be checked in th
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -35,6 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Pretrain
 from contract import gpus
 from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
+from contract.shape import rope_factor
 from train.kernels import float8, swiglu
 from train.kernels.long_context import chunk_mlps
 from train.kernels.loss import logit_grad_pass
@@ -88,9 +88,10 @@ def attention_heads(cfg: TrainConfig) -> tuple[int, int]:
 def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
     """Linear RoPE interpolation by ceil(max_length / context) when training past the context (FastChat)."""
     context = getattr(config, "max_position_embeddings", None)
-    if not context or model_max_length <= context:
+    stretch = rope_factor(model_max_length, context)
+    if stretch is None:
         return
-    factor = float(math.ceil(model_max_length / context))
+    factor = float(stretch)
     params = dict(getattr(config, "rope_parameters", None) or {})
     if params.get("rope_type", "default") != "default":
         logger.warning("model already has rope %s; not rescaling", params)
