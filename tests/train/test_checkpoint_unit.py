@@ -193,3 +193,43 @@ def test_node_local_staging_folder_and_durable_copy(tmp_path, monkeypatch):
     assert sorted(copied) == [".metadata", "__1_0.distcp"] and not source.exists()
     assert (target / "optimizer_0" / "__1_0.distcp").read_bytes() == b"x" * 1000
     assert (target / "optimizer_0" / "__0_0.distcp").read_bytes() == b"another rank's"
+
+
+def test_cpu_stager_reuses_its_buffers_and_keeps_dtensor_layout(tmp_path, monkeypatch):
+    """The stager of asynchronous saves: the second stage copies into the first one's buffers (torch's
+    DefaultStager failed at its second pinned stage on the GPU image), a DTensor comes back as a DTensor
+    of the same spec over a CPU shard, and the rebuilt containers are not the live ones."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from train.persist.snapshot import CpuStager
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29581")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        weight = distribute_tensor(torch.arange(8, dtype=torch.float32).reshape(4, 2), mesh, [Shard(0)])
+        groups = [{"lr": 1e-4, "params": ["weight"]}]
+        state = {"model": {"weight": weight, "step": torch.tensor(3)}, "param_groups": groups}
+        stager = CpuStager(pin=False)
+        first = stager.stage(state)
+        staged = first["model"]["weight"]
+        assert isinstance(staged, DTensor) and staged.placements == weight.placements
+        assert staged.to_local().data_ptr() != weight.to_local().data_ptr()
+        groups[0]["lr"] = 5e-5  # the scheduler, while the thread writes
+        assert first["param_groups"][0]["lr"] == 1e-4
+        with torch.no_grad():
+            weight.to_local().add_(1)
+        second = stager.stage(state)
+        assert second["model"]["weight"].to_local().data_ptr() == staged.to_local().data_ptr()
+        assert torch.equal(second["model"]["weight"].to_local(), weight.to_local())
+        dcp.save({"weight": second["model"]["weight"]}, checkpoint_id=str(tmp_path / "ckpt"))
+        loaded = {"weight": distribute_tensor(torch.zeros(4, 2), mesh, [Shard(0)])}
+        dcp.load(loaded, checkpoint_id=str(tmp_path / "ckpt"))
+        assert torch.equal(loaded["weight"].to_local(), weight.to_local())
+        stager.close()
+    finally:
+        dist.destroy_process_group()

@@ -1,9 +1,13 @@
 """One checkpoint write in flight beside training: stage to CPU memory, write in a thread, agree when done.
 
 The training pause of an asynchronous save is the staging alone: every tensor of this rank's shard is
-copied to CPU memory (pinned on GPUs, so the copy runs at PCIe speed; torch's DefaultStager keeps the
-buffers from one save to the next, so only the first save allocates them). The copy is the snapshot of
-step N: the next optimizer step may change the live tensors while the thread writes the copy.
+copied into CPU buffers allocated at the first save and reused by every later one (`CpuStager`). On GPUs
+they are one flat allocation registered with CUDA (pinned), so the copy runs at PCIe speed: measured on
+one H200 (2026-11-29), 25.7 GB copied in 0.46 s; allocating and pinning that much took 3.3 s. The copy
+is the snapshot of step N: the next optimizer step may change the live tensors while the thread writes it.
+Why not torch's DefaultStager: with pinned memory (torch 2.11, the GPU image) its second `stage` raised
+`KeyError: <class 'type'>` both in a bare script and in a training run on the H200, and its first
+one paused the 8B-layer run for 57 s (an allocation and a host registration per storage).
 
 Why a thread of ours over `torch.distributed.checkpoint.async_save`: async_save with its THREAD executor
 does the same two things (DefaultStager, then `dcp.save` in a one-worker thread pool), once per state
@@ -34,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.tensor import DTensor
 
 from contract import protocol
 
@@ -76,6 +80,85 @@ def unstageable_tensor(state: Any) -> str:
     return "" if type(local) in (torch.Tensor, torch.nn.Parameter) else type(local).__name__
 
 
+class CpuStager:
+    """CPU copies of a state dict's tensors in buffers kept from one save to the next.
+
+    The first `stage` allocates one flat byte buffer for every tensor (pinned when `pin`), each tensor a
+    view into it at an aligned offset; later stages copy into the same views. The structure is rebuilt
+    each time (new dicts and lists: the scheduler may change a param group's lr while the thread
+    writes); a DTensor comes back as a DTensor over its staged local shard with the same spec, so DCP
+    writes the same layout. A state whose tensors changed shape or dtype gets new buffers."""
+
+    ALIGN = 512
+
+    def __init__(self, pin: bool):
+        self._pin = pin
+        self._flat: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []
+
+    def stage(self, state: Any) -> Any:
+        tensors: list[torch.Tensor] = []
+        _collect_local(state, tensors)
+        if [(t.shape, t.dtype) for t in tensors] != [(v.shape, v.dtype) for v in self._views]:
+            self._allocate(tensors)
+        views = iter(self._views)
+        staged = _rebuild(state, views, self._pin)
+        if self._pin:
+            torch.cuda.synchronize()  # the non-blocking copies are done before training changes the tensors
+        return staged
+
+    def _allocate(self, tensors: list[torch.Tensor]) -> None:
+        self.close()
+        offsets, total = [], 0
+        for tensor in tensors:
+            offsets.append(total)
+            total += -(-tensor.numel() * tensor.element_size() // self.ALIGN) * self.ALIGN
+        flat = torch.empty(max(total, 1), dtype=torch.uint8)
+        if self._pin:
+            code = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), flat.numel(), 0)
+            if int(code) != 0:
+                raise RuntimeError(f"cudaHostRegister of {flat.numel() / 1e9:.1f} GB for checkpoint staging failed ({code})")
+        self._flat = flat
+        self._views = [flat[offset:offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                       for offset, t in zip(offsets, tensors, strict=True)]
+
+    def close(self) -> None:
+        if self._flat is not None and self._pin:
+            torch.cuda.cudart().cudaHostUnregister(self._flat.data_ptr())
+        self._flat, self._views = None, []
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _collect_local(state: Any, out: list[torch.Tensor]) -> None:
+    """The (local shards of the) tensors of a nested state, in the order `_rebuild` visits them."""
+    if isinstance(state, dict):
+        for value in state.values():
+            _collect_local(value, out)
+    elif isinstance(state, list | tuple):
+        for value in state:
+            _collect_local(value, out)
+    elif isinstance(state, torch.Tensor):
+        out.append(_local(state))
+
+
+def _rebuild(state: Any, views: Any, non_blocking: bool) -> Any:
+    """`state` with each tensor copied into the next of `views` (a DTensor re-wrapped with its spec)."""
+    if isinstance(state, dict):
+        return {key: _rebuild(value, views, non_blocking) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_rebuild(value, views, non_blocking) for value in state)
+    if not isinstance(state, torch.Tensor):
+        return state  # ints, floats, strings: immutable
+    view = next(views)
+    view.copy_(_local(state).detach(), non_blocking=non_blocking)
+    if isinstance(state, DTensor):
+        return DTensor(view, state._spec, requires_grad=False)
+    return view
+
+
 def available_ram_bytes() -> int:
     """MemAvailable of /proc/meminfo (what can be allocated without swapping), else free pages."""
     try:
@@ -95,8 +178,7 @@ class SnapshotWriter:
 
     def __init__(self, timeout: timedelta | None):
         on_gpu = torch.cuda.is_available()
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
-                                                    use_async_staging=False, use_non_blocking_copy=on_gpu))
+        self._stager = CpuStager(pin=on_gpu)
         distributed = dist.is_available() and dist.is_initialized()
         self._group = dist.new_group(backend="gloo", timeout=timeout) if distributed else None
         self._future: Future | None = None
