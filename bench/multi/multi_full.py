@@ -32,7 +32,6 @@ file is rewritten after each run, so a call cut short keeps the runs it finished
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil

@@ -65,7 +65,7 @@ class SourceRow:
 
 def source_rows(launch: SourcesView) -> list[SourceRow]:
     """A row per source, from preflight's checks when they ran (else from the estimates alone)."""
-    data, max_length = launch.train.data, launch.train.train.model_max_length
+    data = launch.train.data
     checks = {check.name: check for check in launch.data_checks if not check.eval}
     own_eval = {check.name: check.rows - check.bad_rows for check in launch.data_checks if check.eval}
     rows = []
@@ -104,7 +104,8 @@ def estimate_source(launch: SourcesView, source: DataSource) -> DataEstimate | N
     scale, exact = rows / counted.rows, counted.complete or bool(guess and guess.exact_rows)
     sample = "" if counted.complete else f" of {'' if exact else '~'}{rows:,} (a sample)"
     return DataEstimate(round(counted.tokens(max_length) * scale), rows,
-                        f"{how} counted with {tokenizer.name}'s tokenizer", exact, longer=round(counted.longer(max_length) * scale), longest=counted.longest,
+                        f"{how} counted with {tokenizer.name}'s tokenizer", exact,
+                        longer=round(counted.longer(max_length) * scale), longest=counted.longest,
                         lengths=f"counted with {tokenizer.name}'s tokenizer on {how}{sample}")
 
 
@@ -187,7 +188,8 @@ def mixture_estimate(rows: list[SourceRow]) -> DataEstimate | None:
         return None
     examples = sum(row.takes for row in rows)
     methods = sorted({row.method for row in rows if row.method})
-    how = f"mixture of {len(rows)} source{'' if len(rows) == 1 else 's'}" + (f"; {'; '.join(methods)}" if methods else "")
+    how = (f"mixture of {len(rows)} source{'' if len(rows) == 1 else 's'}"
+           + (f"; {'; '.join(methods)}" if methods else ""))
     longer = round(sum(row.longer * row.takes / row.usable for row in rows if row.usable))
     lengths = "; ".join(sorted({f"{row.name}: {row.lengths}" for row in rows if row.longer and row.lengths}))
     return DataEstimate(sum(t for t in tokens if t), examples, how, False, longer=longer,

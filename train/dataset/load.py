@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import re
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
