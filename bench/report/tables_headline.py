@@ -51,6 +51,8 @@ JOBS = (
     Job("8B LoRA", 4, "H100", "h100/four-gpu-*/multi-4gpu-8b-lora*.json", "8b_lora", "8b_lora_peer", "TRL + PEFT"),
     Job("8B QLoRA", 1, "H100", "h100/qlora-*/single-llama3-8b-ours-qlora.json", "", PEER_IN_OURS_FILE,
         "TRL + PEFT + bitsandbytes"),
+    Job("8B LoRA, 262,144-token documents whole", 1, "H200", "h200/longctx-*/longctx-llama3-8b-lora-262144-*.json", "",
+        None),
     Job("70B QLoRA (llama-70b shape)", 2, "H100", "h100/two-gpu-*/qlora-llama70b-2gpu.json", "", None),
     Job("70B LoRA, bf16 base (llama-70b shape)", 4, "H100", "h100/four-gpu-*/lora-bf16-llama70b-4gpu.json", "", None),
     Job("8B FP8 full fine-tune (our float8 linears)", 2, "H200", "h200/two-gpu-*/multi-2gpu-fp8-own*.json",
@@ -69,6 +71,8 @@ def _side(result: dict, path: str) -> dict | None:
     if isinstance(node, dict) and node.get("runs"):  # a comparison file's runs are one GPU's each
         node = {"gpu_count": result["gpu_count"],
                 **sorted(node["runs"], key=lambda run: run["real_tokens_per_s"])[len(node["runs"]) // 2]}
+    if isinstance(node, dict) and "seq_len" in node and "tokens_per_s" in node:  # long context: one whole document
+        node = {**node, "real_tokens_per_s": node["tokens_per_s"]}  # a micro-batch, every token real
     return node if isinstance(node, dict) and "real_tokens_per_s" in node else None
 
 
