@@ -238,3 +238,23 @@ def test_bf16_training_stops_saves_and_resumes_like_an_uninterrupted_run(tmp_pat
     resumed, want = _losses(run), _losses(reference)
     assert resumed.keys() >= set(range(7, 17)) and all(resumed[s] == pytest.approx(want[s], rel=2e-2)
                                                         for s in range(7, 17)), (resumed, want)
+
+
+def test_async_save_staging_pins_once_and_copies_cuda_tensors_every_save():
+    """train/persist/snapshot.py's CpuStager on a GPU: pinned buffers allocated at the first stage and
+    reused (torch 2.11's DefaultStager raised KeyError at its second pinned stage on the H200 image), and
+    each stage holds the values of its own step."""
+    from train.persist.snapshot import CpuStager
+
+    state = {"model": {"w": torch.randn(1024, 1024, device="cuda"), "step": torch.tensor(1, device="cuda")},
+             "groups": [{"lr": 1.0}]}
+    stager = CpuStager(pin=True)
+    first = stager.stage(state)
+    assert first["model"]["w"].is_pinned() and first["model"]["w"].device.type == "cpu"
+    assert torch.equal(first["model"]["w"], state["model"]["w"].cpu())
+    pointer = first["model"]["w"].data_ptr()
+    state["model"]["w"].add_(1)
+    second = stager.stage(state)
+    assert second["model"]["w"].data_ptr() == pointer
+    assert torch.equal(second["model"]["w"], state["model"]["w"].cpu())
+    stager.close()
