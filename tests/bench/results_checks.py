@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from bench.common.synthetic import SHAPES, sample_lengths
+from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from bench.report import distribution
-from bench.report.results_io import clock_start, document_lengths, throughput_numbers
+from bench.report.results_io import clock_start, throughput_numbers
 from bench.suites.gpu_single import VARIANTS
 
 REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from bench.suites.gpu_single import PEERS, VARIANTS
-from bench.report.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, document_lengths, throughput_numbers
-from bench.common.synthetic import SHAPES, sample_lengths
+from bench.report.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, throughput_numbers
+from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from tests.bench import results_checks as checks
 
 FILES = sorted(RESULTS.rglob("*.json"))
