@@ -3,7 +3,8 @@
 Pure Python (no torch). A step is the time of its compute plus what of the rest does not hide behind it:
 
   compute     model FLOPs of the micro-batch (contract/shape.py's count at the mean document length, x the
-              forward again with per-layer checkpointing) at an achievable fraction of the GPU's peak;
+              forward again with per-layer checkpointing) at an achievable fraction of the GPU's peak (LoRA's
+              and FP8's factors on the linears' share only, not on attention's);
   collectives FSDP's all-gathers of the weights (forward, and again in backward: layers reshard after their
               forward) and reduce-scatters of the gradients, bytes from the shape, the strategy, LoRA's frozen
               base and NF4, over the node's links or, across nodes, the network; prefetched during the
@@ -100,9 +101,16 @@ def memory_options(inp: PlanInput) -> MemoryOptions:
     return MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
 
 
-def _efficiency(inp: PlanInput) -> float:
-    base = EFFICIENCY.get(inp.gpu_type.lower(), FALLBACK_EFFICIENCY)
-    return base * (LORA_EFFICIENCY if inp.lora else 1.0) * (FP8_SPEEDUP if inp.fp8 else 1.0)
+def compute_seconds(shape: ModelShape, inp: PlanInput, per_token: float, tokens: float, peak: float) -> float:
+    """One micro-batch's FLOPs (forward again with per-layer checkpointing) at the achievable fraction of the
+    peak. LoRA's factor and FP8's speed-up are the linears': attention (6·L·a·s̄ of the count, its forward
+    recomputed) runs in the same bf16 kernels either way, and at long documents it is most of the step."""
+    recompute = 1 + forward_share(shape, inp, per_token) if inp.gradient_checkpointing else 1.0
+    attention = 6 * shape.layers * shape.q_dim * _attended(inp) * (4 / 3 if inp.gradient_checkpointing else 1.0)
+    linears = per_token * recompute - attention
+    base = peak * EFFICIENCY.get(inp.gpu_type.lower(), FALLBACK_EFFICIENCY)
+    speed = (LORA_EFFICIENCY if inp.lora else 1.0) * (FP8_SPEEDUP if inp.fp8 else 1.0)
+    return tokens * (attention + linears / speed) / base
 
 
 def forward_share(shape: ModelShape, inp: PlanInput, per_token: float) -> float:
@@ -207,8 +215,7 @@ def step_time(inp: PlanInput, per_token: float) -> StepTime | None:
     trainable = trainable_params(shape, options)
     peak = spec.peak_tflops_bf16 * 1e12
     tokens = inp.micro_batch_tokens * inp.packing_efficiency / inp.context_parallel  # real tokens per GPU
-    recompute = 1 + forward_share(shape, inp, per_token) if inp.gradient_checkpointing else 1.0
-    compute = tokens * per_token * recompute / (peak * _efficiency(inp))
+    compute = compute_seconds(shape, inp, per_token, tokens, peak)
     collectives = collective_seconds(shape, inp, trainable)
     # the first layer's gather and the last one's reduce have no compute beside them
     exposed = max(0.0, collectives - compute) + 2 * collectives / (shape.layers + 2)
