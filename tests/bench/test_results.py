@@ -17,6 +17,7 @@ import pytest
 from bench.suites.gpu_single import PEERS, VARIANTS
 from bench.report.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, throughput_numbers
 from bench.report.speed_inputs import with_predictions
+from bench.suites.speed_calibration import TOLERANCE
 from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from tests.bench import results_checks as checks
 
@@ -387,6 +388,18 @@ def test_a_recorded_prediction_edited_by_hand_is_caught(name, tamper):
     elif tamper == "on a block of no run":
         r["provenance"].update({key: block.pop(key) for key in checks.PREDICTION})
     assert bool(checks.speed_problems(r, name)) == (tamper is not None), tamper
+
+
+def test_write_result_records_the_plans_prediction_in_the_runs_block(monkeypatch, tmp_path):
+    """On a GPU (its name is the one thing faked here) write_result records the plan's prediction; provenance last."""
+    from bench.report import results_io
+
+    name = next(iter(PREDICTED))
+    record = {key: value for key, value in _load(RESULTS / name).items() if key != "provenance"}
+    monkeypatch.setattr(results_io, "_gpus", lambda: (["NVIDIA H200"], "580.159.04"))
+    written = _load(results_io.write_result(tmp_path / Path(name).name, record))
+    assert list(written)[-1] == "provenance" and not checks.speed_problems(written, name)
+    assert written["predicted_tokens_per_s_per_gpu"] == pytest.approx(record["tokens_per_s"], rel=TOLERANCE)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "cli"], ids=_id)
