@@ -15,7 +15,7 @@ Pure Python (no torch). A step is the time of its compute plus what of the rest 
               compute they overlap, and CPU offload's PCIe traffic and host AdamW step.
 
 Every constant below says where its number comes from: measured (bench/results, re-derived by
-bench/report/speed_calibration.py into tests/fixtures/speed_calibration.json) or a datasheet figure.
+bench/suites/speed_calibration.py into tests/fixtures/speed_calibration.json) or a datasheet figure.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ PlanInput = Any
 
 # Achievable fraction of the dense bf16 peak for this project's compiled, packed, uncheckpointed training
 # step of full weights (its GEMMs, attention kernels and elementwise work together). Hopper: calibrated on the
-# committed H100/H200 runs (bench/report/speed_calibration.py): 8B full fine-tuning on 2 and 4 GPUs at
+# committed H100/H200 runs (bench/suites/speed_calibration.py): 8B full fine-tuning on 2 and 4 GPUs at
 # 8-10k tokens/GPU (47.4-49.6% MFU) and the 1B on one GPU at 16-32k (43-55%): the value that centres them.
 # Other GPU types are not measured: the planner's earlier expected-MFU guesses stand in for them.
 HOPPER_EFFICIENCY = 0.49
