@@ -23,12 +23,23 @@ LLAMA_8B = dict(  # Llama-3-8B shape
     intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=8192,
 )
 SHAPES = {"llama3.2-1b": LLAMA_1B, "llama3-8b": LLAMA_8B}
+MAX_DOC_TOKENS = 4096  # the longest document (clipped to the micro-batch budget)
 
 
 def sample_lengths(n: int, seed: int = 0, mu: float = 6.3, sigma: float = 0.9,
-                   lo: int = 32, hi: int = 4096) -> list[int]:
+                   lo: int = 32, hi: int = MAX_DOC_TOKENS) -> list[int]:
     rng = random.Random(seed)
     return [min(hi, max(lo, int(math.exp(rng.gauss(mu, sigma))))) for _ in range(n)]
+
+
+def document_lengths(docs: int, budget: int) -> list[int]:
+    """The synthetic documents a one-GPU run of `docs` documents at micro-batch `budget` trained on."""
+    return sample_lengths(docs, seed=0, hi=min(MAX_DOC_TOKENS, budget))
+
+
+def attended_length(lengths: list[int]) -> float:
+    """s̄ = Σ nᵢ² / Σ nᵢ (contract/shape.py)."""
+    return sum(n * n for n in lengths) / sum(lengths)
 
 
 def write_token_jsonl(path: Path, lengths: list[int], vocab_size: int, seed: int = 0) -> int:

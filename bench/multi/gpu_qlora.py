@@ -39,8 +39,8 @@ from typing import Any
 from bench.suites import gpu_single
 from bench.multi.host import toml_inline, write_run_dir
 from bench.common.processes import TIMED_OUT, run_logged
-from bench.report.results_io import document_lengths, throughput_numbers, write_result
-from bench.common.synthetic import LLAMA_1B, write_token_jsonl
+from bench.report.results_io import throughput_numbers, write_result
+from bench.common.synthetic import LLAMA_1B, document_lengths, write_token_jsonl
 from contract.config import LoraSection
 from contract import protocol
 from contract.protocol import free_port

@@ -40,7 +40,7 @@ from bench.common.synthetic import SHAPES, write_token_jsonl
 from contract.shape import ModelShape
 
 LAYER_PARAMS_8B = 218_112_000  # one Llama-3-8B decoder layer (attention 4096x(4096+1024+1024+4096), MLP 3x4096x14336, norms)
-STATE_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments (launcher/plan/planner.py checkpoint_bytes)
+STATE_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments (launcher/plan/saves.py checkpoint_bytes)
 DISK_SHARE = 0.8  # of the free space, what two checkpoints may take
 
 

@@ -12,6 +12,11 @@ Raw fields of a one-GPU throughput run (`single-*.json`): `real_tokens` counted 
 `warmup_steps` skipped optimizer steps, `seconds` of wall time over those steps (training steps
 only: no model build, no teardown), `steps`, `gpu_count`, `peak_flops` (dense bf16 FLOP/s per GPU
 used for MFU), `docs` and `budget` (which fix the synthetic documents, bench/common/synthetic.py).
+
+Each training run of ours that the planner can express (bench/report/speed_inputs.py: one-GPU variants,
+compare-*, bench/multi's blocks, the 70B LoRA/QLoRA runs, long context) also records, in its block, the plan's
+`predicted_tokens_per_s_per_gpu` for its setting (launcher/plan/speed.py at the commit that wrote it) and
+`speed_error` = predicted / measured - 1 (issue #55); other kinds are written as given.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench.common.synthetic import sample_lengths
+from bench.common.synthetic import attended_length
+from bench.report.speed_inputs import with_predictions
 from contract.shape import ModelShape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,9 +49,6 @@ def clock_start(logged_steps: Iterable[int]) -> int:
     """The logged step a run's clock starts at: the first at or past WARMUP_STEPS. A run that logs every
     N > 1 steps (train.logging_steps) ends its warm-up at a window's end: logging every 10 steps, at step 10."""
     return min((step for step in logged_steps if step >= WARMUP_STEPS), default=WARMUP_STEPS)
-
-
-MAX_DOC_TOKENS = 4096  # bench/common/synthetic.py's longest document (clipped to the micro-batch budget)
 
 
 def _git(*args: str) -> str:
@@ -98,23 +101,17 @@ def provenance() -> dict[str, Any]:
 
 
 def write_result(path: Path, record: dict[str, Any]) -> Path:
-    """Write one results file (the record plus its provenance); the only writer of bench/results."""
+    """Write one results file (the record, the plan's prediction of each training run of ours in it, its
+    provenance); the only writer of bench/results."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**record, "provenance": provenance()}, indent=1) + "\n")
+    origin = provenance()
+    predicted = with_predictions(path.name, {**record, "provenance": origin})
+    predicted.pop("provenance")
+    path.write_text(json.dumps({**predicted, "provenance": origin}, indent=1) + "\n")
     return path
 
 
 # --------------------------------------------------------------------------- derived numbers
-
-
-def document_lengths(docs: int, budget: int) -> list[int]:
-    """The synthetic documents a one-GPU run of `docs` documents at micro-batch `budget` trained on."""
-    return sample_lengths(docs, seed=0, hi=min(MAX_DOC_TOKENS, budget))
-
-
-def attended_length(lengths: list[int]) -> float:
-    """s̄ = Σ nᵢ² / Σ nᵢ (contract/shape.py)."""
-    return sum(n * n for n in lengths) / sum(lengths)
 
 
 def throughput_numbers(arch: dict[str, Any], lengths: list[int], real_tokens_per_s: float, gpu_count: int,

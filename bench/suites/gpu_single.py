@@ -35,9 +35,10 @@ from typing import Any
 import tomli_w
 
 from bench.common.processes import TIMED_OUT, run_logged
-from bench.common.synthetic import SHAPES, write_token_jsonl
+from bench.common.synthetic import SHAPES, document_lengths, write_token_jsonl
+from bench.common.variants import VARIANTS
 from bench.report import distribution
-from bench.report.results_io import WARMUP_STEPS, clock_start, document_lengths, throughput_numbers, write_result
+from bench.report.results_io import WARMUP_STEPS, clock_start, throughput_numbers, write_result
 from contract.gpus import gpu_type_from_device_name, lookup
 from contract.protocol import LOGS_DIR, PROFILE_DIR
 from contract.schema import to_dict
@@ -51,24 +52,6 @@ RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "900"))  # one stuck r
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=4096)
 
-# Variants of our package: name -> train.toml overrides (section -> key -> value).
-VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
-    "ours": {"train": {"compile": True, "gradient_checkpointing": False}},
-    "ours-nocompile": {"train": {"compile": False, "gradient_checkpointing": False}},
-    "ours-ckpt": {"train": {"compile": True, "gradient_checkpointing": True}},
-    "ours-48k": {"train": {"compile": True, "gradient_checkpointing": False},
-                 "data": {"tokens_per_micro_batch": 49152}},
-    "ours-varlen": {"train": {"compile": True, "gradient_checkpointing": False},
-                    "model": {"attn_implementation": "varlen"}},
-    "ours-stockmlp": {"train": {"compile": True, "gradient_checkpointing": False, "fused_mlp": False}},
-    "ours-liger": {"train": {"compile": True, "gradient_checkpointing": False, "fused_loss": "liger"}},
-    "ours-lora": {"train": {"compile": True, "gradient_checkpointing": False}, "lora": {"enabled": True}},
-    # As the TRL QLoRA peer: r 16 on all linear layers, no dropout
-    "ours-qlora": {"train": {"compile": True, "gradient_checkpointing": False},
-                   "lora": {"enabled": True, "quant": "nf4", "dropout": 0.0}},
-    "ours-qlora-nocompile": {"train": {"compile": False, "gradient_checkpointing": False},
-                             "lora": {"enabled": True, "quant": "nf4", "dropout": 0.0}},
-}
 # Peers: name -> command-line arguments of their script.
 PEERS: dict[str, list[str]] = {
     "fastchat": ["-m", "bench.peers.peer_fastchat"],

@@ -87,7 +87,7 @@ def _signal_line(plan: Plan) -> str:
 
 def _preempt_lines(plan: Plan) -> list[str]:
     """What a preemption loses when SLURM's GraceTime ends before the stop-save: the steps since the newest
-    COMPLETE checkpoint, and the train.save_steps that bounds it (planner.save_cadence)."""
+    COMPLETE checkpoint, and the train.save_steps that bounds it (saves.save_cadence)."""
     cadence, save_steps = plan.cadence, plan.input.save_steps
     if cadence is None or cadence.lost_steps is None:
         return []

@@ -3,7 +3,8 @@
 Pure Python (no torch). A step is the time of its compute plus what of the rest does not hide behind it:
 
   compute     model FLOPs of the micro-batch (contract/shape.py's count at the mean document length, x the
-              forward again with per-layer checkpointing) at an achievable fraction of the GPU's peak;
+              forward again with per-layer checkpointing) at an achievable fraction of the GPU's peak (LoRA's
+              and FP8's factors on the linears' share only, not on attention's);
   collectives FSDP's all-gathers of the weights (forward, and again in backward: layers reshard after their
               forward) and reduce-scatters of the gradients, bytes from the shape, the strategy, LoRA's frozen
               base and NF4, over the node's links or, across nodes, the network; prefetched during the
@@ -14,7 +15,7 @@ Pure Python (no torch). A step is the time of its compute plus what of the rest 
               compute they overlap, and CPU offload's PCIe traffic and host AdamW step.
 
 Every constant below says where its number comes from: measured (bench/results, re-derived by
-bench/report/speed_calibration.py into tests/fixtures/speed_calibration.json) or a datasheet figure.
+bench/suites/speed_calibration.py into tests/fixtures/speed_calibration.json) or a datasheet figure.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ PlanInput = Any
 
 # Achievable fraction of the dense bf16 peak for this project's compiled, packed, uncheckpointed training
 # step of full weights (its GEMMs, attention kernels and elementwise work together). Hopper: calibrated on the
-# committed H100/H200 runs (bench/report/speed_calibration.py): 8B full fine-tuning on 2 and 4 GPUs at
+# committed H100/H200 runs (bench/suites/speed_calibration.py): 8B full fine-tuning on 2 and 4 GPUs at
 # 8-10k tokens/GPU (47.4-49.6% MFU) and the 1B on one GPU at 16-32k (43-55%): the value that centres them.
 # Other GPU types are not measured: the planner's earlier expected-MFU guesses stand in for them.
 HOPPER_EFFICIENCY = 0.49
@@ -100,9 +101,16 @@ def memory_options(inp: PlanInput) -> MemoryOptions:
     return MemoryOptions(world_size=inp.world_size, **{n: getattr(inp, n) for n in names})
 
 
-def _efficiency(inp: PlanInput) -> float:
-    base = EFFICIENCY.get(inp.gpu_type.lower(), FALLBACK_EFFICIENCY)
-    return base * (LORA_EFFICIENCY if inp.lora else 1.0) * (FP8_SPEEDUP if inp.fp8 else 1.0)
+def compute_seconds(shape: ModelShape, inp: PlanInput, per_token: float, tokens: float, peak: float) -> float:
+    """One micro-batch's FLOPs (forward again with per-layer checkpointing) at the achievable fraction of the
+    peak. LoRA's factor and FP8's speed-up are the linears': attention (6·L·a·s̄ of the count, its forward
+    recomputed) runs in the same bf16 kernels either way, and at long documents it is most of the step."""
+    recompute = 1 + forward_share(shape, inp, per_token) if inp.gradient_checkpointing else 1.0
+    attention = 6 * shape.layers * shape.q_dim * _attended(inp) * (4 / 3 if inp.gradient_checkpointing else 1.0)
+    linears = per_token * recompute - attention
+    base = peak * EFFICIENCY.get(inp.gpu_type.lower(), FALLBACK_EFFICIENCY)
+    speed = (LORA_EFFICIENCY if inp.lora else 1.0) * (FP8_SPEEDUP if inp.fp8 else 1.0)
+    return tokens * (attention + linears / speed) / base
 
 
 def forward_share(shape: ModelShape, inp: PlanInput, per_token: float) -> float:
@@ -207,8 +215,7 @@ def step_time(inp: PlanInput, per_token: float) -> StepTime | None:
     trainable = trainable_params(shape, options)
     peak = spec.peak_tflops_bf16 * 1e12
     tokens = inp.micro_batch_tokens * inp.packing_efficiency / inp.context_parallel  # real tokens per GPU
-    recompute = 1 + forward_share(shape, inp, per_token) if inp.gradient_checkpointing else 1.0
-    compute = tokens * per_token * recompute / (peak * _efficiency(inp))
+    compute = compute_seconds(shape, inp, per_token, tokens, peak)
     collectives = collective_seconds(shape, inp, trainable)
     # the first layer's gather and the last one's reduce have no compute beside them
     exposed = max(0.0, collectives - compute) + 2 * collectives / (shape.layers + 2)

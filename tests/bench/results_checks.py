@@ -7,7 +7,8 @@ run it on a committed file and on a tampered in-memory copy alike.
 - comparison: the two sides of a comparison timed the same number of steps, with the same tokens per step and
   the same activation checkpointing, unless the file records why not (`difference_reason`) or ALLOWED does;
 - MFU mean: `mean_step_mfu` is the mean over exactly the timed windows, the ones the aggregate counts;
-- saves (save-async.json): each save's pause and write rate, the MFU with the pauses counted, the resume.
+- saves (save-async.json): each save's pause and write rate, the MFU with the pauses counted, the resume;
+- speed: each run's `speed_error` is its recorded prediction over its measured rate, less one (issue #55).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from bench.common.synthetic import SHAPES, sample_lengths
+from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from bench.report import distribution
-from bench.report.results_io import clock_start, document_lengths, throughput_numbers
+from bench.report.results_io import clock_start, throughput_numbers
+from bench.report.speed_inputs import runs_of
 from bench.suites.gpu_single import VARIANTS
 
 REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations
@@ -312,3 +314,36 @@ def _rate_problems(block: dict[str, Any], arch: dict, lengths: list[int] | None)
     derived = {"real_tokens_per_s": rate, "flops_per_token": per_token, "tflops_per_gpu": tflops,
                "mfu": tflops * 1e12 / block["peak_flops"] if block["peak_flops"] else None}
     return [f"{key} {block[key]}, re-derived {value}" for key, value in derived.items() if not _near(block[key], value)]
+
+
+PREDICTION = ("predicted_tokens_per_s_per_gpu", "speed_error")  # results_io.write_result's, in each run's block
+
+
+def _blocks(record: dict[str, Any], where: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """Every dict in a results file with the keys that lead to it (the file itself: ())."""
+    found = [(where, record)]
+    for key, value in record.items():
+        if isinstance(value, dict):
+            found += _blocks(value, (*where, key))
+    return found
+
+
+def speed_problems(r: dict[str, Any], name: str) -> list[str]:
+    """The plan's prediction beside each run of ours: speed_error = predicted / measured - 1, the measured rate
+    as bench/report/speed_inputs.py reads it (the one that recorded it); both fields or neither; none on a block
+    that is not such a run. Files written before issue #55 record none."""
+    predicted = [(where, block) for where, block in _blocks(r) if set(PREDICTION) & block.keys()]
+    if not predicted:
+        return []
+    runs = {run.where: run for run in runs_of(name, "", r)}  # no GPU type: only the measured rates are used
+    found = []
+    for where, block in predicted:
+        at = ".".join(where) or "the file"
+        run = runs.get(where)
+        if run is None or not set(PREDICTION) <= block.keys():
+            found.append(f"{at}: {sorted(set(PREDICTION) & block.keys())} without both, or no run of ours there")
+            continue
+        error = block["predicted_tokens_per_s_per_gpu"] / run.measured - 1
+        if not _near(block["speed_error"], error):
+            found.append(f"{at}: speed_error {block['speed_error']}, re-derived {error}")
+    return found

@@ -9,9 +9,9 @@ import copy
 
 import pytest
 
-from bench.common.synthetic import SHAPES, sample_lengths
+from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from bench.report import distribution
-from bench.report.results_io import RESULTS, document_lengths, throughput_numbers
+from bench.report.results_io import RESULTS, throughput_numbers
 from tests.bench import results_checks as checks
 from tests.bench.results_checks import check_compare_record
 from tests.bench.test_results import SINGLE_PAIR, _load

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from bench.suites.gpu_single import PEERS, VARIANTS
-from bench.report.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, document_lengths, throughput_numbers
-from bench.common.synthetic import SHAPES, sample_lengths
+from bench.report.results_io import PROVENANCE_KEYS, RESULTS, WARMUP_STEPS, clock_start, throughput_numbers
+from bench.report.speed_inputs import with_predictions
+from bench.suites.speed_calibration import TOLERANCE
+from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from tests.bench import results_checks as checks
 
 FILES = sorted(RESULTS.rglob("*.json"))
@@ -28,6 +30,7 @@ SINGLE_KEYS = {  # everything bench/suites/gpu_single.py has written, ours and p
     "attention", "kernels",  # the attention backend that ran; ours: the kernel lines of its train.log
     "lora_params",  # LoRA sides: adapter parameters of the 4·N + 6·N_lora FLOP count (results_io.throughput_numbers)
     "step_seconds",  # peers: each timed step's seconds (bench/peers/peer_clock.py)
+    *checks.PREDICTION,  # ours: the plan's prediction (results_io.write_result, from issue #55 on)
 }
 OTHER_KEYS = {
     "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
@@ -46,7 +49,7 @@ OTHER_KEYS = {
     "longctx": {"shape", "arch", "seq_len", "context_parallel", "gpu_count", "gpu", "peak_flops", "lora_r",
                 "lora_targets", "lora_params", "variant", "tokens", "planned_gib", "settings", "step", "tokens_per_s",
                 "tflops_per_gpu", "mfu", "peak_mem_gib", "peak_reserved_gib", "step_records", "error",
-                "provenance"},  # bench/suites/gpu_long_context.py
+                *checks.PREDICTION, "provenance"},  # bench/suites/gpu_long_context.py
     "multi": None,  # checked block by block below
     "compare": None,  # bench/suites/gpu_single.py --repeat N: checked below (check_compare_record)
     "qlora": None,  # bench/multi/gpu_qlora.py: checked below
@@ -352,6 +355,51 @@ def test_long_context_numbers_rederive(path):
     derived = throughput_numbers(r["arch"], [r["seq_len"]], r["tokens_per_s"], 1, r["peak_flops"], r["lora_params"])
     for key in ("tflops_per_gpu", "mfu"):
         _close(r[key], derived[key], key, name)
+
+
+@pytest.mark.parametrize("path", FILES, ids=_id)
+def test_speed_error_rederives(path):
+    """speed_error = predicted / measured - 1 wherever a run records the plan's prediction (issue #55)."""
+    r, name = _load(path), _id(path)
+    assert not checks.speed_problems(r, name), checks.speed_problems(r, name)
+
+
+# What write_result records (its provenance names the GPUs) on a committed file of each kind of run, tampered in memory.
+PREDICTED = {"h200/longctx-2026-11-29/longctx-llama3-8b-lora-262144-offload-mlp-chunks.json": ("",),
+             "h100/four-gpu-2026-11-27d/multi-4gpu-fp8.json": ("fp8_8b", "fp8"),
+             "h200/compare-2026-11-29/compare-llama3.2-1b-ours-vs-peer-trl.json": ("sides", "ours"),
+             "h100/four-gpu-2026-11-26/lora-bf16-llama70b-4gpu.json": ("",)}
+
+
+@pytest.mark.parametrize("name", PREDICTED)
+@pytest.mark.parametrize("tamper", [None, "a speed_error", "a prediction", "one field dropped", "on a block of no run"])
+def test_a_recorded_prediction_edited_by_hand_is_caught(name, tamper):
+    r = with_predictions(name, _load(RESULTS / name))
+    block = r
+    for key in filter(None, PREDICTED[name]):
+        block = block[key]
+    assert block["predicted_tokens_per_s_per_gpu"] > 0 and abs(block["speed_error"]) < 0.2, name
+    if tamper == "a speed_error":
+        block["speed_error"] += 0.01
+    elif tamper == "a prediction":
+        block["predicted_tokens_per_s_per_gpu"] *= 1.01
+    elif tamper == "one field dropped":
+        del block["speed_error"]
+    elif tamper == "on a block of no run":
+        r["provenance"].update({key: block.pop(key) for key in checks.PREDICTION})
+    assert bool(checks.speed_problems(r, name)) == (tamper is not None), tamper
+
+
+def test_write_result_records_the_plans_prediction_in_the_runs_block(monkeypatch, tmp_path):
+    """On a GPU (its name is the one thing faked here) write_result records the plan's prediction; provenance last."""
+    from bench.report import results_io
+
+    name = next(iter(PREDICTED))
+    record = {key: value for key, value in _load(RESULTS / name).items() if key != "provenance"}
+    monkeypatch.setattr(results_io, "_gpus", lambda: (["NVIDIA H200"], "580.159.04"))
+    written = _load(results_io.write_result(tmp_path / Path(name).name, record))
+    assert list(written)[-1] == "provenance" and not checks.speed_problems(written, name)
+    assert written["predicted_tokens_per_s_per_gpu"] == pytest.approx(record["tokens_per_s"], rel=TOLERANCE)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "cli"], ids=_id)

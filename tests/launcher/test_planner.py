@@ -232,7 +232,7 @@ def test_reserved_and_total_sit_on_top_of_allocated():
 def test_preemption_loss_and_the_save_steps_that_bound_it():
     """GraceTime shorter than the stop-save: the job resumes from its newest COMPLETE checkpoint. With
     asynchronous saves that is up to save_steps + one write's worth of steps old; synchronous, save_steps."""
-    from launcher.plan.planner import LOSS_TARGET_S, checkpoint_write_seconds
+    from launcher.plan.saves import LOSS_TARGET_S, checkpoint_write_seconds
 
     p = plan(LLAMA3_70B, nodes=4, max_steps=2000, time_limit_s=4 * 3600, save_steps=500, async_save=True)
     c, step_s = p.cadence, p.time.step_time_s
