@@ -1,33 +1,39 @@
 """Context parallelism on several GPUs of one host (issue #54 item 5): 8B full fine-tuning on whole documents of
-32k, 64k and 128k tokens, each split over every GPU (parallel.context = N, Ulysses: train/kernels/context_parallel.py).
+32k, 64k and 128k tokens, each document split over every GPU (parallel.context = N, Ulysses:
+train/kernels/context_parallel.py), in one call under 9 minutes:
 
-    python -m bench.multi.gpu_context_parallel --results DIR          # 2 or 4 GPUs: every GPU of the host, < 9 min
-    python -m bench.multi.gpu_context_parallel --cpu-smoke            # tiny shape, 2 gloo ranks, CP 2, 2 lengths
+    python -m bench.multi.gpu_context_parallel --results bench/results/h200/cp-DATE   # every GPU of a 2- or 4-GPU host
+    python -m bench.multi.gpu_context_parallel --cpu-smoke        # tiny shape, 2 gloo ranks, CP 2, 2 lengths, < 60 s
+
+(FA4 and the peers' wheels installed first, as for every GPU benchmark: bench/fetch_wheels.sh.)
 
 Ours, one run a length, each rendered by `sft-launch` (`--context_parallel N`, bench/multi/host.py) and started as
-a 2-node job (2 machines x N/2 processes): FSDP2 over all N GPUs, parallel.context = N (so one CP group: every step
-trains ONE document of exactly seq_len tokens, 1/N of it per GPU), random weights drawn per shard (model.init =
-sharded), per-layer activation checkpointing, compile on, no saves. Activation offload only where the planner
-(launcher/plan) says the run does not fit without it: rendered without, planned, rendered again with it if not.
-The FLOPs are contract.shape's with the attention term of the real document (s̄ = seq_len), the MFU that of the
-aggregate over the timed steps (results_io.clock_start: the first WARMUP_STEPS hold compile and FA4's JIT).
+a 2-node job (2 machines x N/2 processes): FSDP2 over all N GPUs and parallel.context = N, so one CP group: every
+step trains ONE document of exactly seq_len tokens, 1/N of it on each GPU; random weights drawn per shard
+(model.init = sharded), per-layer activation checkpointing, compile on, no saves. Activation offload only where
+the planner (launcher/plan) says the run does not fit without it: rendered without, planned, rendered again with
+it if not (8B fits without on 2 and on 4 H200s at all three lengths: 97 GiB planned at 128k on 2). The FLOPs are
+contract.shape's with the attention term of the real document (s̄ = seq_len); the MFU is that of the aggregate
+over the timed steps (results_io.clock_start: the first WARMUP_STEPS hold the compile and FA4's JIT).
 
-Time budget (--budget-s, default 540 s: under the device tool's 10 minutes with the upload and the table). Before
-any run a step is estimated at ASSUMED_MFU (40%, the one-GPU 8B LoRA measured 37.3% at 32k and 39.9% at 128k:
-6,580 and 2,959 tokens/s on one H200) of the GPUs' peak by contract.shape's full fine-tune FLOPs: on 4 H200s
-1.5 s at 32k, 4.0 s at 64k, 12.3 s at 128k; on 2, twice that. Each run also costs OVERHEAD_S (process start,
-NCCL, sharded init, the first step's compile: 22-55 s first windows and 3-6 s model-ready in the 8B runs of
-bench/results/h100). The longest length runs first and gets --longest-steps (20, the 128k target's "≥ 20
-steps") or as many as the budget leaves after reserving MIN_STEPS for each other length; then from the shortest
-(the 32k target) up, each gets --steps (8) or what is left, re-estimated from the previous run's measured step time (scaled by the FLOPs of
-a step) and its measured overhead. A length the budget cannot give MIN_STEPS is recorded as skipped, never run
-short. On 4 H200s that is 20 steps at 128k (~320 s), 8 at 32k and 64k (~200 s together); on 2 H200s ~9 at 128k.
-Every run runs under the time the budget leaves it (the launch is killed past it: the windows it logged stay).
+Time budget (--budget-s, default 540 s: under the device tool's 10 minutes a command, with the table). Before any
+run a step is estimated at ASSUMED_MFU (40%: the one-GPU 8B LoRA measured 37.3% at 32k and 39.9% at 128k, 6,580
+and 2,959 tokens/s on one H200, with checkpointing as here) of the GPUs' peak by the full fine-tune's FLOPs: on
+4 H200s 1.5 s at 32k, 4.0 s at 64k, 12.3 s at 128k; on 2, twice that. Each run also costs OVERHEAD_S = 75 s
+(process start, NCCL, sharded init and the first step's compile: the 8B runs in bench/results/h100 logged 3-6 s
+to model-ready and 22-55 s first windows). The longest length runs first and gets --longest-steps (20, the 128k
+target's "≥ 20 steps") or as many as the budget leaves after reserving MIN_STEPS for each other length; then
+from the shortest (the 32k target) up, each gets --steps (8) or what is left, re-estimated from the previous
+run's measured step time (scaled by a step's FLOPs) and overhead. A length left fewer than MIN_STEPS is recorded
+as skipped, never run short. Planned this way: 4 H200s train 20 steps at 128k (~320 s), 8 at 32k and 8 at 64k
+(~195 s together); 2 H200s 9 steps at 128k (~295 s), 8 at 32k and 64k. Each run is killed past the time the
+budget leaves it (its logged windows stay in the file).
 
 The peer: TRL/Accelerate's Ulysses sequence parallelism cannot run offline here (PEER_UNAVAILABLE says why), so
-each results file carries torchtitan's PUBLISHED numbers at the same length, named as such (another machine,
-float8, not measured by us). Results: one `longctx-llama3-8b-full-<seq_len>-cp<N>.json` per length through
-bench/report/results_io (tests/bench/test_results.py re-derives its rates, FLOPs and MFU). A table last.
+each results file carries torchtitan's PUBLISHED figure at its length, named as such (8 H100s, float8, not run
+by us), with its MFU by the same FLOP count. Results: one `longctx-llama3-8b-full-<seq_len>-cp<N>.json` per
+length through bench/report/results_io (tests/bench/test_results.py re-derives its rates, FLOPs and MFU); the
+planner's longest document for 8B on the call's GPUs (planned, not run). A table last.
 """
 
 from __future__ import annotations
@@ -68,8 +74,8 @@ TARGET_MFU = {32768: 0.45, 131072: 0.40}
 PEER_UNAVAILABLE = (
     "TRL/Accelerate Ulysses SP runs only on DeepSpeed: accelerate 1.15's ParallelismConfig accepts sp_backend "
     "'deepspeed' alone and its _prepare_deepspeed imports deepspeed.runtime.sequence_parallel.ulysses_sp "
-    "(deepspeed >= 0.18.2); the GPU image has no deepspeed (.library/device/KINDS.md's package list) and PyPI has "
-    "no deepspeed wheel to carry (pip download --only-binary=:all: deepspeed==0.19.8: no matching distribution)")
+    "(deepspeed >= 0.18.2); the lent H200s' image lists no deepspeed among its packages, and PyPI has no deepspeed "
+    "wheel to carry offline (pip download --only-binary=:all: deepspeed==0.19.8: no matching distribution)")
 # torchtitan's published Llama 3.1 8B context-parallel runs (TorchTitan paper, arXiv 2410.06511, as issue #54
 # quotes them): 8 x H100, FSDP + CP, compile, float8 linears, full activation checkpointing. Not run by us.
 TORCHTITAN = {"name": "torchtitan (published, not run here)", "source": "TorchTitan, arXiv 2410.06511 (issue #54)",
@@ -93,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     smoke = args.cpu_smoke or host.CPU_SMOKE
     args.steps = args.steps or (MIN_STEPS if smoke else 8)
     args.longest_steps = args.longest_steps or (MIN_STEPS if smoke else LONGEST_TARGET_STEPS)
-    args.seq_lens = [int(x) for x in (args.seq_lens or (SMOKE_SEQ_LENS if args.cpu_smoke else SEQ_LENS)).split(",")]
+    args.seq_lens = [int(x) for x in (args.seq_lens or (SMOKE_SEQ_LENS if smoke else SEQ_LENS)).split(",")]
     if args.gpus is None:
         import torch
 
@@ -266,11 +272,12 @@ def table(args: argparse.Namespace, done: dict[int, dict[str, Any]], longest: in
         theirs = f"{peer['tokens_per_s_per_gpu']:,}, {pct(peer['mfu'])}" if peer else "-"
         plan = r.get("plan", {}).get("with_offload" if r.get("activation_offload") else "without_offload", {})
         if "error" in r:
-            lines.append(f"| {seq_len} | {args.gpus} | {r['error']} | | | | | {plan.get('gib', '-')} | {theirs} |")
+            lines.append(f"| {seq_len} | {args.gpus} | {r['error']} | | | | | {plan.get('gib', '-')} | "
+                         f"{theirs} |")
             continue
         target = f" (target {pct(r['target_mfu'])})" if r["target_mfu"] else ""
-        lines.append(f"| {seq_len} | {args.gpus} | {r['max_steps']} ({r['steps']}) | {r['tokens_per_s_per_gpu']:,.0f} | "
-                     f"{pct(r['mfu'])}{target} | {r['peak_mem_gib']:.1f} | {r['activation_offload']} | "
+        lines.append(f"| {seq_len} | {args.gpus} | {r['max_steps']} ({r['steps']}) | "
+                     f"{r['tokens_per_s_per_gpu']:,.0f} | {pct(r['mfu'])}{target} | {r['peak_mem_gib']:.1f} | {r['activation_offload']} | "
                      f"{plan.get('gib', '-')} | {theirs} |")
     lines.append(f"\nplanner, not run: longest document 8B full fine-tuning fits on {args.gpus} GPUs (CP {args.gpus}, "
                  f"checkpointing, offload): {'unknown' if longest is None else f'{longest:,} tokens'}")

@@ -1,7 +1,8 @@
 """How the multi-GPU benchmarks start our training (bench/multi/gpu_multi.py and its phases multi_full.py and
-multi_fp8.py, gpu_multi_lora.py, gpu_qlora.py, gpu_resume.py): a run directory rendered by `sft-launch --dry-run`
-with random weights, launched on one host as a 2-node job would be (2 machines x G/2 processes), and the
-steady-state numbers of a finished run. One place the suites import, so none imports another for these.
+multi_fp8.py, gpu_multi_lora.py, gpu_qlora.py, gpu_resume.py, gpu_context_parallel.py): a run directory rendered by
+`sft-launch --dry-run` with random weights, launched on one host as a 2-node job would be (2 machines x G/2
+processes), and the steady-state numbers of a finished run. One place the suites import, so none imports another for
+these.
 """
 
 from __future__ import annotations

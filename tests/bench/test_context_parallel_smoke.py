@@ -22,7 +22,8 @@ def test_cpu_smoke_trains_whole_documents_split_over_two_ranks(tmp_path: Path) -
     proc = subprocess.run([sys.executable, "-m", "bench.multi.gpu_context_parallel", "--cpu-smoke", "--out", str(out),
                            "--results", str(results)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert sorted(p.name for p in results.iterdir()) == ["longctx-tiny-full-256-cp2.json", "longctx-tiny-full-512-cp2.json"]
+    names = sorted(p.name for p in results.iterdir())
+    assert names == ["longctx-tiny-full-256-cp2.json", "longctx-tiny-full-512-cp2.json"]
     for path in results.iterdir():
         r = json.loads(path.read_text())
         assert not checks.longctx_full_problems(r, path.name), checks.longctx_full_problems(r, path.name)
