@@ -1,7 +1,8 @@
 """How the multi-GPU benchmarks start our training (bench/multi/gpu_multi.py and its phases multi_full.py and
-multi_fp8.py, gpu_multi_lora.py, gpu_qlora.py, gpu_resume.py): a run directory rendered by `sft-launch --dry-run`
-with random weights, launched on one host as a 2-node job would be (2 machines x G/2 processes), and the
-steady-state numbers of a finished run. One place the suites import, so none imports another for these.
+multi_fp8.py, gpu_multi_lora.py, gpu_qlora.py, gpu_resume.py, gpu_context_parallel.py): a run directory rendered by
+`sft-launch --dry-run` with random weights, launched on one host as a 2-node job would be (2 machines x G/2
+processes), and the steady-state numbers of a finished run. One place the suites import, so none imports another for
+these.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def random_weights(arch: dict, sharded: bool = False) -> list[str]:
             *(["--set", "model.init=sharded"] if sharded else [])]
 
 
-def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -> None:
+def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -> Any:
+    """Render `run_dir` with `sft-launch --dry-run` (a failure ends the call); returns the resolved Launch."""
     cluster = run_dir.parent / "cluster.toml"
     per_node = max(1, gpus // 2)
     cluster.write_text(PROFILE_TOML.format(gpn=0 if CPU_SMOKE else per_node, ppn=per_node,
@@ -86,7 +88,7 @@ def render(run_dir: Path, model: str, data: Path, gpus: int, extra: list[str]) -
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"render failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
-    write_run_dir([a for a in cmd[3:] if a != "--dry-run"])  # the dry run left the run directory untouched
+    return write_run_dir([a for a in cmd[3:] if a != "--dry-run"])  # the dry run left the run directory untouched
 
 
 def launch(run_dir: Path, gpus: int, port: int, timeout: float | None = None,

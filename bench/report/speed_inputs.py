@@ -132,6 +132,8 @@ def _compare(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
 def _long_context(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
     """longctx-*.json (bench/suites/gpu_long_context.py): LoRA on documents of exactly seq_len tokens, one a
     micro-batch (nothing padded: packing efficiency 1, s̄ = seq_len), the last step's rate."""
+    if data.get("fine_tune") == "full":
+        return _long_context_full(name, gpu, data)
     if data.get("tokens_per_s") is None:
         return []
     tokens, train = data["seq_len"], data["settings"]["train"]
@@ -143,6 +145,20 @@ def _long_context(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
            "activation_offload": train.get("activation_offload", False),
            "mlp_chunk_tokens": train.get("mlp_chunk_tokens", 0)}
     return [_run(name, (), data["shape"], data["tokens_per_s"] / data["gpu_count"], inp)]
+
+
+def _long_context_full(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
+    """longctx-*-full-*-cp<N>.json (bench/multi/gpu_context_parallel.py): 8B full fine-tune, one document of
+    seq_len tokens a step split over context_parallel GPUs, all GPUs of one host."""
+    if "real_tokens_per_s" not in data:
+        return []
+    tokens = data["seq_len"]
+    arch = dict(data["arch"], max_position_embeddings=max(data["arch"].get("max_position_embeddings", 0), tokens))
+    inp = {"arch": arch, "gpu_type": gpu, "gpus_per_node": data["gpu_count"], "micro_batch_tokens": tokens,
+           "mean_doc_tokens": float(tokens), "packing_efficiency": 1.0, "context_parallel": data["context_parallel"],
+           "gradient_checkpointing": data["gradient_checkpointing"],
+           "activation_offload": data.get("activation_offload", False)}
+    return [_run(name, (), data["shape"], data["real_tokens_per_s"] / data["gpu_count"], inp)]
 
 
 def runs_of(name: str, gpu_type: str, data: dict[str, Any]) -> list[Run]:

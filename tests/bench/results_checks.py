@@ -347,3 +347,38 @@ def speed_problems(r: dict[str, Any], name: str) -> list[str]:
         if not _near(block["speed_error"], error):
             found.append(f"{at}: speed_error {block['speed_error']}, re-derived {error}")
     return found
+
+
+def longctx_full_problems(r: dict[str, Any], file_name: str) -> list[str]:
+    """bench/multi/gpu_context_parallel.py's `longctx-<shape>-full-<seq_len>-cp<N>.json`: its name from its fields;
+    the rate, FLOP count (one document of seq_len tokens a step: s̄ = seq_len), TFLOP/s and MFU from the raw tokens
+    and seconds; the timed windows' sums and MFU mean; no more real tokens than one document a CP group a step; the
+    published peer's figure as the script holds it and its MFU by the same FLOP count; the issue's target."""
+    from bench.multi.gpu_context_parallel import TARGET_MFU, TORCHTITAN
+
+    found = []
+    if file_name != f"longctx-{r['shape']}-full-{r['seq_len']}-cp{r['context_parallel']}.json":
+        found.append(f"name: {file_name} is not the name gpu_context_parallel.py gives it")
+    if r["gpu_count"] % r["context_parallel"]:
+        found.append(f"context_parallel {r['context_parallel']} does not split {r['gpu_count']} GPUs")
+    if r["target_mfu"] != (TARGET_MFU.get(r["seq_len"]) if r["gpu_count"] == 4 else None):
+        found.append(f"target_mfu {r['target_mfu']} is not the issue's for {r['seq_len']} tokens on {r['gpu_count']} GPUs")
+    if peer := r.get("published_peer"):
+        published = TORCHTITAN["tokens_per_s_per_gpu"].get(r["seq_len"], peer["tokens_per_s_per_gpu"])
+        mfu = throughput_numbers(r["arch"], [r["seq_len"]], peer["tokens_per_s_per_gpu"] * peer["gpus"], peer["gpus"],
+                                 peer["peak_flops"])["mfu"]
+        if peer["tokens_per_s_per_gpu"] != published or not _near(peer["mfu"], mfu):
+            found.append(f"published peer: {peer['tokens_per_s_per_gpu']} tok/s/GPU at MFU {peer['mfu']}, "
+                         f"published {published}, re-derived MFU {mfu}")
+    if "error" in r:
+        return found
+    found += _rate_problems(r, r["arch"], [r["seq_len"]])
+    found += [f"windows: {line}" for line in window_problems(r)] + mean_mfu_problems(r)
+    found += slot_problems(r["real_tokens"], r["steps"], r["seq_len"], r["gpu_count"] // r["context_parallel"])
+    if not _near(r["tokens_per_s_per_gpu"], r["real_tokens_per_s"] / r["gpu_count"]):
+        found.append(f"tokens_per_s_per_gpu {r['tokens_per_s_per_gpu']}, re-derived {r['real_tokens_per_s'] / r['gpu_count']}")
+    start, timed = _timed(r["windows"])
+    if r["steps"] != timed[-1]["step"] - start or r["warmup_steps"] != start:
+        found.append(f"steps {r['steps']} from step {r['warmup_steps']}: the windows time {timed[-1]['step'] - start} "
+                     f"from step {start}")
+    return found

@@ -49,7 +49,7 @@ OTHER_KEYS = {
     "longctx": {"shape", "arch", "seq_len", "context_parallel", "gpu_count", "gpu", "peak_flops", "lora_r",
                 "lora_targets", "lora_params", "variant", "tokens", "planned_gib", "settings", "step", "tokens_per_s",
                 "tflops_per_gpu", "mfu", "peak_mem_gib", "peak_reserved_gib", "step_records", "error",
-                *checks.PREDICTION, "provenance"},  # bench/suites/gpu_long_context.py
+                *checks.PREDICTION, "provenance"},  # bench/suites/gpu_long_context.py (LoRA, one GPU); full: LONGCTX_FULL_KEYS
     "multi": None,  # checked block by block below
     "compare": None,  # bench/suites/gpu_single.py --repeat N: checked below (check_compare_record)
     "qlora": None,  # bench/multi/gpu_qlora.py: checked below
@@ -61,6 +61,13 @@ OTHER_KEYS = {
     "parity": {"shape", "steps", "budget", "lr", "warmup_ratio", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
                "provenance", "merged_from"},  # bench/suites/gpu_parity.py (merged_from: --merge)
 }
+# bench/multi/gpu_context_parallel.py: longctx-<shape>-full-<seq_len>-cp<N>.json (8B full fine-tune, CP over N GPUs)
+LONGCTX_FULL_KEYS = {
+    "shape", "arch", "fine_tune", "seq_len", "context_parallel", "gpu_count", "gpu", "peak_flops", "budget_s",
+    "target_mfu", "peer_unavailable", "published_peer", "max_steps", "wall_s", "gradient_checkpointing", "compile",
+    "kernels", "recompiles", "activation_offload", "plan", "error", "windows", "real_tokens", "seconds", "warmup_steps",
+    "real_tokens_per_s", "peak_mem_gib", "steps", "final_loss", "recompiles_after_first_log", "flops_per_token",
+    "tflops_per_gpu", "mfu", "mean_step_mfu", "tokens_per_s_per_gpu", *checks.PREDICTION, "provenance"}
 
 
 def _id(path: Path) -> str:
@@ -105,6 +112,8 @@ def test_known_fields_only(path):
     data, kind = _load(path), _kind(path)
     assert kind, f"{_id(path)}: no bench script writes a file named like this"
     allowed = SINGLE_KEYS if kind == "single" else OTHER_KEYS[kind]
+    if kind == "longctx" and data.get("fine_tune") == "full":
+        allowed = LONGCTX_FULL_KEYS
     if allowed is not None:
         extra = set(data) - allowed
         assert not extra, f"{_id(path)}: fields no bench script writes: {sorted(extra)} (edited by hand?)"
@@ -345,8 +354,13 @@ def test_tokenize_numbers_rederive(path):
 
 @pytest.mark.parametrize("path", [p for p in FILES if _kind(p) == "longctx"], ids=_id)
 def test_long_context_numbers_rederive(path):
-    """One document of seq_len tokens a micro-batch: s̄ = seq_len; the last step's rate, LoRA's FLOP count."""
+    """One document of seq_len tokens a micro-batch: s̄ = seq_len; the last step's rate, LoRA's FLOP count. A full
+    fine-tune with context parallelism (bench/multi/gpu_context_parallel.py): results_checks.longctx_full_problems."""
     r, name = _load(path), _id(path)
+    if r.get("fine_tune") == "full":
+        problems = checks.longctx_full_problems(r, path.name)
+        assert not problems, f"{name}:\n" + "\n".join(problems)
+        return
     assert path.name == f"longctx-{r['shape']}-lora-{r['seq_len']}-{r['variant']}.json", f"{name}: renamed"
     if "error" in r:
         return
@@ -625,3 +639,54 @@ def test_a_save_async_file_edited_by_hand_is_caught(tamper):
     else:
         r["nosave"]["real_tokens_per_s"] *= 1.1
     assert checks.save_async_problems(r, SAVE_SAMPLE.name), tamper
+
+
+# bench/multi/gpu_context_parallel.py --cpu-smoke's 512-token file, unedited: the sample the checks of a CP results
+# file are shown failing on, tampered in memory (a CPU has no peak FLOP/s: _longctx_sample gives it one).
+LONGCTX_SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "longctx-cp-cpu-smoke.json"
+LONGCTX_NAME = "longctx-tiny-full-512-cp2.json"
+
+
+def _longctx_sample(peak_flops: float) -> dict:
+    """The smoke's file as a GPU of `peak_flops` would have recorded the same run, with a published peer figure."""
+    from bench.multi.gpu_context_parallel import TORCHTITAN
+
+    r = _load(LONGCTX_SAMPLE)
+    r["peak_flops"] = peak_flops
+    r["mfu"] = r["tflops_per_gpu"] * 1e12 / peak_flops
+    for window in r["windows"]:
+        window["mfu"] = window["tokens_per_s"] / r["gpu_count"] * r["flops_per_token"] / peak_flops
+    _, timed = checks._timed(r["windows"])
+    r["mean_step_mfu"] = statistics.fmean(w["mfu"] for w in timed)
+    r["published_peer"] = {"name": TORCHTITAN["name"], "gpus": 8, "tokens_per_s_per_gpu": 3890, "peak_flops": peak_flops}
+    r["published_peer"]["mfu"] = throughput_numbers(r["arch"], [r["seq_len"]], 3890 * 8, 8, peak_flops)["mfu"]
+    return r
+
+
+@pytest.mark.parametrize("tamper", ["a rate", "an mfu", "a window", "an mfu mean", "more tokens than documents",
+                                    "the published figure", "the target", "renamed"])
+def test_a_context_parallel_file_edited_by_hand_is_caught(tamper):
+    assert not checks.longctx_full_problems(_load(LONGCTX_SAMPLE), LONGCTX_NAME)
+    r = _longctx_sample(1e12)
+    assert not checks.longctx_full_problems(r, LONGCTX_NAME)
+    name = LONGCTX_NAME
+    if tamper == "a rate":
+        r["real_tokens_per_s"] *= 1.05
+    elif tamper == "an mfu":
+        r["mfu"] *= 1.05
+    elif tamper == "a window":
+        r["windows"][-1]["seconds"] += 0.01
+    elif tamper == "an mfu mean":
+        r["mean_step_mfu"] = statistics.fmean(w["mfu"] for w in r["windows"])  # the warm-up's windows too
+    elif tamper == "more tokens than documents":
+        r["real_tokens"] = r["steps"] * r["seq_len"] + 1
+    elif tamper == "the published figure":
+        r["published_peer"]["tokens_per_s_per_gpu"] = 4200
+    elif tamper == "the target":
+        r["target_mfu"] = 0.30
+    else:
+        name = "longctx-tiny-full-1024-cp2.json"
+    problems = checks.longctx_full_problems(r, name)
+    assert problems, tamper
+    if tamper == "more tokens than documents":  # the slot check itself, not only the rate it also breaks
+        assert any("steps x" in line for line in problems), problems
