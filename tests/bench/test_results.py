@@ -4,7 +4,8 @@ what tests/bench/test_results_kinds.py re-derives from its raw fields, kind by k
 file must have, whatever its kind: its name, a `provenance` block (the files written before
 bench/report/results_io.py existed were removed in issue #33, see BENCHMARKS.md), only the fields its
 bench script writes, the plan's prediction where it records one; the consistency of windows, token
-slots and sides (issue #51); and save-async.json's checks, shown failing on tampered copies."""
+slots and sides (issue #51); save-async.json's checks, shown failing on tampered copies; and BENCHMARKS.md's
+8B stall, from the benchmark's own documents."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ OTHER_KEYS = {
 }
 
 
-_id, _load = checks.result_id, checks.load
+_id, _load = checks.result_id, checks.load  # results_checks' helpers, as the tests below name them
 
 
 def _kind(path: Path) -> str | None:
