@@ -32,7 +32,7 @@ AUTO_LENGTH = "auto"  # train.model_max_length: the launcher's choice from the d
 def fp8_linears(recipe: str, all_gather: bool) -> Fp8Linears:
     """Whose float8 linear layers train.precision = "fp8" runs: torchao's Float8Linear for rowwise,
     torchao-tensorwise and tensorwise with the float8 all-gather (which needs torchao's weight wrapper);
-    ours (train/kernels/fp8_linear.py) for tensorwise. They save different tensors (launcher/plan/memory.py)."""
+    ours (train/kernels/fp8_linear.py) for tensorwise. They save different tensors (launcher/plan/activations.py)."""
     return "torchao" if recipe != "tensorwise" or all_gather else "ours"
 
 
@@ -151,7 +151,7 @@ class TrainSection:
               "(train/kernels/loss.py); false = full logits")
     fused_mlp: bool | Literal["auto"] = documented(
         "auto", "compute SwiGLU inside the MLP's GEMMs (train/kernels/swiglu.py; quack-kernels, Hopper/Blackwell; "
-                "less activation memory per layer than the stock MLP, eager or compiled: launcher/plan/memory.py "
+                "less activation memory per layer than the stock MLP, eager or compiled: launcher/plan/activations.py "
                 "counts it): auto = where it can run, true = required")
     precision: TrainPrecision = documented(
         "auto", "matmul precision of the decoder's linear layers: auto = model.precision's (bf16 on GPUs); fp8 = "

@@ -1,9 +1,9 @@
 """Bytes autograd saves per token for one Llama decoder layer, eager and torch.compile'd (CPU, no GPU).
 
-    python -m bench.kernels.saved_activations            # table: measured vs launcher/plan/memory.py, per variant
+    python -m bench.kernels.saved_activations            # table: measured vs launcher/plan/activations.py, per variant
     python -m bench.kernels.saved_activations --out x.json
 
-Why: the planner's no-checkpointing activation count (launcher/plan/memory.py,
+Why: the planner's no-checkpointing activation count (launcher/plan/activations.py,
 `layer_activation_bytes_per_token`) was the eager layer's saved set; with compiled layers the AOT
 partitioner recomputes the norms' fp32 copies and the SwiGLU product, and with float8 linears the
 matmul inputs as well, so the 8B runs on 4 H100s peaked ~16 GiB below the eager count. This runs one
@@ -98,10 +98,10 @@ def saved_bytes(variant: str, tokens: int) -> int:
 
 
 def planner_bytes(variant: str, tokens: int) -> int:
-    """launcher/plan/memory.py's count for the same layer, K/V at the KV width (as CPU sdpa saves them)."""
+    """launcher/plan/activations.py's count for the same layer, K/V at the KV width (as CPU sdpa saves them)."""
     from contract.config import fp8_linears
     from contract.shape import ModelShape
-    from launcher.plan.memory import layer_activation_bytes_per_token
+    from launcher.plan.activations import layer_activation_bytes_per_token
 
     shape = ModelShape.from_arch(SHAPE)
     compiled = variant.startswith("compiled")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from contract.protocol import STAGING_RAM_SHARE
 from contract.shape import ModelShape
-from launcher.plan.memory import (GIB, MemoryOptions, ceil_div, low_bytes, offloaded_activation_bytes, shard_degree,
-                                  trainable_params)
+from launcher.plan.activations import offloaded_activation_bytes
+from launcher.plan.memory import GIB, MemoryOptions, ceil_div, low_bytes, shard_degree, trainable_params
 
 PROCESS_CPU_BYTES = 3 * GIB  # RSS of one rank (python + torch + CUDA/NCCL libs + dataloader)
 PROCESS_CPU_ONLY_BYTES = 1 * GIB  # a CPU rank (no CUDA/NCCL libs): python + torch + transformers + dataloader

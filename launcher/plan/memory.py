@@ -20,21 +20,20 @@ it by the shard degree P), adapted to what the stacks we render really allocate:
   all-gathered a layer at a time in NF4), the embedding, lm_head and norms stay bf16, and each matmul
   dequantizes one weight into a bf16 buffer.
 
-Activations are counted from the tensors autograd saves in `LlamaDecoderLayer` (transformers 5,
-flash/SDPA attention, so no T x T matrix); see `layer_activation_bytes_per_token`.
-
 Calibrated against 8 peaks measured on H200s (tests/fixtures/memory_calibration.json, written by
 bench/memory_calibration.py): the *allocated* prediction is what `torch.cuda.max_memory_allocated`
 sees (tensors only: the CUDA context and NCCL's buffers live outside torch's allocator and are only in
 `total`), and `reserved` (`max_memory_reserved`) adds what the caching allocator keeps but cannot reuse.
 
-This module holds what each term costs (model state, activations, logits); launcher/plan/peak.py adds
-the communication buffers and temporaries of each phase of a step and takes the peak (gpu_memory).
+This module holds the options, the breakdown and what the model state costs (parameters, gradients,
+optimizer moments, master weights); launcher/plan/activations.py what scales with the micro-batch's
+tokens (activations, logits); launcher/plan/peak.py adds the communication buffers and temporaries of
+each phase of a step and takes the peak (gpu_memory).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from contract.config import Fp8Linears
 from contract.shape import LORA_TARGETS, NF4_BLOCK_SIZE, NF4_QUANT_UNIT, ModelShape
@@ -48,93 +47,6 @@ NCCL_MULTI_NODE_EXTRA_BYTES = int(0.25 * GIB)  # extra IB/network proxies when r
 ALLOCATOR_SLACK = 0.08  # minimum reserved - allocated (caching-allocator rounding/splits), as a fraction
 # of the memory allocated and freed every step (see _cached_not_reused)
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP bucket_cap_mb default
-
-
-def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: bool = False,
-                                     fused_mlp: bool = False, fp8: Fp8Linears = "") -> int:
-    """Bytes autograd keeps per token for one LlamaDecoderLayer without checkpointing (elem = 2 for bf16).
-
-    Eager (`compiled` False) saved tensors, in forward order (d hidden, q = heads x head_dim (= d for
-    Llama), kv = kv_heads x head_dim, I intermediate):
-      2 x RMSNorm: fp32 copy of the input (saved by pow and by x*rsqrt, 4d) + the normalized
-        activation in the input dtype (saved by weight*x, elem*d)             -> 2 (4 + elem) d
-      q/k/v_proj input (one shared tensor)                                    -> elem d
-      attention kernel: q, k, v after RoPE (RoPE itself saves only cos/sin)   -> elem (q + 2 kv)
-      attention output + fp32 log-sum-exp per head                            -> elem q + 4 heads
-      o_proj input (the `.contiguous()` re-layout of the output is a copy)    -> elem q
-      gate/up_proj input (shared)                                             -> elem d
-      SwiGLU: gate out (for SiLU), SiLU out and up out (for the product),
-        product (down_proj input)                                             -> 4 elem I
-    Residual adds save nothing. For Llama-3-8B in bf16 this is ~204 KiB/token/layer (22d + 4kv + 8I).
-
-    Compiled (train.compile: torch.compile per decoder layer) the AOT partitioner saves a different,
-    smaller set: it recomputes the norms' fp32 copies and the SwiGLU product in the backward. Measured
-    on CPU (bench/saved_activations.py, torch 2.13: a tiny Llama layer's saved tensors through
-    saved_tensors_hooks): the layer input, the q/k/v, o_proj and MLP inputs (elem (3d + q)), the
-    attention's q, k, v, output and log-sum-exp, one fp32 rstd per norm (8 B), and gate and up outputs
-    plus SiLU(gate) (3 elem I): 148 KiB/token/layer at 8B in bf16 instead of 204. With float8
-    linears (train/kernels/float8.py, torchao) the matmul inputs are recomputed too (the norms and the
-    float8 casts are one fusible chain): only the layer input, the residual after attention, attention
-    and gate/up outputs stay (elem (2d) + attention + 2 elem I). Our float8 linears
-    (train/kernels/fp8_linear.py) also keep each matmul input as its transposed float8 copy for the
-    weight gradient, 1 byte per element (2d + q + I). K and V are counted at the query width:
-    torch <= 2.11's varlen_attn has no enable_gqa, so train/kernels/attention.py expands them to every
-    query head before the kernel saves them (FA4 and FA2 take GQA natively: 2 elem (q - kv) less, 3 GiB
-    of ~65 at the 8B point below).
-    Fused SwiGLU MLP (train/kernels/swiglu.py, eager or compiled): only its input and the gate/up
-    pre-activation [T, 2I] are kept (elem d + 2 elem I); the interleaved weight copy it saves is per
-    layer, not per token (`fused_mlp_weight_bytes`).
-    Checked against the 4 x H100 runs (tests/launcher/test_planner_calibration.py, GPU_RUNS): 8B full
-    fine-tuning compiled with the fused MLP peaked at 65.7 GiB allocated where the eager count predicted
-    ~82; FP8 at 54.7; LoRA on 2 GPUs at 49.9.
-    """
-    d, q, heads = shape.hidden, shape.q_dim, shape.heads
-    if not compiled:
-        norms = 2 * (4 + elem) * d
-        attention = elem * d + elem * (q + 2 * shape.kv_dim) + elem * q + 4 * heads + elem * q
-        mlp = elem * d + (2 if fused_mlp else 4) * elem * shape.intermediate
-        return norms + attention + mlp
-    attention = elem * 3 * q + elem * q + 4 * heads  # q, K and V (query width), output, log-sum-exp
-    rstd = 2 * 4
-    if fp8:  # layer input and the residual after attention; the bf16 matmul inputs are recomputed
-        float8_inputs = 2 * d + q + shape.intermediate if fp8 == "ours" else 0  # 1-byte transposed copies
-        return 2 * elem * d + attention + rstd + 2 * elem * shape.intermediate + float8_inputs
-    inputs = elem * (3 * d + q)  # layer input, q/k/v input, MLP input, o_proj input
-    mlp = (2 if fused_mlp else 3) * elem * shape.intermediate
-    return inputs + attention + rstd + mlp
-
-
-def fused_mlp_weight_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
-    """The fused MLP stacks gate and up into one interleaved [2I, d] weight per call and saves it for
-    the backward (train/kernels/swiglu.py): a per-layer copy (224 MiB at 8B), kept like an activation."""
-    return 2 * elem * shape.intermediate * shape.hidden if opts.fused_mlp else 0
-
-
-def adapter_bytes(opts: MemoryOptions, elem: int) -> int:
-    """Bytes per element the LoRA adapters compute in. apply_lora (train/engine/model.py) makes them fp32;
-    FSDP2's policy gathers them in bf16 and ZeRO-2's engine casts every parameter to the model dtype
-    (`_cast_module_mixed_precision`, deepspeed/runtime/engine.py). ZeRO-3 builds the model inside
-    zero.Init (zero3_init_flag, templates/accelerate.yaml.j2), DeepSpeed skips that cast for such a
-    model, and the adapters added after it are partitioned as they are (`_convert_to_zero_parameters`):
-    they stay fp32, and PEFT casts each adapted linear's input up to them (`_cast_input_dtype`)."""
-    return 4 if opts.lora and opts.spec.zero_stage == 3 else elem
-
-
-def lora_path_bytes_per_token(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
-    """What PEFT's adapter path saves per token (all layers) beside the base linears. With dropout,
-    each adapted module has its own Dropout: its output (a x in, a = `adapter_bytes`) and bool mask
-    (1 x in), plus lora_A's r-dim output saved by lora_B (a x r). With dropout 0 PEFT uses Identity:
-    no copy in the model dtype, but fp32 adapters save PEFT's fp32 cast of the input (a x in) instead."""
-    a, r = adapter_bytes(opts, elem), opts.lora_r
-    if opts.lora_dropout > 0:
-        per_input, per_rank = a + 1, a
-    elif a > elem:
-        per_input, per_rank = a, a
-    else:
-        return 0
-    in_features = {"down_proj": shape.intermediate, "o_proj": shape.q_dim}
-    per_layer = sum(per_input * in_features.get(t, shape.hidden) + per_rank * r for t in opts.lora_target_modules)
-    return shape.layers * per_layer
 
 
 @dataclass
@@ -276,6 +188,16 @@ def ceil_div(n: float, p: int) -> int:
     return int(-(-n // p))
 
 
+def adapter_bytes(opts: MemoryOptions, elem: int) -> int:
+    """Bytes per element the LoRA adapters compute in. apply_lora (train/engine/model.py) makes them fp32;
+    FSDP2's policy gathers them in bf16 and ZeRO-2's engine casts every parameter to the model dtype
+    (`_cast_module_mixed_precision`, deepspeed/runtime/engine.py). ZeRO-3 builds the model inside
+    zero.Init (zero3_init_flag, templates/accelerate.yaml.j2), DeepSpeed skips that cast for such a
+    model, and the adapters added after it are partitioned as they are (`_convert_to_zero_parameters`):
+    they stay fp32, and PEFT casts each adapted linear's input up to them (`_cast_input_dtype`)."""
+    return 4 if opts.lora and opts.spec.zero_stage == 3 else elem
+
+
 def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, str]]:
     """Persistent per-GPU model state: params, grads, optimizer moments, fp32 master (bytes, note).
 
@@ -319,106 +241,4 @@ def state_bytes(shape: ModelShape, opts: MemoryOptions) -> dict[str, tuple[int, 
         "gradients": (0 if off else ceil_div(low * trainable, p), f"{low}B grad partitions, /{p}"),
         "optimizer_states": (0 if off else ceil_div(8 * trainable, p), f"AdamW m+v fp32, /{p}"),
         "master_weights": (0 if (off or trainable_bytes == 4) else ceil_div(4 * trainable, p), f"fp32 master, /{p}"),
-    }
-
-
-def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
-    """Saved activations for the micro-batch, plus the transient per-layer backward memory.
-
-    With non-reentrant per-layer checkpointing only each layer's input (elem x d per token) is kept;
-    during backward one layer at a time is recomputed, so one layer's full activations come back.
-    `workspace` approximates the gradients of one layer's intermediates alive during its backward
-    (grads of gate/up/SiLU outputs ~3 I, of the hidden/residual stream ~3 d). `last_layer`: what is
-    left when backward reaches the first decoder layer (every later layer's tensors are freed): that
-    layer's activations (saved or recomputed alike) + its workspace.
-    """
-    tokens, d = opts.sequence_tokens, shape.hidden
-    weight_copy = fused_mlp_weight_bytes(shape, opts, elem)
-    lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
-    head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
-    layer = _layer_bytes(shape, opts, elem, tokens) + tokens * (lora_extra // shape.layers)
-    if opts.gradient_checkpointing:
-        saved, copies = tokens * (head + (0 if opts.activation_offload else shape.layers * elem * d)), 0
-        recompute = layer + weight_copy
-    else:
-        copies = shape.layers * weight_copy
-        saved = tokens * head + (0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True))
-        recompute = 0
-    mlp_rows = min(tokens, opts.mlp_chunk_tokens or tokens)
-    workspace = elem * 3 * (mlp_rows * shape.intermediate + tokens * d) + float8_cast_bytes(shape, opts)
-    return {"saved": saved + copies, "recompute": recompute, "workspace": workspace,
-            "last_layer": layer + weight_copy + workspace}
-
-
-def _layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int, tokens: int) -> int:
-    """One decoder layer's saved activations for `tokens` tokens; with train.mlp_chunk_tokens the MLP's
-    intermediate (the bytes that scale with I) exists for one chunk at a time."""
-    per_token = layer_activation_bytes_per_token(shape, elem, opts.compile, opts.fused_mlp, opts.fp8)
-    without_mlp = layer_activation_bytes_per_token(replace(shape, intermediate=0), elem, opts.compile,
-                                                   opts.fused_mlp, opts.fp8)
-    return tokens * without_mlp + min(tokens, opts.mlp_chunk_tokens or tokens) * (per_token - without_mlp)
-
-
-def offloaded_activation_bytes(shape: ModelShape, opts: MemoryOptions, always: bool = False) -> int:
-    """train.activation_offload: what one process keeps in pinned host memory at the end of its forward:
-    each layer's input (checkpointing), else every layer's saved activations (`always`: as if offloaded)."""
-    if not (opts.activation_offload or always):
-        return 0
-    elem, tokens = low_bytes(opts), opts.sequence_tokens
-    if opts.gradient_checkpointing:
-        return shape.layers * tokens * elem * shape.hidden
-    lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
-    return shape.layers * _layer_bytes(shape, opts, elem, tokens) + tokens * lora_extra
-
-
-def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
-    """Transient float8 copies of one layer's matmul operands (train/kernels/float8.py). torchao saves the
-    bf16 inputs for backward as before (the saved activations do not shrink); each matmul casts its weight
-    (and its transpose for the input gradient) and its input (and the transpose for the weight gradient)
-    to 1-byte float8: the layer's linear weights twice plus its widest inputs (d and I per token) twice,
-    alive while the layer runs."""
-    if not opts.fp8:
-        return 0
-    weights = sum(n_in * n_out for n_in, n_out in shape.linear_dims(list(LORA_TARGETS)))
-    return 2 * weights + 2 * opts.sequence_tokens * (shape.hidden + shape.intermediate)
-
-
-def all_to_all_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
-    """Context parallelism's (Ulysses, train/kernels/context_parallel.py) buffers while a layer's attention
-    runs: q, k, v and the output each exist in both layouts (this GPU's sequence share with every head, and
-    the whole sequence for its head group: the same bytes), one copy beside the activations counted already
-    plus the contiguous send chunks. k and v carry at least N heads (fewer KV heads are repeated)."""
-    if opts.context_parallel <= 1:
-        return 0
-    kv_dim = max(shape.kv_heads, opts.context_parallel) * shape.head_dim
-    return 2 * elem * opts.sequence_tokens * (2 * shape.q_dim + 2 * kv_dim)
-
-
-def logits_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[str, int]:
-    """transformers' ForCausalLMLoss: logits (elem) -> `.float()` copy (4) -> log_softmax output (4,
-    saved) = 10 B/token/vocab at the loss; its backward adds grad_output and grad_input (fp32 each) while
-    the saved output lives.
-    The fused loss (train/kernels/loss.py, loss_chunk_tokens > 0, backend "fused") computes both
-    gradients in its forward, a chunk at a time: one chunk's logits (elem) and their gradient (elem;
-    quack's kernel writes it over the logits, the compiled pass into a new tensor) plus, when lm_head
-    trains, its whole gradient (elem x vocab x d), saved for the backward, which only scales it (the
-    scaled copy is the unsharded lm_head gradient of peak.py's comm terms). Nothing vocabulary-sized is
-    fp32 and no logits are held.
-    The "chunked" and "liger" backends run the unfused accounting on one chunk (checkpointed: no logits
-    outlive it).
-    `held`: the logits the loop keeps in `outputs` through backward (unfused loss only). FSDP2 returns
-    them in bf16; where Accelerate's `prepare_model` wraps forward in autocast (FSDP1, DDP) it also
-    converts the outputs to fp32 (`convert_outputs_to_fp32`), so a 4-byte copy is held instead."""
-    if opts.loss_chunk_tokens > 0 and opts.loss_backend == "fused":
-        rows = min(opts.loss_chunk_tokens, opts.sequence_tokens)
-        head_grad = 0 if opts.lora else elem * shape.vocab * shape.hidden
-        return {"forward": rows * shape.vocab * 2 * elem + head_grad, "head_backward": head_grad, "held": 0}
-    fused = opts.loss_chunk_tokens > 0  # "chunked"/"liger": a chunk's logits, fp32 copy and log-softmax
-    rows = min(opts.loss_chunk_tokens, opts.sequence_tokens) if fused else opts.sequence_tokens
-    held_elem = 4 if opts.spec.fp32_params else elem
-    held = held_elem * shape.vocab * rows if (opts.hold_outputs and not fused) else 0
-    return {
-        "forward": rows * shape.vocab * (elem + 4 + 4),
-        "head_backward": rows * shape.vocab * (4 + 4 + 4) + held,
-        "held": held,
     }

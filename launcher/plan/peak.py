@@ -1,4 +1,4 @@
-"""The per-GPU peak of a training step, from launcher/plan/memory.py's terms. Pure Python (no torch).
+"""The per-GPU peak of a training step, from launcher/plan/memory.py's and activations.py's terms. Pure Python (no torch).
 
 Each phase of a step (forward/loss, backward/lm_head, backward/layers, backward/end, optimizer/step)
 adds its tensors (saved activations, logits, the strategy's gathered weights and gradient buffers,
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contract.shape import ModelShape
 from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, zero_reduce_bucket_size
+from launcher.plan.activations import activation_terms, all_to_all_bytes, logits_terms
 from launcher.plan.memory import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,
@@ -19,14 +20,11 @@ from launcher.plan.memory import (
     NCCL_MULTI_NODE_EXTRA_BYTES,
     MemoryBreakdown,
     MemoryOptions,
-    activation_terms,
     adapter_bytes,
-    all_to_all_bytes,
     ceil_div,
     dequantize_buffer,
     frozen_base_bytes,
     gathered_layer_bytes,
-    logits_terms,
     low_bytes,
     shard_degree,
     state_bytes,

@@ -26,7 +26,8 @@ from typing import Any
 
 from contract import gpus
 from contract.shape import ModelShape
-from launcher.plan.memory import NF4_BYTES_PER_PARAM, MemoryOptions, offloaded_activation_bytes, trainable_params
+from launcher.plan.activations import offloaded_activation_bytes
+from launcher.plan.memory import NF4_BYTES_PER_PARAM, MemoryOptions, trainable_params
 
 # launcher.plan.planner.PlanInput: not imported, the planner imports this module (no import cycle, even type-only)
 PlanInput = Any

@@ -1,6 +1,7 @@
 """Consistency checks of one results file beyond re-deriving its numbers (issue #51 item 3), for
 tests/bench/test_results.py: each returns the problems it finds as lines (empty: none), so a test can
-run it on a committed file and on a tampered in-memory copy alike.
+run it on a committed file and on a tampered in-memory copy alike. Also the committed files (FILES, of_kind)
+and how a test names and loads one, shared with tests/bench/test_results_kinds.py.
 
 - windows: the timed windows (logged steps past the clock's start) sum to the run's seconds and real tokens;
 - token slots: real tokens <= timed steps x tokens per micro-batch x micro-batches per step x GPUs;
@@ -13,18 +14,21 @@ run it on a committed file and on a tampered in-memory copy alike.
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from bench.report import distribution
-from bench.report.results_io import clock_start, throughput_numbers
+from bench.report.results_io import RESULTS, clock_start, throughput_numbers
 from bench.report.speed_inputs import runs_of
 from bench.suites.gpu_single import VARIANTS
 
 REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations
+FILES = sorted(RESULTS.rglob("*.json"))  # every committed results file
 
 # Files written before these checks existed whose sides differ, or whose MFU mean holds other windows, and
 # why: keyed by (file under bench/results, check). Results files are never edited; a new file records
@@ -36,8 +40,22 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("h100/four-gpu-2026-11-27f/multi-4gpu-8b-full-log10-t10240-nosave.json", "mfu mean"):
         "written before 2026-11-27's fix: mean_step_mfu over the windows past warmup_steps (4) while the clock of a "
         "run logging every 10 steps starts at step 10, so the mean holds the compile window (tests/bench/"
-        "test_results.py check_8b_full re-derives it as written)",
+        "test_results_kinds.py check_8b_full re-derives it as written)",
 }
+
+
+def result_id(path: Path) -> str:
+    """A results file as the test ids and messages name it: its path under bench/results."""
+    return str(path.relative_to(RESULTS))
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def of_kind(*kinds: str) -> list[Path]:
+    """The committed files of these kinds: a file's kind is its name up to the first '-' (single-..., multi-...)."""
+    return [p for p in FILES if p.name.split("-")[0] in kinds]
 
 
 def close(recorded: float | None, derived: float | None, what: str, name: str) -> None:

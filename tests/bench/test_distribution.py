@@ -13,8 +13,8 @@ from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from bench.report import distribution
 from bench.report.results_io import RESULTS, throughput_numbers
 from tests.bench import results_checks as checks
-from tests.bench.results_checks import check_compare_record
-from tests.bench.test_results import SINGLE_PAIR, _load
+from tests.bench.results_checks import check_compare_record, load
+from tests.bench.test_results import SINGLE_PAIR
 
 
 def _runs_like(run: dict, rates: list[float]) -> list[dict]:
@@ -23,7 +23,7 @@ def _runs_like(run: dict, rates: list[float]) -> list[dict]:
 
 
 def test_a_comparison_is_the_median_of_alternating_runs_and_a_slow_peer_run_is_run_again():
-    ours_file, peer_file = (_load(RESULTS / name) for name in SINGLE_PAIR)
+    ours_file, peer_file = (load(RESULTS / name) for name in SINGLE_PAIR)
     ours_rates, peer_rates = iter([64e3, 65e3, 63e3]), iter([50e3, 51e3, 40e3, 50.5e3])  # the third peer run: -20%
     keys = ("path", "real_tokens", "seconds", "real_tokens_per_s", "steps", "warmup_steps")
     pick = lambda r: {k: r[k] for k in keys}  # noqa: E731
@@ -68,10 +68,11 @@ def test_the_8b_full_comparison_alternates_records_every_run_and_rederives(tmp_p
     """bench/multi/multi_full.py --repeat 3 (gpu_multi's 8b-peer) with stand-in runs of both sides, from the committed
     8B file: peer first, turn about, the slow third peer run again; the file re-derives as a committed one would."""
     from bench.multi import gpu_multi, host, multi_full
-    from tests.bench.test_results import FULL, _check_multi
+    from tests.bench.test_results import FULL
+    from tests.bench.test_results_kinds import check_multi
 
     monkeypatch.setattr(host, "CPU_SMOKE", False)
-    committed = _load(RESULTS / FULL)
+    committed = load(RESULTS / FULL)
     args = gpu_multi.parse_args(["--gpus", "4", "--only", "8b-peer", "--results", str(tmp_path), "--out", str(tmp_path),
                                  "--tokens8b-full", str(committed["tokens_per_gpu"])])
     assert args.repeat == distribution.RUNS_PER_SIDE
@@ -85,9 +86,9 @@ def test_the_8b_full_comparison_alternates_records_every_run_and_rederives(tmp_p
     rows: list = []
     multi_full.bench_8b_peer(args, tmp_path / "docs.jsonl", 2.0, rows)
     assert calls == [("peer", 0), ("ours", 0), ("peer", 1), ("ours", 1), ("peer", 2), ("ours", 2), ("peer", 3)]
-    record = _load(tmp_path / "multi-4gpu-8b-full.json")
+    record = load(tmp_path / "multi-4gpu-8b-full.json")
     assert "8b_full" not in record and record["sides"]["peer"]["runs"][2]["rerun_as"] == 3
-    _check_multi(record, "in memory", tmp_path / "multi-4gpu-8b-full.json")
+    check_multi(record, "in memory", tmp_path / "multi-4gpu-8b-full.json")
     assert not checks.multi_problems(record, "in memory")
     ours_rate = committed["8b_full"]["real_tokens_per_s"]
     assert record["ratio_median"] == pytest.approx(ours_rate / rate) and record["runs_per_side"] == 3
@@ -98,7 +99,7 @@ def test_the_8b_full_comparison_alternates_records_every_run_and_rederives(tmp_p
     tampered = copy.deepcopy(record)
     tampered["ratio_max"] *= 1.01
     with pytest.raises(AssertionError, match="ratio_max"):
-        _check_multi(tampered, "tampered", tmp_path / "multi-4gpu-8b-full.json")
+        check_multi(tampered, "tampered", tmp_path / "multi-4gpu-8b-full.json")
     with pytest.raises(SystemExit):  # one side has nothing to alternate with (argparse's usage error, exit 2)
         gpu_multi.parse_args(["--only", "8b-peer", "--sides8b-full", "ours", "--repeat", "3"])
 
@@ -107,10 +108,10 @@ def test_the_8b_lora_comparison_alternates_and_records_ours_windows(tmp_path, mo
     """bench/multi/gpu_multi_lora.py --repeat 3 with stand-in runs (the committed 2-GPU LoRA file's sides): every run
     lands in `sides`, ours with its logged windows, the peer with its step times, and the file re-derives."""
     from bench.multi import gpu_multi_lora, host
-    from tests.bench.test_results import _check_multi
+    from tests.bench.test_results_kinds import check_multi
 
     monkeypatch.setattr(host, "CPU_SMOKE", False)
-    committed = _load(RESULTS / "h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json")
+    committed = load(RESULTS / "h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json")
     raw = ("path", "real_tokens", "seconds", "warmup_steps", "real_tokens_per_s", "peak_mem_gib", "steps")
     peer = {k: committed["8b_lora_peer"][k] for k in raw}
     ours = {k: committed["8b_lora"][k] for k in raw}
@@ -121,8 +122,8 @@ def test_the_8b_lora_comparison_alternates_and_records_ours_windows(tmp_path, mo
     monkeypatch.setattr("sys.argv", ["gpu_multi_lora", "--gpus", "2", "--docs", str(committed["docs"]), "--budget",
                                      str(committed["budget"]), "--out", str(tmp_path), "--results", str(tmp_path)])
     gpu_multi_lora.main()
-    record = _load(tmp_path / "multi-2gpu-8b-lora.json")
+    record = load(tmp_path / "multi-2gpu-8b-lora.json")
     assert record["order"] == distribution.alternating(3) and all("windows" in r for r in record["sides"]["ours"]["runs"])
-    _check_multi(record, "in memory", tmp_path / "multi-2gpu-8b-lora.json")
+    check_multi(record, "in memory", tmp_path / "multi-2gpu-8b-lora.json")
     assert not checks.multi_problems(record, "in memory")
     assert record["ratio_median"] == pytest.approx(committed["ratio_vs_peer"])

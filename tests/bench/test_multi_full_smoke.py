@@ -1,7 +1,7 @@
 """bench/multi/gpu_multi.py --only 8b-peer end to end on CPU (BENCH_CPU_SMOKE: tiny shape, 2 gloo ranks started
 as 2 machines): our side trains to its last step, saves once after the warm-up, exports nothing
-(run.export_dir = ""), leaves no checkpoint behind, and the results file re-derives (tests/bench/test_results.py's
-check). The TRL peer builds its model on CUDA (bench/peers/peer_trl.py): here its launch runs and fails, and
+(run.export_dir = ""), leaves no checkpoint behind, and the results file re-derives
+(tests/bench/test_results_kinds.py's check). The TRL peer builds its model on CUDA (bench/peers/peer_trl.py): here its launch runs and fails, and
 the failure is recorded beside our side instead of ending the call."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from bench.suites.gpu_single import TINY
 from bench.common.synthetic import sample_lengths
-from tests.bench.test_results import check_8b_full
+from tests.bench.test_results_kinds import check_8b_full
 
 REPO = Path(__file__).resolve().parents[2]
 

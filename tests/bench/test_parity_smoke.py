@@ -1,6 +1,6 @@
 """bench/suites/gpu_parity.py end to end on CPU (--cpu-smoke: tiny shape, 6 steps): corpus, one initial
 checkpoint, our default path (and TRL's SFTTrainer where trl is installed) from it, twice (--repeat 2),
-the shared eval scorer, the tables, and a results file that tests/bench/test_results.py's parity checks
+the shared eval scorer, the tables, and a results file that tests/bench/test_results_kinds.py's parity checks
 accept; then --merge of two such files into one record (and its refusals), without training again."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from bench.suites.gpu_parity import comparisons
 from bench.report.parity_record import side_entry
 from bench.report.results_io import write_result
-from tests.bench.test_results import check_parity_record
+from tests.bench.test_results_kinds import check_parity_record
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""launcher/plan/memory.py's compiled-layer activation count against the tensors a compiled tiny Llama
+"""launcher/plan/activations.py's compiled-layer activation count against the tensors a compiled tiny Llama
 layer really saves on CPU (bench/kernels/saved_activations.py: saved_tensors_hooks, torch.compile's partitioner)."""
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import pytest
 
 from contract.schema import ConfigError
 from contract.shape import ModelShape
-from launcher.plan.memory import all_to_all_bytes, low_bytes
+from launcher.plan.activations import all_to_all_bytes
+from launcher.plan.memory import low_bytes
 from launcher.plan.plan_format import suggestion_flags
 from launcher.plan.planner import PlanInput, make_plan, memory_options
 from launcher.resolve.options import LaunchRequest, resolve

@@ -10,7 +10,7 @@ import pytest
 
 from contract.config import load_train_config
 from launcher.execute.render import render_files
-from launcher.plan.memory import float8_cast_bytes
+from launcher.plan.activations import float8_cast_bytes
 from launcher.plan.plan_format import format_plan
 from launcher.plan.planner import make_plan, memory_options
 from launcher.resolve.options import LaunchRequest, resolve

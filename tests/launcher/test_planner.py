@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from launcher.plan.memory import ALLOCATOR_SLACK, GIB, layer_activation_bytes_per_token, state_bytes
+from launcher.plan.activations import layer_activation_bytes_per_token
+from launcher.plan.memory import ALLOCATOR_SLACK, GIB, state_bytes
 from contract.shape import ModelShape
 from launcher.plan.plan_format import format_plan
 from launcher.plan.planner import (

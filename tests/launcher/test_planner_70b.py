@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from launcher.plan.memory import ALLOCATOR_SLACK, GIB, layer_activation_bytes_per_token
+from launcher.plan.activations import layer_activation_bytes_per_token
+from launcher.plan.memory import ALLOCATOR_SLACK, GIB
 from launcher.plan.planner import PlanInput, make_plan
 from launcher.resolve.presets import PRESETS
 from contract.shape import ModelShape

@@ -137,7 +137,7 @@ def measured_peak(path: str, keys: tuple[str, ...]) -> float:
 @pytest.mark.parametrize("name", sorted(GPU_RUNS))
 def test_training_run_peak_allocated_within_tolerance(name):
     """Issue: the no-checkpointing estimate with compiled layers was 51 GiB of activations (82 GiB allocated)
-    for a run that peaked at 65.7 GiB; the compiled/fused saved set (launcher/plan/memory.py) must stay
+    for a run that peaked at 65.7 GiB; the compiled/fused saved set (launcher/plan/activations.py) must stay
     within the fixture's tolerance of every run's measured peak."""
     path, keys, fields = GPU_RUNS[name]
     allocated = make_plan(plan_input_from_dict(H100_8B | fields)).gpu.allocated / GIB

@@ -8,7 +8,8 @@ import pytest
 
 from contract.shape import ModelShape
 from contract.strategies import zero_reduce_bucket_size
-from launcher.plan.memory import adapter_bytes, lora_path_bytes_per_token, trainable_params, trainable_tensor_sizes
+from launcher.plan.activations import lora_path_bytes_per_token
+from launcher.plan.memory import adapter_bytes, trainable_params, trainable_tensor_sizes
 from launcher.plan.peak import offload_held_gradients
 from launcher.plan.planner import PlanInput, make_plan, memory_options
 
