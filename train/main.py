@@ -22,6 +22,7 @@ from contract.liveness import append_roster
 from contract.protocol import COMPILE_CACHE_DIR
 from contract.schema import ConfigError
 from train.observe.ranklog import console_handler, redirect_output
+from train.observe.startup import StartupClock
 
 logger = logging.getLogger("train")
 
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="path to RUN_DIR/train.toml")
     parser.add_argument("--attempt", help="write this process's output to RUN_DIR/logs/ranks/ATTEMPT/rank-N.log")
     args = parser.parse_args(argv)
+    startup = StartupClock()  # from the job's start: every phase to the first step (#53)
     if not (os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")):
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF  # read at the first CUDA allocation
     run_dir = Path(args.config).resolve().parent  # train.toml sits in the run directory
@@ -84,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         logger.exception("import failed")
         record_failure(run_dir, EXIT_FAILURE, f"{type(err).__name__}: {first_line(str(err))}")
         return EXIT_FAILURE
+    startup.mark("imports")
     try:
         accelerator = build_accelerator(cfg.model.precision, cfg.run.collective_timeout_s,
                                         cfg.train.cpu_object_collectives)
-        return release_process_group(accelerator, train(cfg, accelerator))
+        startup.mark("process_group")
+        return release_process_group(accelerator, train(cfg, accelerator, startup))
     except ConfigError as err:
         return _failed(run_dir, EXIT_CONFIG, f"error: {err}", str(err))
     except PeerFailedError as err:
