@@ -28,6 +28,8 @@ from typing import Any
 from contract.protocol import JOB_START_ENV
 
 IMPORTED_AT = time.time()  # the fall-back origin when neither the job's nor the process's start is known
+PHASES = ("launch", "imports", "process_group", "setup", "data", "model_build", "prepare", "checkpoint_load",
+          "loop_setup", "first_step")  # the record's phases, in this order (the module docstring says each)
 
 
 def process_start_epoch() -> float | None:
@@ -67,6 +69,8 @@ class StartupClock:
         self.done = False
 
     def _close(self, phase: str, at: float) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"startup phase {phase!r} is not one of {PHASES}")
         self.phases[phase] = self.phases.get(phase, 0.0) + max(0.0, at - self._last)
         self._last = max(self._last, at)
 
@@ -75,11 +79,12 @@ class StartupClock:
         self._close(phase, time.time())
 
     def record(self, step: int, resumed: bool) -> dict[str, Any]:
-        """The metrics record, the first step closed now (the caller waited for the device)."""
+        """The metrics record, the first step closed now (the caller waited for the device). Every phase is
+        in it (0 for one that did not run: `launch` without the job's start, `checkpoint_load` on a fresh start)."""
         self.mark("first_step")
         self.done = True
         return {"event": "startup", "step": step, "resumed": resumed, "origin": self.origin,
-                "total_s": self._last - self.start, "phases": dict(self.phases)}
+                "total_s": self._last - self.start, "phases": {name: self.phases.get(name, 0.0) for name in PHASES}}
 
 
 def startup_line(record: dict[str, Any]) -> str:
