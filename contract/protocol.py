@@ -59,6 +59,10 @@ NODE_FAILURES_FILE = "node_failures.txt"
 # it when it decides the outcome itself, so finding it at start means SLURM ended the previous attempt
 # (a node failure requeued by SLURM): the next start asks for the node to blame then.
 ATTEMPT_FILE = "attempt.txt"
+# The wall-clock epoch at which this attempt of the job began, exported to the training processes by the
+# batch script (its first command: bash's $EPOCHREALTIME, whose decimal point follows the locale) and by the
+# local executor: a rank's startup record counts its phases from it (train/observe/startup.py; #53).
+JOB_START_ENV = "SFT_LAUNCH_JOB_START"
 # LOGS_DIR/BATCH_FAILURES_FILE: one line per failure the batch shell itself saw (a setup line, scontrol,
 # the helpers' python): "JOB RESTART EPOCH EXIT_CODE WHAT..." (`sft-launch status` shows the newest).
 BATCH_FAILURES_FILE = "batch_failures.txt"

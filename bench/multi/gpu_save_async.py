@@ -1,25 +1,29 @@
-"""The training pause of a checkpoint save, synchronous against asynchronous, in one call on one GPU (#53).
+"""The training pause of a checkpoint save, synchronous against asynchronous, in one call on one GPU or more (#53).
 
     python -m bench.multi.gpu_save_async --out /tmp/save-async --results bench/results/h200/<dated-folder>
+    ... --gpus 4 --runs async,resume   # 8B on 4 GPUs (as many layers as the disk holds): where its resume goes
     BENCH_CPU_SMOKE=1 python -m bench.multi.gpu_save_async --out /tmp/save-async-smoke   # CPU, tiny: the plumbing
     ... --staging disk   # the async run staged on --out's disk (train.async_save_staging), copied in the background
 
-One process, FSDP2 over one GPU (the launcher's rendering for --nodes 1, as gpu_multi runs it), random
+By default one process, FSDP2 over one GPU (the launcher's rendering for --nodes 1, as gpu_multi runs it), random
 weights of the Llama-3-8B layer shape with as many decoder layers as the disk under --out can hold two
 checkpoints of (the newest complete one and the one in flight; save_total_limit = 1), at most 32 (8B):
 on a 64 GiB disk ~5 layers, ~2.1B parameters, ~26 GB of state: the state one rank holds in the 8B run
 on 4 GPUs (96.4 GB / 4). The pause of an asynchronous save is this rank's copy to pinned CPU memory,
 so it is the 8B-on-4-GPUs pause; the write GB/s is this disk's.
 
-Four runs, same data, --steps steps each, 1 GPU:
+Four runs, same data, --steps steps each, --gpus GPUs (1 by default; more: FSDP2 over them, the launcher's
+rendering for 2 nodes of half as many, each rank's state a 1/N share of the model's):
   nosave   no checkpoint: the MFU baseline;
   async    a save every --save-every steps, train.async_save = true;
-  resume   the async run's directory started again (a requeue): job start -> first step is `resume_s`;
+  resume   the async run's directory started again (a requeue): job start -> first step is `resume_s`, and
+           `resume_phases` the seconds of each startup phase (imports, process group, data, model build,
+           prepare, checkpoint load, first step...: train/observe/startup.py's record, same origin);
   sync     as async with train.async_save = false.
 MFU with saves counts the save pauses as wall time (metrics' elapsed_s leaves them out; the
 "checkpoint" records give them); the steps slowed by a write in flight are in elapsed_s already.
 Results `save-async.json` (results_io.write_result): `save_pause_s` (async and sync, per save),
-`write_gbps`, `mfu` per run, `resume_s`.
+`write_gbps`, `mfu` per run, `resume_s`, `resume_phases`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from bench.multi import gpu_multi
 from bench.suites.gpu_single import TINY
 from bench.report.results_io import throughput_numbers, write_result
 from bench.common.synthetic import SHAPES, write_token_jsonl
+from contract.protocol import JOB_START_ENV
 from contract.shape import ModelShape
 
 LAYER_PARAMS_8B = 218_112_000  # one Llama-3-8B decoder layer (attention 4096x(4096+1024+1024+4096), MLP 3x4096x14336, norms)
@@ -63,16 +68,17 @@ def run_once(name: str, args: argparse.Namespace, arch: dict, data: Path, extra:
     if run is None:
         run = args.out / f"run-{name}"
         shutil.rmtree(run, ignore_errors=True)
-        gpu_multi.render(run, "llama3-8b", data, 1, [
+        gpu_multi.render(run, "llama3-8b", data, args.gpus, [
             "--max_steps", str(args.steps), "--gradient_checkpointing", "true",
             *gpu_multi.random_weights(arch, sharded=True),
             "--set", f"data.tokens_per_micro_batch={args.tokens}", "--set", "train.save_total_limit=1",
             "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}", *extra])
     started = time.time()
     # One compile cache for every run of the call: only the first compiles cold (a requeue finds its own
-    # run directory's cache the same way, contract.protocol.COMPILE_CACHE_DIR).
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(args.out / "compile-cache")}
-    code, text = gpu_multi.launch(run, 1, port, args.run_timeout, env)
+    # run directory's cache the same way, contract.protocol.COMPILE_CACHE_DIR). The job's start, as the
+    # batch script exports it: the ranks' startup record counts from it.
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(args.out / "compile-cache"), JOB_START_ENV: repr(started)}
+    code, text = gpu_multi.launch(run, args.gpus, port, args.run_timeout, env)
     return run, code, text, started
 
 
@@ -82,15 +88,23 @@ def checkpoints(run: Path) -> list[dict[str, Any]]:
     return [r for r in records if r.get("event") == "checkpoint"]
 
 
-def mfu_with_pauses(run: Path, code: int, text: str, rows: list, label: str, arch: dict, lengths: list[int]) -> dict | None:
+def startup_phases(run: Path) -> dict[str, float] | None:
+    """The seconds of each startup phase of the run's newest start (its "startup" metrics record), or None."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    startups = [r for r in records if r.get("event") == "startup"]
+    return startups[-1]["phases"] if startups else None
+
+
+def mfu_with_pauses(run: Path, code: int, text: str, rows: list, label: str, arch: dict, lengths: list[int],
+                    gpus: int) -> dict | None:
     """gpu_multi.run_stats, and the MFU once the save pauses inside the timed window count as wall time."""
-    stats = gpu_multi.run_stats(run, code, text, rows, label, arch, 1, lengths)
+    stats = gpu_multi.run_stats(run, code, text, rows, label, arch, gpus, lengths)
     if stats is None:
         return None
     saves = [c for c in checkpoints(run) if c["step"] > stats["warmup_steps"]]
     paused = sum(c["save_pause_s"] for c in saves)
     wall = stats["seconds"] + paused
-    with_pauses = throughput_numbers(arch, lengths, stats["real_tokens"] / wall, 1, stats["peak_flops"])
+    with_pauses = throughput_numbers(arch, lengths, stats["real_tokens"] / wall, gpus, stats["peak_flops"])
     stats.update(save_pause_total_s=paused, mfu_with_pauses=with_pauses.get("mfu"), saves=checkpoints(run))
     return stats
 
@@ -108,6 +122,7 @@ def first_step_s(text: str, started: float) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("/tmp/save-async"))
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of this host the runs shard over (FSDP2)")
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--steps", type=int, default=6 if gpu_multi.CPU_SMOKE else 50)
     parser.add_argument("--save-every", type=int, default=2 if gpu_multi.CPU_SMOKE else 20)
@@ -124,7 +139,7 @@ def main() -> None:
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, arch["vocab_size"])
     rows: list[tuple[str, str]] = []
-    result: dict[str, Any] = {"arch": arch, "gpu_count": 1, "steps": args.steps, "save_every": args.save_every,
+    result: dict[str, Any] = {"arch": arch, "gpu_count": args.gpus, "steps": args.steps, "save_every": args.save_every,
                               "tokens_per_micro_batch": args.tokens, "docs": gpu_multi.DOCS,
                               "max_doc_tokens": gpu_multi.MAX_DOC_TOKENS, "staging": args.staging,
                               "disk_write_gbps": gpu_multi.disk_write_gbps(args.out)}
@@ -142,7 +157,7 @@ def main() -> None:
         if name not in runs:
             continue
         run, code, text, _ = run_once(name, args, arch, data, extra, port)
-        result[name] = mfu_with_pauses(run, code, text, rows, name, arch, lengths)
+        result[name] = mfu_with_pauses(run, code, text, rows, name, arch, lengths, args.gpus)
     if result.get("async") and "resume" in runs:
         run = args.out / "run-async"
         _, code, text, started = run_once("resume", args, arch, data, [], 29660, run=run)
@@ -150,12 +165,14 @@ def main() -> None:
         result["resume_s"] = first_step_s(text, started)
         restored = re.findall(r"resumed from \S+ \(step [^)]*\) in ([\d.]+) s", text)
         result["resume_restore_s"] = float(restored[-1]) if restored else None
+        result["resume_phases"] = startup_phases(run)
         rows.append(("resume: job start -> first step", f"{result['resume_s'] or float('nan'):.1f} s "
                      f"(load_state {result['resume_restore_s'] or float('nan'):.1f} s), exit {code}"))
+        rows += [(f"resume: {phase}", f"{seconds:.1f} s") for phase, seconds in (result["resume_phases"] or {}).items()]
         shutil.rmtree(run / "checkpoints", ignore_errors=True)  # room for the sync run's
     if "sync" in runs:
         run, code, text, _ = run_once("sync", args, arch, data, [*saves, "--set", "train.async_save=false"], 29670)
-        result["sync"] = mfu_with_pauses(run, code, text, rows, "sync", arch, lengths)
+        result["sync"] = mfu_with_pauses(run, code, text, rows, "sync", arch, lengths, args.gpus)
     for name in ("nosave", "async", "sync"):
         stats = result.get(name)
         if not stats:

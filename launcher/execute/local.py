@@ -110,9 +110,9 @@ def run_local(launch: Launch) -> int:
     log.info("running: %s", " ".join(argv))
     _record(run_dir, "start", attempt=attempt, pid=os.getpid())  # status: RUNNING while this process lives
     with command.open_launcher_log(run_dir, attempt, socket.gethostname()) as launcher_log:
-        # The profile's env and HF_HOME, as the job script exports them: the HF cache `plan` read is the run's.
+        # The HF cache `plan` read is the run's (_job_env).
         child = subprocess.Popen(argv, cwd=run_dir, stderr=launcher_log, start_new_session=True,
-                                 preexec_fn=_ignore_usr1, env=launch.profile.job_env(dict(os.environ)))
+                                 preexec_fn=_ignore_usr1, env=_job_env(launch, started))
 
     def on_stop(signum: int, _frame: object) -> None:
         print(f"sft-launch: {signal.Signals(signum).name}: asking training to checkpoint and stop",
@@ -134,6 +134,12 @@ def run_local(launch: Launch) -> int:
         code = failure.report(run_dir, started, code, attempt)  # the first failing rank's first error line, last
     _record(run_dir, "finish", exit_code=code, **({"outcome": "stopped"} if code == protocol.EXIT_REQUEUE else {}))
     return code
+
+
+def _job_env(launch: Launch, started: float) -> dict[str, str]:
+    """The profile's env and HF_HOME, as the job script exports them, and the attempt's start (the ranks' startup
+    record counts from it)."""
+    return {**launch.profile.job_env(dict(os.environ)), protocol.JOB_START_ENV: repr(started)}
 
 
 def _record(run_dir: Path, event: str, **fields: object) -> None:

@@ -121,6 +121,7 @@ def context(launch: Launch) -> dict[str, Any]:
         "cancel_file": protocol.CANCEL_FILE,
         "node_failures_file": f"{protocol.LOGS_DIR}/{protocol.NODE_FAILURES_FILE}",
         "attempt_file": f"{protocol.LOGS_DIR}/{protocol.ATTEMPT_FILE}",
+        "job_start_env": protocol.JOB_START_ENV,
         "batch_failures_file": f"{protocol.LOGS_DIR}/{protocol.BATCH_FAILURES_FILE}",
         "helpers_dir": protocol.BATCH_HELPERS_DIR,
         "srun_log": '"' + protocol.rank_logs_dir("$RUN_DIR", protocol.attempt_name("${SLURM_JOB_ID}", "${RESTART}"))

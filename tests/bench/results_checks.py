@@ -312,6 +312,22 @@ def save_async_problems(r: dict[str, Any], name: str) -> list[str]:
             found.append(f"{at}mfu_with_pauses {block['mfu_with_pauses']} > mfu {block['mfu']}")
     if r.get("async") and r.get("resume_exit") == 0 and not (r.get("resume_s") or 0) > 0:
         found.append(f"resume_s {r.get('resume_s')}: a resume that ran took no time")
+    return found + _resume_phase_problems(r)
+
+
+# The startup record ends at the first step, resume_s at the first step's log line (its asctime, to the ms):
+# both from the same start, the phases may exceed it by rounding only.
+PHASES_SLACK_S = 0.05
+
+
+def _resume_phase_problems(r: dict[str, Any]) -> list[str]:
+    """`resume_phases` (files from #53 deliver 4 on): each phase's seconds >= 0, their sum <= resume_s."""
+    phases = r.get("resume_phases")
+    if not phases:
+        return []
+    found = [f"resume_phases: {name} {seconds} s" for name, seconds in phases.items() if not seconds >= 0]
+    if r.get("resume_s") is not None and sum(phases.values()) > r["resume_s"] + PHASES_SLACK_S:
+        found.append(f"resume_phases sum to {sum(phases.values()):.3f} s, more than resume_s {r['resume_s']:.3f} s")
     return found
 
 

@@ -57,7 +57,7 @@ OTHER_KEYS = {
     "resume": None,  # bench/multi/gpu_resume.py: checked in test_results_kinds.py
     "save": {"arch", "gpu_count", "steps", "save_every", "tokens_per_micro_batch", "docs", "max_doc_tokens", "staging",
              "disk_write_gbps", "state_gb", "nosave", "async", "resume_exit", "resume_s", "resume_restore_s", "sync",
-             "provenance"},  # bench/multi/gpu_save_async.py's save-async.json: checked below (save_async_problems)
+             "resume_phases", "provenance"},  # bench/multi/gpu_save_async.py's save-async.json: checked below (save_async_problems)
     "parity": {"shape", "steps", "budget", "lr", "warmup_ratio", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
                "provenance", "merged_from"},  # bench/suites/gpu_parity.py (merged_from: --merge)
 }
@@ -305,7 +305,8 @@ def _save_sample(peak_flops: float | None = None) -> dict:
 
 
 @pytest.mark.parametrize("tamper", ["a pause", "a write rate", "a pause total", "mfu with pauses above mfu",
-                                    "a resume without time", "a synchronous save in the async run", "a rate"])
+                                    "a resume without time", "a synchronous save in the async run", "a rate",
+                                    "resume phases longer than the resume"])
 def test_a_save_async_file_edited_by_hand_is_caught(tamper):
     assert not checks.save_async_problems(_save_sample(), SAVE_SAMPLE.name)
     r = _save_sample(peak_flops=1e12)
@@ -320,6 +321,8 @@ def test_a_save_async_file_edited_by_hand_is_caught(tamper):
         r["async"]["mfu_with_pauses"] = r["async"]["mfu"] * 1.05
     elif tamper == "a resume without time":
         r["resume_s"] = 0.0
+    elif tamper == "resume phases longer than the resume":
+        r["resume_phases"]["checkpoint_load"] += r["resume_s"]
     elif tamper == "a synchronous save in the async run":
         r["async"]["saves"][0]["mode"] = "sync"
     else:

@@ -128,6 +128,11 @@ def test_real_train_module_stop_exit_75_and_resume(tmp_path: Path) -> None:
     resumed = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert (run_dir / "export").is_dir()
+    # The executor exports the attempt's start: the resume's startup record counts from it, the launcher's own
+    # start (accelerate, torchrun) its first phase.
+    startups = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"startup"' in line]
+    assert [(r["resumed"], r["origin"]) for r in startups] == [(False, "job"), (True, "job")], startups
+    assert startups[-1]["phases"]["launch"] > 0, startups[-1]
 
 
 def _alive(pid: int) -> bool:

@@ -14,11 +14,12 @@ import torch
 from tests.train.run_helpers import (kill_job, assert_sharded_checkpoint, exported_tensors, launch_command, launch_env, metrics,
                                      read_log, run_training, write_run)
 
-from contract.protocol import EXIT_REQUEUE, checkpointed_after_stop
+from contract.protocol import EXIT_REQUEUE, JOB_START_ENV, checkpointed_after_stop
 from tests.faults import KILL_IN_COPY_STEP_ENV, SLOW_SAVE_S_ENV
 from tests.faults import SLOW_SAVE_STEP_ENV as TEST_SLOW_SAVE_STEP_ENV
 from tests.faults import STOP_AT_STEP_ENV as TEST_STOP_AT_STEP_ENV
 from tests.train.conftest import TINY_ARCH, TINY_TOKENIZER_DIR
+from train.observe.startup import PHASES
 from train.persist.layout import MARKER
 
 pytestmark = pytest.mark.slow
@@ -77,12 +78,27 @@ def test_stop_request_checkpoints_exits_75_and_resumes_bitwise(tmp_path, referen
     assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000005", world=2)
     assert not (run_dir / "export").exists()
 
-    assert run_training(run_dir, log_name="second.log") == 0, read_log(run_dir, "second.log")
+    job_start = time.time()
+    assert run_training(run_dir, {JOB_START_ENV: repr(job_start)}, log_name="second.log") == 0, \
+        read_log(run_dir, "second.log")
+    assert_startup_records(run_dir, time.time() - job_start)
     assert "resumed from" in read_log(run_dir, "second.log")
     assert "every weight comes from step-00000005" in read_log(run_dir, "second.log")  # model.path not read
     assert not (run_dir / "STOP_REQUESTED").exists()  # the stale request was cleared on restart
     assert losses(run_dir) == losses(reference)  # the whole curve, before and after the stop
     assert_same_weights(run_dir, reference)
+
+
+def assert_startup_records(run_dir: Path, resume_wall_s: float) -> None:
+    """One startup record per start (train/observe/startup.py): the resume's counts from the job start it was
+    given, every phase in order and none negative, their sum its total, within the resume's wall time."""
+    first, resumed = [r for r in metrics(run_dir) if r.get("event") == "startup"]
+    assert not first["resumed"] and first["phases"]["checkpoint_load"] < 0.1  # nothing to load: no time
+    assert (resumed["resumed"], resumed["origin"], resumed["step"]) == (True, "job", 6)
+    phases = resumed["phases"]
+    assert list(phases) == list(PHASES) and min(phases.values()) >= 0 and phases["launch"] > 0, phases
+    assert abs(sum(phases.values()) - resumed["total_s"]) < 1e-6 and resumed["total_s"] <= resume_wall_s, resumed
+    assert f"startup (resume): {resumed['total_s']:.1f} s from job start" in read_log(run_dir, "second.log")
 
 
 def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, reference, pretrained):

@@ -1,9 +1,12 @@
 """MFU arithmetic against a hand-computed case, and the metrics.jsonl record shape."""
 
+import time
+
 import pytest
 
 from contract.shape import ModelShape
 from train.observe.metrics import attended_length, console_line, flops_per_token, step_record
+from train.observe.startup import PHASES, StartupClock, job_start_epoch, process_start_epoch
 
 ARCH = {  # d=64, L=2, 4 heads of 16, 2 KV heads, MLP 128, vocab 512, untied
     "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -128,3 +131,21 @@ def test_fp8_mfu_line_names_both_peaks():
 
     assert mfu_peaks_line(lookup("h100")) == ("MFU is counted against the bf16 peak (989 TFLOP/s per h100); "
                                              "FP8 peak 1,979 TFLOP/s")
+
+
+def test_startup_clock_counts_from_the_job_start_then_the_process_start(monkeypatch):
+    """The batch script's $EPOCHREALTIME may carry the locale's decimal comma; without it the clock starts
+    at this process's start (before any import of ours), and every phase is in the record, in order."""
+    assert job_start_epoch({"SFT_LAUNCH_JOB_START": "1700000000,25"}) == 1700000000.25
+    assert job_start_epoch({"SFT_LAUNCH_JOB_START": "x"}) is job_start_epoch({}) is None
+    started = process_start_epoch()
+    assert started is not None and started <= time.time()
+    monkeypatch.delenv("SFT_LAUNCH_JOB_START", raising=False)
+    clock = StartupClock()
+    clock.mark("imports")
+    record = clock.record(step=1, resumed=False)
+    assert (record["origin"], list(record["phases"]), record["phases"]["launch"]) == ("process", list(PHASES), 0.0)
+    assert abs(sum(record["phases"].values()) - record["total_s"]) < 1e-9
+    assert console_line(record, 10).startswith(f"startup (start): {record['total_s']:.1f} s from process start")
+    with pytest.raises(ValueError):
+        clock.mark("warm-up")

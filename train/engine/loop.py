@@ -50,6 +50,7 @@ from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
 from train.kernels.perf import RecompileWatch, StepGarbageCollector, compiles_decoder_layers
 from train.observe.profiling import StepProfiler
+from train.observe.startup import StartupClock
 from train.engine.stop import StopRequest
 from train.engine.watchdog import Watchdog
 
@@ -102,8 +103,10 @@ class Batches:
         return [min(self.lengths[i], cap) if cap else self.lengths[i] for i in indices]
 
 
-def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
-    """Run (or resume) training; returns the process exit code (0 done, 75 stopped and saved)."""
+def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | None = None) -> int:
+    """Run (or resume) training; returns the process exit code (0 done, 75 stopped and saved). `startup`
+    times each phase up to the first step (train/observe/startup.py)."""
+    startup = startup or StartupClock()
     make_deterministic(cfg.train.deterministic)
     set_seed(cfg.train.seed)  # same init on every rank
     log_placement(accelerator)
@@ -118,6 +121,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
         logger.info("resuming a full fine-tune: every weight comes from %s; %s is not read", latest.name,
                     cfg.model.path)
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init="sharded"))
+    startup.mark("setup")
 
     tokenizer = load_tokenizer(cfg)
     # Rank 0 tokenizes and caches; the others wait at the barrier, then read the cache.
@@ -130,8 +134,10 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
                       fixed_length=compiles_decoder_layers(cfg, accelerator.num_processes), cp=cp)
     attn = register_attention(
         setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing), cp)
+    startup.mark("data")
     started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)
+    startup.mark("model_build")
 
     steps_per_epoch = _steps_per_epoch(batches, cp.data_world(accelerator.num_processes),
                                        cfg.train.gradient_accumulation_steps)
@@ -139,10 +145,12 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
         cfg.train.num_train_epochs * steps_per_epoch)
     model, optimizer, scheduler = prepare_for_training(accelerator, model, cfg, total_steps)
     log_model_ready(accelerator, started)
+    startup.mark("prepare")
 
     state = TrainState()
     if latest is not None:
         state = load_checkpoint(accelerator, latest)  # restores RNG last: nothing may consume it after
+    startup.mark("checkpoint_load")
     _log_summary(cfg, accelerator, bundle.stats, batches, steps_per_epoch, total_steps, state)
 
     loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval_sets, total_steps,
@@ -155,7 +163,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator) -> int:
     watchdog.start(state.step)
     try:
         with loop.collector:
-            stopped = loop.run(state, stop, sink, saver, watchdog)
+            stopped = loop.run(state, stop, sink, saver, watchdog, startup)
         if stopped:
             stop.restore_default_handlers()
             return EXIT_REQUEUE
@@ -260,7 +268,7 @@ class Loop:
         self.evaluated_at = -1  # the step of the last eval: the final one is not repeated there
 
     def run(self, state: TrainState, stop: StopRequest, sink: MetricsSink, saver: Checkpointer,
-            watchdog: Watchdog) -> bool:
+            watchdog: Watchdog, startup: StartupClock) -> bool:
         """Train until total_steps; True when stopped (and saved) on request. Saves and evals pause the
         watchdog; every completed optimizer step (its stop vote included) is progress. An asynchronous save
         is published at the first step boundary after every rank's write is over, and finished at the end."""
@@ -270,12 +278,17 @@ class Loop:
         self.model.train()
         if self.float8_all_gather:  # the first step casts with precomputed scales too, resumed or not
             float8.precompute_scales(self.model)
+        resumed_at = state.step
+        startup.mark("loop_setup")
         while state.step < self.total_steps:
             lr = self.scheduler.get_last_lr()[0]
             profiler.before_step(state.step)
             window.clock.before_step()
             self.step(state, window)
             window.clock.after_step(state.step)
+            if not startup.done:  # one device wait, once: the first step's end as the device lived it
+                _synchronize(self.acc.device)
+                sink.write(startup.record(state.step, resumed=resumed_at > 0))
             profiler.after_step(state.step - 1)
             self.collector.after_step(state.step)  # inside the window's clock: its pause is training time
             sink.advance()
@@ -415,6 +428,11 @@ def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: boo
         accelerator.backward(loss, scale_wrt_gas=False)
     finally:
         accelerator.gradient_state._set_sync_gradients(True)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:

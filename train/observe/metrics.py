@@ -26,6 +26,7 @@ import torch
 from contract.config import TrainConfig
 from contract.gpus import GpuSpec, gpu_type_from_device_name, lookup
 from contract.shape import ModelShape
+from train.observe.startup import startup_line
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ def step_record(
 def console_line(record: dict[str, Any], total_steps: int) -> str:
     if record.get("event") == "done":
         return f"done: step {record['step']}/{total_steps}, {record.get('tokens_seen', 0)} tokens"
+    if record.get("event") == "startup":
+        return startup_line(record)
     if record.get("event") == "checkpoint":
         return (f"checkpoint of step {record['step']} complete ({record['mode']}): training paused "
                 f"{record['save_pause_s']:.2f} s for a write of {record['write_s']:.1f} s")
