@@ -82,7 +82,6 @@ class SplitStats:
             logger.warning("skipping %s", line)
 
 
-
 def combined(name: str, values: list[int]) -> int:
     """Two blocks' or sources' SplitStats counts as one: summed, except a maximum (MAXED)."""
     return max(values) if name in MAXED else sum(values)

@@ -239,17 +239,13 @@ class SnapshotWriter:
                     stageable: bool = True) -> bool:
         """Collective on `group`: whether every rank's state is `stageable` and every node can hold its ranks'
         copies (`nbytes` each) in RAM."""
-        return self.every_rank(stageable and nbytes * local_ranks <= protocol.STAGING_RAM_SHARE * available_ram_bytes(), group)
+        room = protocol.STAGING_RAM_SHARE * available_ram_bytes()
+        return self.every_rank(stageable and nbytes * local_ranks <= room, group)
 
     def all_finished(self, group: dist.ProcessGroup | None) -> bool:
         """Collective on `group` (main thread): whether every rank's write job is over, done or failed.
         Never blocks on the write itself."""
-        running = 0 if self._future is None or self._future.done() else 1
-        if not (dist.is_available() and dist.is_initialized()):
-            return not running
-        flag = torch.tensor([running], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        return not flag.item()
+        return self.every_rank(self._future is None or self._future.done(), group)
 
     def wait(self, timeout: float | None = None) -> BaseException | None:
         """Block until this rank's write job is over (at most `timeout` s: then a TimeoutError is the answer);
