@@ -267,7 +267,8 @@ def table(args: argparse.Namespace, done: dict[int, dict[str, Any]], longest: in
     lines = [f"| seq_len | CP | steps (timed) | tok/s/GPU | MFU | peak GiB | offload | planned GiB | "
              f"{TORCHTITAN['name']}: tok/s/GPU, MFU |", "|---|---|---|---|---|---|---|---|---|"]
     for seq_len in sorted(done):
-        r, peer = record(args, seq_len, done[seq_len]), published_peer(host.shape(SHAPE), seq_len)
+        r = record(args, seq_len, done[seq_len])
+        peer = r["published_peer"]
         theirs = f"{peer['tokens_per_s_per_gpu']:,}, {pct(peer['mfu'])}" if peer else "-"
         plan = r.get("plan", {}).get("with_offload" if r.get("activation_offload") else "without_offload", {})
         if "error" in r:

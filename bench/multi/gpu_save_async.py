@@ -82,16 +82,20 @@ def run_once(name: str, args: argparse.Namespace, arch: dict, data: Path, extra:
     return run, code, text, started
 
 
+def events(run: Path, event: str) -> list[dict[str, Any]]:
+    """The run's metrics records of one event kind, in the order they were written."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("event") == event]
+
+
 def checkpoints(run: Path) -> list[dict[str, Any]]:
     """The run's "checkpoint" metrics records (train/engine/checkpoint.py): step, mode, save_pause_s, write_s, gb."""
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in records if r.get("event") == "checkpoint"]
+    return events(run, "checkpoint")
 
 
 def startup_phases(run: Path) -> dict[str, float] | None:
     """The seconds of each startup phase of the run's newest start (its "startup" metrics record), or None."""
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    startups = [r for r in records if r.get("event") == "startup"]
+    startups = events(run, "startup")
     return startups[-1]["phases"] if startups else None
 
 
@@ -101,11 +105,11 @@ def mfu_with_pauses(run: Path, code: int, text: str, rows: list, label: str, arc
     stats = gpu_multi.run_stats(run, code, text, rows, label, arch, gpus, lengths)
     if stats is None:
         return None
-    saves = [c for c in checkpoints(run) if c["step"] > stats["warmup_steps"]]
-    paused = sum(c["save_pause_s"] for c in saves)
+    saves = checkpoints(run)
+    paused = sum(c["save_pause_s"] for c in saves if c["step"] > stats["warmup_steps"])
     wall = stats["seconds"] + paused
     with_pauses = throughput_numbers(arch, lengths, stats["real_tokens"] / wall, gpus, stats["peak_flops"])
-    stats.update(save_pause_total_s=paused, mfu_with_pauses=with_pauses.get("mfu"), saves=checkpoints(run))
+    stats.update(save_pause_total_s=paused, mfu_with_pauses=with_pauses.get("mfu"), saves=saves)
     return stats
 
 

@@ -39,9 +39,13 @@ def _arch(shape: str) -> dict[str, Any]:
     return dict(LLAMA_70B) if shape == "llama-70b" else dict(SHAPES[shape])
 
 
+def _reaching(arch: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """`arch` with positions for a micro-batch of `tokens` (the planner refuses a longer one)."""
+    return dict(arch, max_position_embeddings=max(arch.get("max_position_embeddings", 0), tokens))
+
+
 def _plan_input(arch: dict[str, Any], gpu_type: str, gpus: int, tokens: int, docs: int, **settings: Any) -> dict:
-    arch = dict(arch, max_position_embeddings=max(arch.get("max_position_embeddings", 0), tokens))
-    return {"arch": arch, "gpu_type": gpu_type, "gpus_per_node": gpus, "micro_batch_tokens": tokens,
+    return {"arch": _reaching(arch, tokens), "gpu_type": gpu_type, "gpus_per_node": gpus, "micro_batch_tokens": tokens,
             "mean_doc_tokens": attended_length(document_lengths(docs, tokens)), **settings}
 
 
@@ -129,19 +133,25 @@ def _compare(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
     return [_run(f"{name} ours", ("sides", "ours"), data["shape"], measured, inp)]
 
 
+def _one_document(gpu: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The plan input both long-context kinds share: one document of exactly seq_len tokens a micro-batch (nothing
+    padded: packing efficiency 1, s̄ = seq_len), split over context_parallel GPUs."""
+    tokens = data["seq_len"]
+    return {"arch": _reaching(data["arch"], tokens), "gpu_type": gpu, "gpus_per_node": data["gpu_count"],
+            "micro_batch_tokens": tokens, "mean_doc_tokens": float(tokens), "packing_efficiency": 1.0,
+            "context_parallel": data["context_parallel"]}
+
+
 def _long_context(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
-    """longctx-*.json (bench/suites/gpu_long_context.py): LoRA on documents of exactly seq_len tokens, one a
-    micro-batch (nothing padded: packing efficiency 1, s̄ = seq_len), the last step's rate."""
+    """longctx-*.json (bench/suites/gpu_long_context.py): LoRA on one document of seq_len tokens a micro-batch
+    (_one_document), the last step's rate."""
     if data.get("fine_tune") == "full":
         return _long_context_full(name, gpu, data)
     if data.get("tokens_per_s") is None:
         return []
-    tokens, train = data["seq_len"], data["settings"]["train"]
-    arch = dict(data["arch"], max_position_embeddings=max(data["arch"]["max_position_embeddings"], tokens))
-    inp = {"arch": arch, "gpu_type": gpu, "gpus_per_node": data["gpu_count"], "micro_batch_tokens": tokens,
-           "mean_doc_tokens": float(tokens), "packing_efficiency": 1.0, "lora": True, "lora_r": data["lora_r"],
-           "lora_target_modules": data["lora_targets"], "context_parallel": data["context_parallel"],
-           "gradient_checkpointing": train["gradient_checkpointing"],
+    train = data["settings"]["train"]
+    inp = {**_one_document(gpu, data), "lora": True, "lora_r": data["lora_r"],
+           "lora_target_modules": data["lora_targets"], "gradient_checkpointing": train["gradient_checkpointing"],
            "activation_offload": train.get("activation_offload", False),
            "mlp_chunk_tokens": train.get("mlp_chunk_tokens", 0)}
     return [_run(name, (), data["shape"], data["tokens_per_s"] / data["gpu_count"], inp)]
@@ -152,11 +162,7 @@ def _long_context_full(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
     seq_len tokens a step split over context_parallel GPUs, all GPUs of one host."""
     if "real_tokens_per_s" not in data:
         return []
-    tokens = data["seq_len"]
-    arch = dict(data["arch"], max_position_embeddings=max(data["arch"].get("max_position_embeddings", 0), tokens))
-    inp = {"arch": arch, "gpu_type": gpu, "gpus_per_node": data["gpu_count"], "micro_batch_tokens": tokens,
-           "mean_doc_tokens": float(tokens), "packing_efficiency": 1.0, "context_parallel": data["context_parallel"],
-           "gradient_checkpointing": data["gradient_checkpointing"],
+    inp = {**_one_document(gpu, data), "gradient_checkpointing": data["gradient_checkpointing"],
            "activation_offload": data.get("activation_offload", False)}
     return [_run(name, (), data["shape"], data["real_tokens_per_s"] / data["gpu_count"], inp)]
 

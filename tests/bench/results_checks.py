@@ -287,12 +287,12 @@ def save_async_problems(r: dict[str, Any], name: str) -> list[str]:
     own mode (none in nosave); `save_pause_s` and `write_gbps` (gb / write_s) one per save; the pauses past the
     warm-up summed, and the MFU with them counted as wall time (<= the MFU without); a resume that started."""
     found: list[str] = []
+    lengths = sample_lengths(r["docs"], seed=0, hi=r["max_doc_tokens"]) if "max_doc_tokens" in r else None
     for run in SAVE_RUNS:
         block = r.get(run)
         if block is None:  # a failed run is recorded as such
             continue
         at = f"{run}: "
-        lengths = (sample_lengths(r["docs"], seed=0, hi=r["max_doc_tokens"]) if "max_doc_tokens" in r else None)
         found += [at + line for line in _rate_problems(block, r["arch"], lengths)]
         saves = block["saves"]
         modes = {save["mode"] for save in saves}

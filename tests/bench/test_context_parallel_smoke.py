@@ -4,7 +4,6 @@ passes tests/bench/test_results.py's checks of a CP file (results_checks.longctx
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +24,9 @@ def test_cpu_smoke_trains_whole_documents_split_over_two_ranks(tmp_path: Path) -
     names = sorted(p.name for p in results.iterdir())
     assert names == ["longctx-tiny-full-256-cp2.json", "longctx-tiny-full-512-cp2.json"]
     for path in results.iterdir():
-        r = json.loads(path.read_text())
-        assert not checks.longctx_full_problems(r, path.name), checks.longctx_full_problems(r, path.name)
+        r = checks.load(path)
+        problems = checks.longctx_full_problems(r, path.name)
+        assert not problems, problems
         assert (r["context_parallel"], r["steps"], r["real_tokens"]) == (2, 3, 3 * r["seq_len"]), r
         assert r["peer_unavailable"] and "provenance" in r
         assert "context = 2" in (out / f"run-{r['seq_len']}" / "train.toml").read_text()

@@ -114,8 +114,8 @@ def test_known_fields_only(path):
 @pytest.mark.parametrize("path", FILES, ids=_id)
 def test_speed_error_rederives(path):
     """speed_error = predicted / measured - 1 wherever a run records the plan's prediction (issue #55)."""
-    r, name = _load(path), _id(path)
-    assert not checks.speed_problems(r, name), checks.speed_problems(r, name)
+    problems = checks.speed_problems(_load(path), _id(path))
+    assert not problems, problems
 
 
 # What write_result records (its provenance names the GPUs) on a committed file of each kind of run, tampered in memory.
