@@ -218,7 +218,8 @@ def search(inp: PlanInput, rules: Rules) -> list[Trial]:
     # Offload is tried with checkpointing only, where it moves the layer inputs (hidden x 2 bytes a token a layer);
     # without, every saved activation would go to the host: tens of GiB of pinned RAM per GPU at 70B sizes.
     pairs = [(c, o) for c in settings for o in offloads if c or o == inp.activation_offload]
-    trials = [_trial(inp, t, c, o, n) for c, o in pairs for n in _contexts(inp, rules)
+    contexts = _contexts(inp, rules)
+    trials = [_trial(inp, t, c, o, n) for c, o in pairs for n in contexts
               for t in sizes if t >= whole and t // n >= MIN_MICRO_BATCH_TOKENS]
     if rules.cut_documents:
         trials += [_trial(inp, t, c, o, whole=False) for c, o in pairs for t in sizes if t < whole]
