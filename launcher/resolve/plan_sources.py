@@ -26,7 +26,7 @@ from contract.sources import DataSource, epoch_examples, looks_like_hub_id
 from launcher.plan.datasize import DataEstimate, estimate_arrow, estimate_tokens
 from launcher.plan.planner import Plan
 from launcher.plan.tokencount import SAMPLE_ROWS, CountingTokenizer, TokenCount, count_rows
-from launcher.resolve.presets import cached_hf_config
+from launcher.resolve.presets import model_dir
 from launcher.resolve.profile import ClusterProfile
 
 COUNT_VERSION = 2  # bump when the count's rules change, so cached counts are not reused
@@ -113,13 +113,7 @@ def tokenizer_dir(train: TrainConfig, hf_home: str) -> Path | None:
     """The folder with the tokenizer.json the training will load: model.tokenizer, else model.path (a local
     folder or an HF id's snapshot in hf_home's cache), else the shipped tiny one; None when not here."""
     value = train.model.tokenizer or train.model.path
-    if not value:
-        directory: Path | None = SHIPPED_TOKENIZER
-    elif Path(value).expanduser().is_dir():
-        directory = Path(value).expanduser()
-    else:
-        config = cached_hf_config(value, hf_home)
-        directory = config.parent if config is not None else None
+    directory = model_dir(value, hf_home) if value else SHIPPED_TOKENIZER
     return directory if directory is not None and (directory / "tokenizer.json").is_file() else None
 
 
