@@ -22,7 +22,7 @@ from launcher.plan.host_memory import cpu_bytes_per_node, training_cpu_bytes
 from launcher.plan.memory import GIB, MemoryBreakdown, trainable_params
 from launcher.plan.peak import gpu_memory
 from launcher.plan.saves import SaveCadence, checkpoint_bytes, save_cadence, signal_lead_seconds
-from launcher.plan.speed import memory_options, step_time
+from launcher.plan.speed import memory_options, step_time, tokens_per_step
 
 MAX_SUGGESTED_NODES = 64
 CPU_USABLE_FRACTION = 0.9  # leave the OS, page cache and slurmstepd their share
@@ -287,17 +287,16 @@ def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) 
     per_token = flops_per_token(shape, inp)
     predicted = step_time(inp, per_token)
     spec = gpus.lookup(inp.gpu_type)
-    tokens_per_step = int(inp.micro_batch_tokens * inp.packing_efficiency) * inp.gradient_accumulation_steps \
-        * (inp.world_size // inp.context_parallel)  # a context-parallel group shares its micro-batches
+    per_step = tokens_per_step(inp)
     steps = inp.max_steps if inp.max_steps > 0 else None
     if steps is None and inp.dataset_tokens is not None:
-        steps = max(1, math.ceil(inp.dataset_tokens * inp.num_train_epochs / tokens_per_step))
-    total = steps * tokens_per_step if steps is not None else None
+        steps = max(1, math.ceil(inp.dataset_tokens * inp.num_train_epochs / per_step))
+    total = steps * per_step if steps is not None else None
     mfu, rate = (predicted.mfu, predicted.tokens_per_s) if predicted else (None, None)
     if inp.expected_mfu is not None and spec is not None and inp.device == "gpu":
         mfu = inp.expected_mfu
         rate = mfu * spec.peak_tflops_bf16 * 1e12 * inp.world_size / per_token
-    step_s = tokens_per_step / rate if rate else None
+    step_s = per_step / rate if rate else None
     train_time = total / rate if (rate and total is not None) else None
     segments = requeues = eta = gpu_hours = cost = None
     if train_time is not None:
@@ -310,7 +309,7 @@ def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) 
             eta = train_time + segments * inp.startup_s
             gpu_hours = eta * inp.world_size / 3600
             cost = gpu_hours * inp.gpu_hour_price if inp.gpu_hour_price is not None else None
-    return TimeEstimate(per_token, mfu, tokens_per_step, steps, total, rate, step_s, train_time,
+    return TimeEstimate(per_token, mfu, per_step, steps, total, rate, step_s, train_time,
                         segments, requeues, eta, gpu_hours, cost)
 
 

@@ -229,9 +229,14 @@ def step_time(inp: PlanInput, per_token: float) -> StepTime | None:
     accumulation = inp.gradient_accumulation_steps
     optimizer = host or ADAMW_BYTES_PER_PARAM * trainable / inp.world_size / (_hbm_gbps(inp) * 1e9)
     step = accumulation * (compute + exposed + other) + optimizer
-    tokens_per_step = int(inp.micro_batch_tokens * inp.packing_efficiency) * accumulation \
-        * (inp.world_size // inp.context_parallel)
-    rate = tokens_per_step / step
+    per_step = tokens_per_step(inp)
+    rate = per_step / step
     mfu = rate / inp.world_size * per_token / peak
     return StepTime(compute, collectives, exposed, other + optimizer / accumulation, step,
-                    tokens_per_step, rate, mfu)
+                    per_step, rate, mfu)
+
+
+def tokens_per_step(inp: PlanInput) -> int:
+    """Real tokens of one optimizer step over all GPUs (a context-parallel group shares its micro-batches)."""
+    return int(inp.micro_batch_tokens * inp.packing_efficiency) * inp.gradient_accumulation_steps \
+        * (inp.world_size // inp.context_parallel)
