@@ -91,12 +91,15 @@ def estimate_source(launch: SourcesView, source: DataSource) -> DataEstimate | N
     estimated from its characters or bytes; None when neither can be had."""
     max_length, hf_home = launch.train.train.model_max_length, launch.profile.hf_home
     path = Path(source.path).expanduser()
-    guess = _estimate(source, hf_home, max_length)
     tokenizer = tokenizer_dir(launch.train, hf_home)
     if tokenizer is None or not (path.exists() or looks_like_hub_id(source.path)):
+        guess = _estimate(source, hf_home, max_length)
         return guess if guess is None or tokenizer is not None else \
             replace(guess, method=f"{guess.method}; no tokenizer.json to count with")
     counted = _count(source, tokenizer, hf_home)
+    # every row counted: no estimate wanted; else it is the fallback, and a sample takes its row count
+    all_counted = counted is not None and counted.complete and counted.rows > 0
+    guess = None if all_counted else _estimate(source, hf_home, max_length)
     if counted is None or not counted.rows:
         return guess
     rows = counted.rows if counted.complete else (guess.rows if guess and guess.rows else counted.rows)
