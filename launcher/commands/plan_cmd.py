@@ -24,7 +24,7 @@ from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
 from launcher.resolve.plan_sources import source_rows, source_table
-from launcher.resolve.presets import cached_hf_config
+from launcher.resolve.presets import model_dir
 from launcher.plan.planner import Plan, make_plan, plan_to_dict
 from launcher.resolve.storage import CACHE_BYTES_PER_TOKEN, EXPORT_BYTES_PER_PARAM, Filesystem, refusal, require_room, \
     room_warnings, run_writes
@@ -152,10 +152,9 @@ def _own_rope_type(launch: Launch) -> str | None:
     """The RoPE scaling the model's config.json already has (train then leaves RoPE as it is); None: default
     RoPE, or the config is not here (a preset planned before its download)."""
     path = launch.train.model.path
-    config = Path(path).expanduser() / "config.json" if path and Path(path).expanduser().is_dir() else \
-        cached_hf_config(path, launch.profile.hf_home) if path else None
+    directory = model_dir(path, launch.profile.hf_home) if path else None
     try:
-        values = json.loads(config.read_text(encoding="utf-8")) if config is not None else {}
+        values = json.loads((directory / "config.json").read_text(encoding="utf-8")) if directory else {}
     except (OSError, ValueError):
         return None
     rope = values.get("rope_parameters") or values.get("rope_scaling") or {}

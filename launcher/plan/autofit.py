@@ -211,18 +211,26 @@ def search(inp: PlanInput, rules: Rules) -> list[Trial]:
     """Every setting the rules allow, planned (module docstring): whole documents (micro-batch >=
     model_max_length) with each checkpointing / activation offload / context-parallel choice; then, unless
     documents must stay whole, the micro-batches below model_max_length."""
-    sizes = candidates(inp.micro_batch_tokens)
+    contexts = _contexts(inp, rules)
+    trials = [_trial(inp, t, c, o, n) for c, o in _pairs(inp, rules) for n in contexts
+              for t in candidates(inp.micro_batch_tokens)
+              if t >= rules.model_max_length and t // n >= MIN_MICRO_BATCH_TOKENS]
+    return trials + (_cut_trials(inp, rules) if rules.cut_documents else [])
+
+
+def _pairs(inp: PlanInput, rules: Rules) -> list[tuple[bool, bool]]:
+    """(checkpointing, activation offload) settings the rules allow, the given ones first."""
     settings = _options(inp.gradient_checkpointing, rules.checkpointing_fixed, [True, False])
     offloads = _options(inp.activation_offload, rules.offload_fixed, [False, True])
-    whole = rules.model_max_length
     # Offload is tried with checkpointing only, where it moves the layer inputs (hidden x 2 bytes a token a layer);
     # without, every saved activation would go to the host: tens of GiB of pinned RAM per GPU at 70B sizes.
-    pairs = [(c, o) for c in settings for o in offloads if c or o == inp.activation_offload]
-    trials = [_trial(inp, t, c, o, n) for c, o in pairs for n in _contexts(inp, rules)
-              for t in sizes if t >= whole and t // n >= MIN_MICRO_BATCH_TOKENS]
-    if rules.cut_documents:
-        trials += [_trial(inp, t, c, o, whole=False) for c, o in pairs for t in sizes if t < whole]
-    return trials
+    return [(c, o) for c in settings for o in offloads if c or o == inp.activation_offload]
+
+
+def _cut_trials(inp: PlanInput, rules: Rules) -> list[Trial]:
+    """The micro-batches below model_max_length (documents cut to them), with each of `_pairs`."""
+    return [_trial(inp, t, c, o, whole=False) for c, o in _pairs(inp, rules)
+            for t in candidates(inp.micro_batch_tokens) if t < rules.model_max_length]
 
 
 def _alternatives(inp: PlanInput, last: Trial, rules: Rules) -> list[tuple[Suggestion, int]]:
@@ -231,7 +239,8 @@ def _alternatives(inp: PlanInput, last: Trial, rules: Rules) -> list[tuple[Sugge
     model_max_length the user set: then cutting documents is named first)."""
     found = []
     if not rules.cut_documents:
-        cut = best([t for t in search(inp, dataclasses.replace(rules, cut_documents=True)) if t.fits])
+        # nothing fits, so none of the whole-document trials already planned does: only the cut ones can
+        cut = best([t for t in _cut_trials(inp, rules) if t.fits])
         if cut is not None:
             change: dict[str, Any] = {"micro_batch_tokens": cut.tokens}
             if cut.checkpointing != inp.gradient_checkpointing:

@@ -56,12 +56,14 @@ def save_staging(setting: str, shard_bytes: int, process_bytes: int, node_gib: f
     fit STAGING_RAM_SHARE of what its training processes (`process_bytes`) leave, else node-local disk."""
     shards = f"{shard_bytes / 1e9:,.1f} GB of shards a node"
     if setting != "auto":
-        where = "in CPU memory" if setting == "memory" else "on node-local disk (profile.node_local_dir)"
-        return f"staged {where}: train.async_save_staging = {setting}, {shards}"
+        return f"staged {_where(setting == 'memory')}: train.async_save_staging = {setting}, {shards}"
     if node_gib is None:
         return (f"staged in CPU memory if a node's available RAM holds its {shards}, else on node-local disk "
                 "(profile.mem does not give the node's RAM)")
     fits = shard_bytes <= STAGING_RAM_SHARE * (node_gib * GIB - process_bytes)
-    where = "in CPU memory" if fits else "on node-local disk (profile.node_local_dir)"
-    return (f"staged {where}: {shards} + {process_bytes / 1e9:,.1f} GB of training processes "
+    return (f"staged {_where(fits)}: {shards} + {process_bytes / 1e9:,.1f} GB of training processes "
             f"{'fit' if fits else 'exceed'} mem {node_gib:,.0f} GiB")
+
+
+def _where(memory: bool) -> str:
+    return "in CPU memory" if memory else "on node-local disk (profile.node_local_dir)"

@@ -22,7 +22,7 @@ from launcher.plan.host_memory import cpu_bytes_per_node, training_cpu_bytes
 from launcher.plan.memory import GIB, MemoryBreakdown, trainable_params
 from launcher.plan.peak import gpu_memory
 from launcher.plan.saves import SaveCadence, checkpoint_bytes, save_cadence, signal_lead_seconds
-from launcher.plan.speed import memory_options, step_time
+from launcher.plan.speed import memory_options, step_time, tokens_per_step
 
 MAX_SUGGESTED_NODES = 64
 CPU_USABLE_FRACTION = 0.9  # leave the OS, page cache and slurmstepd their share
@@ -287,31 +287,37 @@ def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) 
     per_token = flops_per_token(shape, inp)
     predicted = step_time(inp, per_token)
     spec = gpus.lookup(inp.gpu_type)
-    tokens_per_step = int(inp.micro_batch_tokens * inp.packing_efficiency) * inp.gradient_accumulation_steps \
-        * (inp.world_size // inp.context_parallel)  # a context-parallel group shares its micro-batches
+    per_step = tokens_per_step(inp)
     steps = inp.max_steps if inp.max_steps > 0 else None
     if steps is None and inp.dataset_tokens is not None:
-        steps = max(1, math.ceil(inp.dataset_tokens * inp.num_train_epochs / tokens_per_step))
-    total = steps * tokens_per_step if steps is not None else None
+        steps = max(1, math.ceil(inp.dataset_tokens * inp.num_train_epochs / per_step))
+    total = steps * per_step if steps is not None else None
     mfu, rate = (predicted.mfu, predicted.tokens_per_s) if predicted else (None, None)
     if inp.expected_mfu is not None and spec is not None and inp.device == "gpu":
         mfu = inp.expected_mfu
         rate = mfu * spec.peak_tflops_bf16 * 1e12 * inp.world_size / per_token
-    step_s = tokens_per_step / rate if rate else None
+    step_s = per_step / rate if rate else None
     train_time = total / rate if (rate and total is not None) else None
+    return with_segments(TimeEstimate(per_token, mfu, per_step, steps, total, rate, step_s, train_time,
+                                      None, None, None, None, None), inp, lead_s)
+
+
+def with_segments(time: TimeEstimate, inp: PlanInput, lead_s: int | None) -> TimeEstimate:
+    """`time` with its segments, requeues, ETA, GPU-hours and cost for this signal lead (nothing else in the
+    estimate depends on the lead)."""
     segments = requeues = eta = gpu_hours = cost = None
-    if train_time is not None:
+    if time.train_time_s is not None:
         segments = 1
         if inp.time_limit_s:
             usable = inp.time_limit_s - inp.startup_s - (lead_s or 0)
-            segments = math.ceil(train_time / usable) if usable > 0 else None
+            segments = math.ceil(time.train_time_s / usable) if usable > 0 else None
         if segments is not None:
             requeues = segments - 1
-            eta = train_time + segments * inp.startup_s
+            eta = time.train_time_s + segments * inp.startup_s
             gpu_hours = eta * inp.world_size / 3600
             cost = gpu_hours * inp.gpu_hour_price if inp.gpu_hour_price is not None else None
-    return TimeEstimate(per_token, mfu, tokens_per_step, steps, total, rate, step_s, train_time,
-                        segments, requeues, eta, gpu_hours, cost)
+    return dataclasses.replace(time, job_segments=segments, requeues=requeues, eta_s=eta, gpu_hours=gpu_hours,
+                               cost=cost)
 
 
 def make_plan(inp: PlanInput) -> Plan:
@@ -330,14 +336,15 @@ def make_plan(inp: PlanInput) -> Plan:
         warnings.append("dataset size unknown and max_steps unset: no step count, ETA or cost")
     trainable = trainable_params(shape, opts)
     ckpt = checkpoint_bytes(trainable, inp)
-    step_time = estimate_time(shape, inp).step_time_s
+    time = estimate_time(shape, inp)  # the step time, which the signal lead needs (and the lead nothing of it)
+    step_time = time.step_time_s
     lead = signal_lead_seconds(ckpt, inp, step_time)
     cpu_usable = None if inp.cpu_mem_per_node_gib is None else int(inp.cpu_mem_per_node_gib * CPU_USABLE_FRACTION * GIB)
     return Plan(
         input=inp, params_total=shape.total_params, params_trainable=trainable,
         params_matmul=shape.matmul_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
-        time=estimate_time(shape, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
+        time=with_segments(time, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
         cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts)),
     )
 

@@ -133,6 +133,10 @@ def _bus_gbps(inp: PlanInput, across_nodes: bool) -> float:
     return min(intra, INTER_NODE_GBPS.get(gpu, FALLBACK_LINK_GBPS)) if across_nodes else intra
 
 
+def _hbm_gbps(inp: PlanInput) -> float:
+    return HBM_GBPS.get(inp.gpu_type.lower(), FALLBACK_HBM_GBPS)
+
+
 def _gathered_bytes(shape: ModelShape, inp: PlanInput) -> float:
     """The whole model as FSDP all-gathers it (bf16; QLoRA's targets in NF4)."""
     if inp.quant == "none":
@@ -169,8 +173,7 @@ def _dequantize_seconds(shape: ModelShape, inp: PlanInput) -> float:
         return 0.0
     passes = 3 if inp.gradient_checkpointing else 2
     quantized = shape.target_params(inp.lora_target_modules)
-    bandwidth = HBM_GBPS.get(inp.gpu_type.lower(), FALLBACK_HBM_GBPS) * 1e9
-    return passes * quantized * (NF4_BYTES_PER_PARAM + BF16) / bandwidth
+    return passes * quantized * (NF4_BYTES_PER_PARAM + BF16) / (_hbm_gbps(inp) * 1e9)
 
 
 def _context_parallel_seconds(shape: ModelShape, inp: PlanInput, tokens: float) -> float:
@@ -224,12 +227,16 @@ def step_time(inp: PlanInput, per_token: float) -> StepTime | None:
     other = (_dequantize_seconds(shape, inp) + _context_parallel_seconds(shape, inp, tokens)
              + _activation_offload_seconds(shape, inp, options, compute) + copies)
     accumulation = inp.gradient_accumulation_steps
-    optimizer = host or ADAMW_BYTES_PER_PARAM * trainable / inp.world_size / (
-        HBM_GBPS.get(inp.gpu_type.lower(), FALLBACK_HBM_GBPS) * 1e9)
+    optimizer = host or ADAMW_BYTES_PER_PARAM * trainable / inp.world_size / (_hbm_gbps(inp) * 1e9)
     step = accumulation * (compute + exposed + other) + optimizer
-    tokens_per_step = int(inp.micro_batch_tokens * inp.packing_efficiency) * accumulation \
-        * (inp.world_size // inp.context_parallel)
-    rate = tokens_per_step / step
+    per_step = tokens_per_step(inp)
+    rate = per_step / step
     mfu = rate / inp.world_size * per_token / peak
     return StepTime(compute, collectives, exposed, other + optimizer / accumulation, step,
-                    tokens_per_step, rate, mfu)
+                    per_step, rate, mfu)
+
+
+def tokens_per_step(inp: PlanInput) -> int:
+    """Real tokens of one optimizer step over all GPUs (a context-parallel group shares its micro-batches)."""
+    return int(inp.micro_batch_tokens * inp.packing_efficiency) * inp.gradient_accumulation_steps \
+        * (inp.world_size // inp.context_parallel)

@@ -58,8 +58,9 @@ class AutoLength:
 
 def default_length(preset_defaults: dict[str, Any]) -> int:
     """The model_max_length a launch has without "auto": the model preset's, else TrainSection's."""
-    default = preset_defaults.get("model_max_length", TrainSection().model_max_length)
-    return default if isinstance(default, int) else TrainSection().model_max_length
+    fallback = TrainSection().model_max_length
+    default = preset_defaults.get("model_max_length", fallback)
+    return default if isinstance(default, int) else fallback
 
 
 def resolve_auto_length(launch: LaunchView) -> AutoLength | None:

@@ -26,7 +26,7 @@ from contract.sources import DataSource, epoch_examples, looks_like_hub_id
 from launcher.plan.datasize import DataEstimate, estimate_arrow, estimate_tokens
 from launcher.plan.planner import Plan
 from launcher.plan.tokencount import SAMPLE_ROWS, CountingTokenizer, TokenCount, count_rows
-from launcher.resolve.presets import cached_hf_config
+from launcher.resolve.presets import model_dir
 from launcher.resolve.profile import ClusterProfile
 
 COUNT_VERSION = 2  # bump when the count's rules change, so cached counts are not reused
@@ -91,12 +91,15 @@ def estimate_source(launch: SourcesView, source: DataSource) -> DataEstimate | N
     estimated from its characters or bytes; None when neither can be had."""
     max_length, hf_home = launch.train.train.model_max_length, launch.profile.hf_home
     path = Path(source.path).expanduser()
-    guess = _estimate(source, hf_home, max_length)
     tokenizer = tokenizer_dir(launch.train, hf_home)
     if tokenizer is None or not (path.exists() or looks_like_hub_id(source.path)):
+        guess = _estimate(source, hf_home, max_length)
         return guess if guess is None or tokenizer is not None else \
             replace(guess, method=f"{guess.method}; no tokenizer.json to count with")
     counted = _count(source, tokenizer, hf_home)
+    # every row counted: no estimate wanted; else it is the fallback, and a sample takes its row count
+    all_counted = counted is not None and counted.complete and counted.rows > 0
+    guess = None if all_counted else _estimate(source, hf_home, max_length)
     if counted is None or not counted.rows:
         return guess
     rows = counted.rows if counted.complete else (guess.rows if guess and guess.rows else counted.rows)
@@ -113,13 +116,7 @@ def tokenizer_dir(train: TrainConfig, hf_home: str) -> Path | None:
     """The folder with the tokenizer.json the training will load: model.tokenizer, else model.path (a local
     folder or an HF id's snapshot in hf_home's cache), else the shipped tiny one; None when not here."""
     value = train.model.tokenizer or train.model.path
-    if not value:
-        directory: Path | None = SHIPPED_TOKENIZER
-    elif Path(value).expanduser().is_dir():
-        directory = Path(value).expanduser()
-    else:
-        config = cached_hf_config(value, hf_home)
-        directory = config.parent if config is not None else None
+    directory = model_dir(value, hf_home) if value else SHIPPED_TOKENIZER
     return directory if directory is not None and (directory / "tokenizer.json").is_file() else None
 
 

@@ -105,6 +105,15 @@ def cached_hf_config(hf_id: str, hf_home: str = "") -> Path | None:
     return candidates[0] if candidates else None
 
 
+def model_dir(value: str, hf_home: str = "") -> Path | None:
+    """The folder a model.path (or model.tokenizer) names: a local directory, else an HF id's newest cached
+    snapshot (cached_hf_config); None when neither is here."""
+    if Path(value).expanduser().is_dir():
+        return Path(value).expanduser()
+    config = cached_hf_config(value, hf_home)
+    return config.parent if config is not None else None
+
+
 def resolve_model(spec: str) -> Preset:
     """Preset name, local model directory (config.json), or an HF id already in the HF cache."""
     if spec in PRESETS:
