@@ -3,9 +3,9 @@
 Everything here is read or written by more than one process (batch shell, local executor, submitit
 task, `sft-launch status/cancel`, the training ranks), so each name and rule is written once.
 
-The batch shell asks this module (``python -m contract.protocol checkpointed-after-stop STOP CKPT``)
-instead of re-implementing the rule in bash; it prints ``yes`` or ``no``, so that a Python that
-cannot run (no answer at all) is told apart from a "no".
+The batch shell asks this module (``python -m contract.protocol exit-code CODE STOP CKPT FINISHED SINCE``)
+instead of re-implementing the rule in bash; it prints the exit code training meant, so that a Python
+that cannot run (no answer at all) is told apart from an answer.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ SRUN_LOG = "srun.log"  # RANK_LOGS_DIR/<attempt>/: srun's own messages (the batc
 LOCAL_ATTEMPT_PREFIX = "local-"
 # Defaults of the [run] keys that name files (contract.config.RunSection).
 STOP_FILE = "STOP_REQUESTED"
+# RUN/FINISHED_FILE: written by training's rank 0 once the last step, the final eval and the export are done
+# ({"step": N}), removed when training starts. Newer than an attempt's start, it means "this attempt finished"
+# whatever the launcher's exit code says (torchrun turns a SIGTERM it got after the last step, say a preemption
+# during the export, into a failure of its own): the job must not be requeued to train it all again.
+FINISHED_FILE = "FINISHED"
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 EXPORT_DIR = "export"
@@ -191,19 +196,40 @@ def checkpointed_after_stop(stop_file: Path, checkpoint_dir: Path) -> bool:
     return any(answers_stop(marker.parent, stop_file) for marker in markers)
 
 
-def training_exit_code(code: int, stop_file: Path, checkpoint_dir: Path) -> int:
-    """The exit code of a training run as the executors report it (75 recovered, see above)."""
-    if code not in (EXIT_OK, EXIT_REQUEUE) and checkpointed_after_stop(stop_file, checkpoint_dir):
-        return EXIT_REQUEUE
-    return code
+def finished_since(finished_file: Path, since: float) -> bool:
+    """Training wrote its FINISHED_FILE at or after `since` (an attempt's start, epoch seconds)."""
+    try:
+        return finished_file.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+def training_exit_code(code: int, stop_file: Path, checkpoint_dir: Path, finished_file: Path | None = None,
+                       since: float = 0.0) -> int:
+    """The exit code of a training run as the executors report it: 0 when this attempt finished training (see
+    FINISHED_FILE), 75 when it checkpointed after the stop request (see checkpointed_after_stop), else `code`."""
+    if code in (EXIT_OK, EXIT_REQUEUE):
+        return code
+    if finished_file is not None and finished_since(finished_file, since):
+        print(f"sft-launch: training finished ({finished_file.name} written) although its launcher exited with "
+              f"{code}: counting it as 0", file=sys.stderr)
+        return EXIT_OK
+    return EXIT_REQUEUE if checkpointed_after_stop(stop_file, checkpoint_dir) else code
+
+
+USAGE = "usage: python -m contract.protocol exit-code CODE STOP_FILE CHECKPOINT_DIR FINISHED_FILE SINCE_EPOCH"
 
 
 def main(argv: list[str]) -> int:
-    """`python -m contract.protocol checkpointed-after-stop STOP_FILE CHECKPOINT_DIR`: prints yes or no."""
-    if len(argv) != 3 or argv[0] != "checkpointed-after-stop":
-        print("usage: python -m contract.protocol checkpointed-after-stop STOP_FILE CHECKPOINT_DIR", file=sys.stderr)
+    """`python -m contract.protocol exit-code ...` (USAGE): prints the exit code training meant."""
+    try:
+        command, code, stop_file, checkpoint_dir, finished_file, since = argv
+        if command != "exit-code":
+            raise ValueError(command)
+        print(training_exit_code(int(code), Path(stop_file), Path(checkpoint_dir), Path(finished_file), float(since)))
+    except ValueError:
+        print(USAGE, file=sys.stderr)
         return EXIT_USAGE
-    print("yes" if checkpointed_after_stop(Path(argv[1]), Path(argv[2])) else "no")
     return EXIT_OK
 
 

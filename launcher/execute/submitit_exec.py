@@ -70,6 +70,7 @@ class TrainTask:
         self._child: subprocess.Popen[bytes] | None = None
         self._exit_code: int | None = None
         self._started = time.monotonic()
+        self._started_epoch = time.time()  # FINISHED_FILE newer than this: this attempt finished training
 
     def __getstate__(self) -> dict[str, Any]:
         # The resubmission pickle must not carry the running child or its exit code.
@@ -129,11 +130,11 @@ class TrainTask:
         return node
 
     def _training_code(self) -> int:
-        """Exit code of training; 75 when a complete checkpoint is newer than the stop request
-        (torchrun reports any failing worker as 1)."""
-        _, stop_file, checkpoint_dir = self._paths
+        """Exit code of training as it meant it (contract/protocol.py training_exit_code): torchrun reports a
+        worker's 75 and its own SIGTERM after the last step as failures."""
+        run, stop_file, checkpoint_dir = self._paths
         return protocol.training_exit_code(self._exit_code if self._exit_code is not None else 1, stop_file,
-                                           checkpoint_dir)
+                                           checkpoint_dir, run / protocol.FINISHED_FILE, self._started_epoch)
 
     def __call__(self) -> int:
         node = self._start()

@@ -11,8 +11,11 @@ _SLOW_SAVE = os.environ.get("SFT_FAULT_SLOW_SAVE_STEP", "")
 _SLOW_SAVE_S = float(os.environ.get("SFT_FAULT_SLOW_SAVE_S", "600"))
 _RAISE_AT = os.environ.get("SFT_FAULT_RAISE_AT_STEP", "")
 _SLOW_STOP_SAVE_S = os.environ.get("SFT_FAULT_SLOW_STOP_SAVE_S", "")
+# Only the job's first start sleeps (a requeued start runs at full speed).
+_STEP_SLEEP_S = os.environ.get("SFT_FAULT_STEP_SLEEP_S", "") if os.environ.get("SLURM_RESTART_COUNT", "0") in (
+    "", "0") else ""
 
-if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_SAVE_S):
+if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_SAVE_S or _STEP_SLEEP_S):
     import time
     from pathlib import Path
 
@@ -50,7 +53,13 @@ if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_S
         if _stop_file and _stop_file[0].exists():
             time.sleep(float(_SLOW_STOP_SAVE_S))
 
-    _after_step = _raise_at if _RAISE_AT else _stop_at if _STOP_AT else None
+    def _sleep_after_step(step: int, is_main_process: bool, stop_file: Path) -> None:
+        # A step as slow as a real model's (a tiny CPU one takes ~50 ms): a preemption the test sends at some step
+        # lands before the run has raced through the rest of its steps.
+        time.sleep(float(_STEP_SLEEP_S))
+
+    _after_step = (_raise_at if _RAISE_AT else _stop_at if _STOP_AT else _sleep_after_step if _STEP_SLEEP_S
+                   else None)
 
     def _learn_stop_file(step: int, is_main_process: bool, stop_file: Path) -> None:
         _stop_file[:] = [stop_file]
@@ -81,3 +90,20 @@ if "RANK" in os.environ and os.environ.get("SFT_FAULT_FP8_ON_CPU") == "1":
     import train.kernels.float8
 
     train.kernels.float8.unavailable = lambda device: None
+
+_SLOW_EXPORT_S = os.environ.get("SFT_FAULT_SLOW_EXPORT_S", "")
+if "RANK" in os.environ and _SLOW_EXPORT_S:
+    import sys
+    import time
+
+    import train.engine.loop
+
+    _export_model = train.engine.loop.export_model
+
+    def _slow_export(*args, **kwargs):
+        # The final export of a large model takes minutes: a preemption can land in it, after the last step's vote.
+        print(f"fault: the export stalls {_SLOW_EXPORT_S} s", file=sys.stderr, flush=True)
+        time.sleep(float(_SLOW_EXPORT_S))
+        return _export_model(*args, **kwargs)
+
+    train.engine.loop.export_model = _slow_export

@@ -125,9 +125,11 @@ def test_real_train_module_stop_exit_75_and_resume(tmp_path: Path) -> None:
     assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     assert (run_dir / "checkpoints" / "step-00000002" / "COMPLETE").exists()
     assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000002", world=2)
+    assert not (run_dir / "FINISHED").exists(), "a stopped run is not finished"
     resumed = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert (run_dir / "export").is_dir()
+    assert json.loads((run_dir / "FINISHED").read_text()) == {"step": 4}
     # The executor exports the attempt's start: the resume's startup record counts from it, the launcher's own
     # start (accelerate, torchrun) its first phase.
     startups = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"startup"' in line]

@@ -175,6 +175,11 @@ def signal_batch(job_id: int, signal: str = "USR1") -> None:
     _run("scancel", f"--signal={signal}", "--batch", str(job_id))
 
 
+def signal_steps(job_id: int, signal: str = "TERM") -> None:
+    """A signal to the job's steps only (the training processes and their launchers), not to the batch shell."""
+    _run("scancel", f"--signal={signal}", str(job_id))
+
+
 def cancel(job_id: int) -> None:
     _run("scancel", str(job_id), check=False)
 

@@ -10,7 +10,9 @@ finishes bitwise equal to an uninterrupted run:
   until the stop): the stop-save finishes that write instead of starting another;
 - preempt-slow: the stop-save stalls 40 s (tests/faults: slow_stop_save_s), longer than torchrun's 30 s
   SIGTERM-to-SIGKILL default that used to kill the ranks mid-save and lose the run.
-And a plain `scancel` of a running job ends it for good: never requeued, `status` says CANCELLED.
+And a plain `scancel` of a running job ends it for good: never requeued, `status` says CANCELLED. A SIGTERM
+to the steps during the final export (after the last step's stop vote) lets the run finish: torchrun exits 1
+for its own SIGTERM, the run's FINISHED file says it finished, and the job is not requeued to train again.
 A signal at each point of the batch script: USR1 while the setup lines run (training is not started;
 the job requeues), USR1 then TERM once the checkpoint answering it is complete (the TERM must not undo
 it), with a controller that refuses the first two `scontrol requeue` calls (retried).
@@ -21,6 +23,7 @@ scancel run and the signal runs first, side by side; then both preempted runs, p
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -40,6 +43,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STEPS, SAVE_STEPS = 40, 10
 SLOW_SAVE_S = 40  # > torchrun's 30 s default grace, < the partition's GraceTime (60 s)
+SLOW_EXPORT_S = 15  # term-in-export's final export stalls this long: the SIGTERM lands in it
+# preempt-slow's steps in its first start: the preemption (SLURM acts within seconds) lands long before its
+# last step, however far it runs ahead of preempt-fast, which waits at step 2 * SAVE_STEPS for its stalled write.
+STEP_SLEEP_S = 0.5
 # preempt-fast's write of step SAVE_STEPS stalls until the stop or this long: its run waits at the next save
 # (one in flight) for at most this, well inside the GraceTime, if the preemption comes that late.
 INFLIGHT_S = 20
@@ -79,9 +86,15 @@ def fresh_stop_checkpoint(run: Run) -> bool:
     return stop.exists() and any(m.stat().st_mtime >= stop.stat().st_mtime for m in markers)
 
 
+def exporting(run: Run) -> bool:
+    """Rank 0 of the run's first start is in its (stalled) final export."""
+    log = run.dir / "logs" / "ranks" / f"{run.job_id}-r0" / "rank-00000.log"
+    return log.exists() and "fault: the export stalls" in log.read_text(errors="replace")
+
+
 def phase1_tick(run: Run, facts: dict[str, object]) -> None:
     """scancel after 5 steps; USR1 while the setup lines run (the script's first seconds); USR1 after 5
-    steps, then TERM once the checkpoint answering it is complete."""
+    steps, then TERM once the checkpoint answering it is complete; TERM to the steps during the export."""
     done = facts.setdefault("done", set())
     if run.name in done:  # type: ignore[operator]
         return
@@ -94,6 +107,8 @@ def phase1_tick(run: Run, facts: dict[str, object]) -> None:
         sh.signal_batch(run.job_id)
         sh.wait_until(lambda: fresh_stop_checkpoint(run), 60, "the stop checkpoint", interval=0.05)
         sh.signal_batch(run.job_id, "TERM")
+    elif run.name == "term-in-export" and exporting(run):
+        sh.signal_steps(run.job_id, "TERM")
     else:
         return
     done.add(run.name)  # type: ignore[union-attr]
@@ -112,7 +127,9 @@ def runs() -> Iterator[dict[str, object]]:
                     launch("scancel", root, "cpu", "--max_steps", "100000", "--save_steps", "50"),
                     launch("signal-in-setup", root, "cpu-slow-setup", *common),
                     # Its batch shell's `scontrol requeue` fails twice first (tests/slurm/flaky_scontrol.sh).
-                    launch("signal-after-marker", root, "cpu-flaky-scontrol", *common)]
+                    launch("signal-after-marker", root, "cpu-flaky-scontrol", *common),
+                    launch("term-in-export", root, "cpu", *common,
+                           env=fault_env(dict(os.environ), slow_export_s=SLOW_EXPORT_S))]
         until_finished(started, lambda run: phase1_tick(run, facts), PHASE_TIMEOUT_S, interval_s=0.2)
         # A requeue would have made the cancelled job pending again 15 s after the scancel (the signal
         # runs usually outlast it by far: then nothing is left to wait).
@@ -120,7 +137,7 @@ def runs() -> Iterator[dict[str, object]]:
         facts["scancel_after"] = sh.show_job(started[1].job_id)
 
         # Phase 2: both runs preempted together by one urgent job, at a random step.
-        slow_env = fault_env(dict(os.environ), slow_stop_save_s=SLOW_SAVE_S)
+        slow_env = fault_env(dict(os.environ), slow_stop_save_s=SLOW_SAVE_S, step_sleep_s=STEP_SLEEP_S)
         # preempt-fast: its asynchronous write of step SAVE_STEPS stays in flight until the stop (tests/faults),
         # and the preemption comes after that step: the stop-save must finish that write, not start another.
         inflight_env = fault_env(dict(os.environ), slow_save_step=SAVE_STEPS, slow_save_s=INFLIGHT_S)
@@ -219,6 +236,18 @@ def test_plain_scancel_stays_cancelled_and_status_says_so(runs):
     assert "CANCELLED" in status_text(run)
     finishes = events(run, "finish")
     assert not finishes or finishes[-1].get("outcome") == "cancelled", finishes
+
+
+def test_sigterm_during_the_final_export_finishes_the_run_without_a_requeue(runs):
+    run, baseline = runs["runs"]["term-in-export"], runs["runs"]["baseline"]
+    assert "term-in-export" in runs["done"], "the run never reached its export"  # type: ignore[operator]
+    assert run.job.get("JobState") == "COMPLETED" and run.job.get("Restarts") == "0", run.job
+    assert not events(run, "requeue"), events(run, "requeue")
+    log = log_text(run, 0)
+    assert "training finished (FINISHED written) although its launcher exited with" in log, log[-2000:]
+    assert json.loads((run.dir / "FINISHED").read_text()) == {"step": STEPS}
+    assert steps_by_restart(run.dir) == {0: list(range(1, STEPS + 1))}
+    assert_same_weights(run, baseline)
 
 
 def test_usr1_during_the_setup_lines_requeues_without_starting_training(runs):

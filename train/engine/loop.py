@@ -30,7 +30,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 
 from contract.config import TrainConfig
-from contract.protocol import EXIT_REQUEUE, LOGS_DIR, PROFILE_DIR
+from contract.protocol import EXIT_REQUEUE, FINISHED_FILE, LOGS_DIR, PROFILE_DIR
 from contract.schema import ConfigError
 from contract.sources import Mixture
 from train.kernels import float8
@@ -51,7 +51,7 @@ from train.engine.heldout import eval_sums, loss_record
 from train.kernels.perf import RecompileWatch, StepGarbageCollector, compiles_decoder_layers
 from train.observe.profiling import StepProfiler
 from train.observe.startup import StartupClock
-from train.engine.stop import StopRequest
+from train.engine.stop import Finished, StopRequest
 from train.engine.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
     remove_stale(ckpt_root, accelerator)
     latest = latest_checkpoint(ckpt_root)
     stop.clear_answered_file(accelerator.is_main_process, latest)
+    finished = Finished(cfg.run.resolve(FINISHED_FILE), accelerator.is_main_process)
     if latest is not None and weights_in_checkpoint(cfg, accelerator):
         logger.info("resuming a full fine-tune: every weight comes from %s; %s is not read", latest.name,
                     cfg.model.path)
@@ -174,6 +175,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
                 export_model(accelerator, model, tokenizer, cfg)
         sink.write({"event": "done", "step": state.step, "epoch": state.epoch, "elapsed_s": state.elapsed_s,
                     "tokens_seen": state.tokens_seen})
+        finished.mark(state.step)
     finally:
         saver.close()
         watchdog.close()

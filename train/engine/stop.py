@@ -77,3 +77,20 @@ class StopRequest:
             logger.info("stop requested (%s) at step %d", reason, step)
         return agreed
 
+
+
+class Finished:
+    """RUN/FINISHED (contract/protocol.py FINISHED_FILE): "this training is done", for the executors. A stop that
+    comes after the last step's vote (a preemption during the export) is not answered by a checkpoint; the ranks
+    finish instead, and torchrun's own exit code for the SIGTERM it got must not requeue a finished run."""
+
+    def __init__(self, path: Path, is_main_process: bool):
+        self.path = path
+        self.is_main_process = is_main_process
+        if is_main_process:
+            path.unlink(missing_ok=True)  # a previous training's (this one may go on with more steps)
+
+    def mark(self, step: int) -> None:
+        if self.is_main_process:
+            protocol.write_json_atomically(self.path, {"step": step})
+            logger.info("finished at step %d (%s)", step, self.path.name)
