@@ -5,6 +5,7 @@ the sft-launch CLI included, starts untouched.
 """
 
 import os
+import time
 
 _STOP_AT = os.environ.get("SFT_FAULT_STOP_AT_STEP", "")
 _SLOW_SAVE = os.environ.get("SFT_FAULT_SLOW_SAVE_STEP", "")
@@ -16,7 +17,6 @@ _STEP_SLEEP_S = os.environ.get("SFT_FAULT_STEP_SLEEP_S", "") if os.environ.get("
     "", "0") else ""
 
 if "RANK" in os.environ and (_STOP_AT or _SLOW_SAVE or _RAISE_AT or _SLOW_STOP_SAVE_S or _STEP_SLEEP_S):
-    import time
     from pathlib import Path
 
     from train.engine.hooks import HOOKS
@@ -94,7 +94,6 @@ if "RANK" in os.environ and os.environ.get("SFT_FAULT_FP8_ON_CPU") == "1":
 _SLOW_EXPORT_S = os.environ.get("SFT_FAULT_SLOW_EXPORT_S", "")
 if "RANK" in os.environ and _SLOW_EXPORT_S:
     import sys
-    import time
 
     import train.engine.loop
 

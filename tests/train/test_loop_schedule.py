@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from contract.config import TrainConfig
-from train.engine.loop import _norm_tensor
+from train.engine.optim import norm_tensor
 from train.engine.optim import build_optimizer, build_scheduler, lr_multiplier
 
 
@@ -48,6 +48,6 @@ def test_grad_norm_joins_the_step_numbers_on_the_training_device() -> None:
     """FSDP/ZeRO CPU offload: clip_grad_norm_ returns a CPU norm while the loss lives on the GPU
     (an H100 run crashed in torch.stack). 'meta' stands in for the GPU here."""
     meta = torch.device("meta")
-    assert _norm_tensor(torch.tensor(2.0), meta).device == meta
-    assert _norm_tensor(1.5, meta).device == meta
-    assert torch.isnan(_norm_tensor(None, torch.device("cpu")))
+    assert norm_tensor(torch.tensor(2.0), meta).device == meta
+    assert norm_tensor(1.5, meta).device == meta
+    assert torch.isnan(norm_tensor(None, torch.device("cpu")))

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -45,10 +44,10 @@ from train.engine.hooks import HOOKS
 from train.observe.metrics import (MetricsSink, Stopwatch, Window, attended_length, lora_params, peak_flops_per_gpu,
                                    step_record)
 from train.engine.model import attention_heads, build_model, log_model_ready, log_placement
-from train.engine.optim import clip_and_step, prepare_for_training
+from train.engine.optim import backward, clip_and_step, defers_gradient_sync, norm_tensor, prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
-from train.kernels.perf import RecompileWatch, StepGarbageCollector, compiles_decoder_layers
+from train.kernels.perf import RecompileWatch, StepGarbageCollector, compiles_decoder_layers, make_deterministic
 from train.observe.profiling import StepProfiler
 from train.observe.startup import StartupClock
 from train.engine.stop import Finished, StopRequest
@@ -191,20 +190,6 @@ def weights_in_checkpoint(cfg: TrainConfig, accelerator: Accelerator) -> bool:
     return (bool(cfg.model.path) and cfg.model.init == "full" and not cfg.lora.enabled
             and cfg.train.precision != "fp8" and accelerator.distributed_type == DistributedType.FSDP
             and accelerator.is_fsdp2)
-
-
-def make_deterministic(on_gpu_too: bool) -> None:
-    """Bitwise-reproducible CPU runs (resume == uninterrupted); on GPU only with train.deterministic,
-    whose kernels are slower. cuBLAS reads its workspace setting when its first handle is made (the
-    first matmul, after this), and without it refuses deterministic mode."""
-    if torch.cuda.is_available() and not on_gpu_too:
-        return
-    if torch.cuda.is_available():
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cudnn.benchmark = False
-    # On the GPU strictly: torch's FlashAttention backward picks its deterministic order only when
-    # warn_only is off (bench/gpu_determinism.py: under warn_only dq/dk/dv differ run to run).
-    torch.use_deterministic_algorithms(True, warn_only=not torch.cuda.is_available())
 
 
 def _steps_per_epoch(batches: Batches, world: int, accumulation: int) -> int:
@@ -376,7 +361,7 @@ class Loop:
             loss_sum += loss.detach().float()
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         norm = clip_and_step(self.acc, self.optimizer, list(self.model.parameters()), max_norm)
-        grad_norm = _norm_tensor(norm, self.acc.device)
+        grad_norm = norm_tensor(norm, self.acc.device)
         if self.float8_all_gather:  # the new weights' float8 scales, in one all-reduce for all of them
             float8.precompute_scales(self.model)
         self.scheduler.step()
@@ -404,45 +389,6 @@ class Loop:
                             for name, dataset in self.evals.items()})
 
 
-def defers_gradient_sync(accelerator: Accelerator, last_micro_batch: bool) -> bool:
-    """Whether this micro-batch's backward skips the cross-rank gradient reduction (`no_sync`) and leaves
-    it to the step's last micro-batch.
-
-    Never under FSDP (1 or 2): there `no_sync` keeps every parameter's *unsharded* gradient on every rank
-    until the last micro-batch, the whole model's gradients on each GPU (bf16: 16 GB for 8B, 140 GB for
-    70B), while the memory planner (launcher/plan/peak.py `_phases`) counts only the sharded gradients
-    between micro-batches. So every backward reduce-scatters, as torchtitan does, and the shards accumulate.
-    DDP and a single process hold the full gradients anyway: skipping their all-reduce costs no memory.
-    DeepSpeed as before (Accelerate's `no_sync` is a no-op from ZeRO-2; `backward` sets the boundary)."""
-    return not last_micro_batch and accelerator.distributed_type != DistributedType.FSDP
-
-
-def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: bool) -> None:
-    """Backward of one micro-batch. DeepSpeed steps its optimizer inside backward whenever Accelerate
-    says the gradients sync (always, outside `accumulate()`), and divides the loss by its
-    gradient_accumulation_steps: here only the last micro-batch of a step is a boundary, and the loss
-    is already normalised over the whole step (module docstring), so DeepSpeed must not scale it."""
-    if accelerator.distributed_type != DistributedType.DEEPSPEED:
-        accelerator.backward(loss)
-        return
-    accelerator.gradient_state._set_sync_gradients(last_micro_batch)
-    try:
-        accelerator.backward(loss, scale_wrt_gas=False)
-    finally:
-        accelerator.gradient_state._set_sync_gradients(True)
-
-
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:
-    """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2), a float or None (DeepSpeed: its engine
-    clipped inside backward; None when it has no norm to report). With CPU offload the gradients, and
-    so the norm, live on the CPU: it joins the step's other numbers on the training device."""
-    if norm is None:
-        return torch.tensor(float("nan"), device=device)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return norm.detach().reshape(()).to(device) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)

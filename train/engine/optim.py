@@ -134,3 +134,42 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, total_steps, warmup, kind, min_ratio)
     )
+
+
+def defers_gradient_sync(accelerator: Accelerator, last_micro_batch: bool) -> bool:
+    """Whether this micro-batch's backward skips the cross-rank gradient reduction (`no_sync`) and leaves
+    it to the step's last micro-batch.
+
+    Never under FSDP (1 or 2): there `no_sync` keeps every parameter's *unsharded* gradient on every rank
+    until the last micro-batch, the whole model's gradients on each GPU (bf16: 16 GB for 8B, 140 GB for
+    70B), while the memory planner (launcher/plan/peak.py `_phases`) counts only the sharded gradients
+    between micro-batches. So every backward reduce-scatters, as torchtitan does, and the shards accumulate.
+    DDP and a single process hold the full gradients anyway: skipping their all-reduce costs no memory.
+    DeepSpeed as before (Accelerate's `no_sync` is a no-op from ZeRO-2; `backward` sets the boundary)."""
+    return not last_micro_batch and accelerator.distributed_type != DistributedType.FSDP
+
+
+def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: bool) -> None:
+    """Backward of one micro-batch. DeepSpeed steps its optimizer inside backward whenever Accelerate
+    says the gradients sync (always, outside `accumulate()`), and divides the loss by its
+    gradient_accumulation_steps: here only the last micro-batch of a step is a boundary, and the loss
+    is already normalised over the whole step (module docstring), so DeepSpeed must not scale it."""
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        accelerator.backward(loss)
+        return
+    accelerator.gradient_state._set_sync_gradients(last_micro_batch)
+    try:
+        accelerator.backward(loss, scale_wrt_gas=False)
+    finally:
+        accelerator.gradient_state._set_sync_gradients(True)
+
+
+def norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:
+    """clip_grad_norm_ returns a tensor (DDP), a DTensor (FSDP2), a float or None (DeepSpeed: its engine
+    clipped inside backward; None when it has no norm to report). With CPU offload the gradients, and
+    so the norm, live on the CPU: it joins the step's other numbers on the training device."""
+    if norm is None:
+        return torch.tensor(float("nan"), device=device)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return norm.detach().reshape(()).to(device) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import os
 import time
 import types
 from typing import Any
@@ -173,3 +174,17 @@ class StepGarbageCollector:
         elif self._started is not None:
             self.seconds += time.perf_counter() - self._started
             self._started = None
+
+
+def make_deterministic(on_gpu_too: bool) -> None:
+    """Bitwise-reproducible CPU runs (resume == uninterrupted); on GPU only with train.deterministic,
+    whose kernels are slower. cuBLAS reads its workspace setting when its first handle is made (the
+    first matmul, after this), and without it refuses deterministic mode."""
+    if torch.cuda.is_available() and not on_gpu_too:
+        return
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+    # On the GPU strictly: torch's FlashAttention backward picks its deterministic order only when
+    # warn_only is off (bench/gpu_determinism.py: under warn_only dq/dk/dv differ run to run).
+    torch.use_deterministic_algorithms(True, warn_only=not torch.cuda.is_available())
