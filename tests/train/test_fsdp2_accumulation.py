@@ -1,4 +1,4 @@
-"""Gradient accumulation under FSDP2 reduce-scatters after every micro-batch (train/engine/loop.py,
+"""Gradient accumulation under FSDP2 reduce-scatters after every micro-batch (train/engine/optim.py,
 `defers_gradient_sync`): between micro-batches each rank holds only its sharded gradients, as the memory
 planner assumes (launcher/plan/peak.py), never the whole model's unsharded ones (what `no_sync` would keep).
 Proven through the real training loop (2 gloo ranks, FSDP2 through Accelerate, a tiny random Llama): with
