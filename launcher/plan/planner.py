@@ -77,6 +77,7 @@ class PlanInput:
     adamw_impl: Literal["fused", "foreach"] = "fused"  # train/engine/optim.py: fused; torch.optim.AdamW() default: foreach
     storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
     node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
+    network_gbps: float = 0.0  # inter-node NCCL bus bandwidth per GPU, GB/s; 0 = speed.INTER_NODE_GBPS's for the GPU
     save_steps: int = 500  # train.save_steps
     async_save: bool = False  # train.async_save (FSDP2 sharded state only; other strategies save synchronously)
     async_save_staging: str = "auto"  # train.async_save_staging: memory, disk, or auto (host_memory.save_staging)
@@ -90,6 +91,7 @@ class PlanInput:
         require(0 < self.usable_gpu_fraction <= 1, "usable_gpu_fraction", "must be in (0, 1]")
         require(0 < self.packing_efficiency <= 1, "packing_efficiency", "must be in (0, 1]")
         require(self.storage_write_gbps > 0 and self.node_write_gbps > 0, "storage_write_gbps", "must be > 0")
+        require(self.network_gbps >= 0, "network_gbps", "must be >= 0")
         sharded = [name for name, spec in STRATEGIES.items() if spec.sharded]
         require(not self.cpu_offload or self.spec.sharded, "cpu_offload",
                 f"needs a sharded strategy ({', '.join(sharded)}), not {self.strategy}")

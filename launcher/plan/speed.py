@@ -128,9 +128,11 @@ def _attended(inp: PlanInput) -> float:
 
 
 def _bus_gbps(inp: PlanInput, across_nodes: bool) -> float:
+    """Within a node: the GPU type's links; across nodes: the profile's network_gbps, else the type's typical."""
     gpu = inp.gpu_type.lower()
     intra = INTRA_NODE_GBPS.get(gpu, FALLBACK_LINK_GBPS)
-    return min(intra, INTER_NODE_GBPS.get(gpu, FALLBACK_LINK_GBPS)) if across_nodes else intra
+    network = inp.network_gbps or INTER_NODE_GBPS.get(gpu, FALLBACK_LINK_GBPS)
+    return min(intra, network) if across_nodes else intra
 
 
 def _hbm_gbps(inp: PlanInput) -> float:

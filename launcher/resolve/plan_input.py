@@ -128,7 +128,8 @@ def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None)
         # The local executor has no SLURM time limit: one segment, no requeues.
         time_limit_s=None if launch.executor == "local" else launch.time_limit_s,
         signal_lead_s=None if launch.executor == "local" else launch.profile.signal_lead_s,
-        storage_write_gbps=launch.profile.storage_write_gbps, save_steps=t.save_steps, async_save=t.async_save,
+        storage_write_gbps=launch.profile.storage_write_gbps, network_gbps=launch.profile.network_gbps,
+        save_steps=t.save_steps, async_save=t.async_save,
         async_save_staging=t.async_save_staging,
         model_source="checkpoint" if cfg.model.path else "sharded" if cfg.model.init == "sharded" else "random",
     )

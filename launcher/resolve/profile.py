@@ -105,6 +105,9 @@ class ClusterProfile:
     # Write bandwidth of the shared storage available to one job (GB/s): the planner sizes the signal
     # lead a checkpoint save needs from it. 2 GB/s is a conservative parallel-filesystem figure.
     storage_write_gbps: float = 2.0
+    # NCCL bus bandwidth between nodes, GB/s per GPU (nccl-tests' busbw of a large all-gather across the job's nodes):
+    # the planner's time for FSDP's inter-node collectives. 0 = the GPU type's DGX-class figure (one NIC per GPU).
+    network_gbps: float = 0.0
     # Node-local storage (NVMe) where an asynchronous save is staged when a node's RAM cannot hold its ranks'
     # shards (train.async_save_staging); $VARS are expanded on the node; "" = $SLURM_TMPDIR, else /tmp.
     node_local_dir: str = ""
@@ -154,6 +157,7 @@ class ClusterProfile:
             raise ConfigError(f"time: {err}", "time") from None
         require(0 < self.signal_lead_s < limit, "signal_lead_s", f"must be > 0 and below the time limit ({limit} s)")
         require(self.storage_write_gbps > 0, "storage_write_gbps", "must be > 0")
+        require(self.network_gbps >= 0, "network_gbps", "must be >= 0 (0 = the GPU type's typical figure)")
         require(self.max_timeouts >= 0, "max_timeouts", "must be >= 0")
         require(self.rdzv_timeout_s >= 1, "rdzv_timeout_s", "must be >= 1")
         require(self.hang_timeout_s >= 0, "hang_timeout_s", "must be >= 0 (0 = no progress watchdog)")
