@@ -153,7 +153,7 @@ def backward(accelerator: Accelerator, loss: torch.Tensor, last_micro_batch: boo
     """Backward of one micro-batch. DeepSpeed steps its optimizer inside backward whenever Accelerate
     says the gradients sync (always, outside `accumulate()`), and divides the loss by its
     gradient_accumulation_steps: here only the last micro-batch of a step is a boundary, and the loss
-    is already normalised over the whole step (module docstring), so DeepSpeed must not scale it."""
+    is already normalised over the whole step (train/engine/loop.py's docstring), so DeepSpeed must not scale it."""
     if accelerator.distributed_type != DistributedType.DEEPSPEED:
         accelerator.backward(loss)
         return
