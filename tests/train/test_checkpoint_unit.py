@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from train.persist.layout import MARKER, complete_checkpoints, latest_checkpoint, prune
+from contract.failure import PeerFailedError
+from train.persist.layout import MARKER, complete_checkpoints, failed_save, latest_checkpoint, prune
 from train.engine.stop import StopRequest
 
 
@@ -34,6 +35,19 @@ def test_prune_keeps_last_k_complete(tmp_path):
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000015", "step-00000020"]
     prune(tmp_path, keep=0)  # the newest complete checkpoint is never removed
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000020"]
+
+
+def test_a_save_whose_folder_another_failing_rank_removed_is_a_follow_on(tmp_path):
+    """CI: rank 1's first file found no room and its failed save removed the shared .tmp folder; rank 0's next write
+    there then failed with torch.save's "Parent directory ... does not exist." and, recorded first, hid the cause."""
+    tmp = tmp_path / ".tmp-step-00000008"
+    gone = RuntimeError(f"Parent directory {tmp} does not exist.")
+    assert isinstance(failed_save(tmp_path, tmp, gone), PeerFailedError)
+    assert isinstance(failed_save(tmp_path, tmp, FileNotFoundError(str(tmp / "x"))), PeerFailedError)
+    other = RuntimeError("CUDA error: an illegal memory access")
+    assert failed_save(tmp_path, tmp, other) is other  # not for want of the folder: this rank's own cause
+    tmp.mkdir()
+    assert failed_save(tmp_path, tmp, gone) is gone and not tmp.exists()  # there (so not removed by a peer): its own
 
 
 def test_stop_request_from_signal_or_file(tmp_path):

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from contract import protocol
-from contract.failure import first_line
+from contract.failure import PeerFailedError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -123,12 +123,22 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(old)
 
 
-
-
 def failed_save(root: Path, tmp: Path, err: BaseException) -> BaseException:
     """What a save that failed raises, once this rank removed what it could of `tmp` (before anyone records
-    why: the failure records need room too): a CheckpointSpaceError when the write found no room, else `err`."""
+    why: the failure records need room too): a CheckpointSpaceError when the write found no room; a
+    PeerFailedError (a follow-on, contract/failure.py) when `tmp` is gone and the write failed for want of it: the
+    rank whose own save failed removed it, and that rank's record is the cause; else `err`."""
+    vanished = not tmp.exists() and _missing_path(err)
     shutil.rmtree(tmp, ignore_errors=True)
     if not isinstance(err, KeyboardInterrupt | SystemExit) and out_of_space(err):
         return space_error(root, tmp, err)
+    if vanished:
+        return PeerFailedError(f"checkpoint save to {tmp}: the folder was removed by another rank whose save failed "
+                               f"({type(err).__name__}: {first_line(str(err))})")
     return err
+
+
+def _missing_path(err: BaseException) -> bool:
+    """A write that found its folder gone: FileNotFoundError, or torch.save's RuntimeError "Parent directory ... does
+    not exist."."""
+    return isinstance(err, FileNotFoundError) or (isinstance(err, RuntimeError) and "does not exist" in str(err))
