@@ -136,9 +136,11 @@ def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_chec
     log = read_log(run_dir, "second.log")
     assert code == 1, log
     # torch.save reports the short write as an iostream error; rank 0, its own write under way in the
-    # background, learns of it at the next collective (gloo: connection closed by the failed peer) and fails too.
+    # background, learns of it at the next collective (gloo: connection closed by the failed peer) and fails too,
+    # or, when rank 1's failed save removed the shared .tmp folder first, at its own next write there: a follow-on.
     assert "[rank 1] ERROR train: training failed" in log and SMALL_FILES_FRAME in log, log
-    assert "[rank 0] ERROR train: training failed" in log and "checkpoint saved" not in log, log
+    assert "[rank 0] ERROR train: training failed" in log or "removed by another rank whose save failed" in log, log
+    assert "checkpoint saved" not in log, log
     assert_intact(ckpts, previous, before)
     assert not (run_dir / "export").exists()
     assert_says_out_of_room(run_dir, log)
