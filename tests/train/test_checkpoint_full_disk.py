@@ -51,8 +51,9 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
 
 
 def run_with_file_size_limit(run_dir: Path, limit: int, log_name: str, rank: int | None = None,
-                             timeout: float = 240) -> int:
-    """`rank` None: every process of the job hits the limit; else only that rank's process does."""
+                             timeout: float = 240, extra_site: str = "") -> int:
+    """`rank` None: every process of the job hits the limit; else only that rank's process does (and every process
+    also runs `extra_site` at start-up)."""
     def limit_file_size() -> None:  # in the child, before exec: inherited by torchrun and every rank
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
@@ -60,7 +61,7 @@ def run_with_file_size_limit(run_dir: Path, limit: int, log_name: str, rank: int
     if rank is not None:
         site_dir = run_dir / "site"
         site_dir.mkdir(exist_ok=True)
-        (site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        (site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE + extra_site)
         env.update(PYTHONPATH=f"{site_dir}:{env['PYTHONPATH']}", SFT_TEST_FULL_DISK_RANK=str(rank),
                    SFT_TEST_FULL_DISK_BYTES=str(limit))
     # Through a pipe, not into the log file: a pipe has no file size, so the limited rank can still log.
@@ -124,7 +125,26 @@ def test_full_disk_fails_loudly_and_keeps_previous_checkpoint(tmp_path):
     assert not (run_dir / "export").exists()
 
 
-def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_checkpoint(tmp_path):
+# Rank 0 holds its small files of the save until rank 1's failed save removed the shared .tmp folder (CI saw it
+# happen by itself): rank 0's write then fails for want of the folder, a follow-on that must not hide the cause
+# (in CI its record came first).
+RANK0_WRITES_AFTER_THE_REMOVAL = """
+if os.environ.get("RANK") == "0":
+    import time
+    from pathlib import Path
+    import train.engine.checkpoint as checkpoint
+    _save = checkpoint.save_accelerator_state
+    def _after_the_removal(folder, *args, **kwargs):
+        deadline = time.time() + 20
+        while Path(folder).exists() and time.time() < deadline:
+            time.sleep(0.001)
+        return _save(folder, *args, **kwargs)
+    checkpoint.save_accelerator_state = _after_the_removal
+"""
+
+
+@pytest.mark.parametrize("rank0_late", [False, True], ids=["as-it-comes", "rank0-writes-after-the-removal"])
+def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_checkpoint(tmp_path, rank0_late):
     # Rank 1 alone cannot write its part while rank 0 writes its own and waits to publish: the failure
     # must reach rank 0 (no rename, no COMPLETE) instead of a checkpoint missing rank 1's state.
     run_dir = write_run(tmp_path / "run", {"train": {"max_steps": 12, "save_steps": 4}})
@@ -132,7 +152,8 @@ def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_chec
     previous = first_checkpoint_at_step_4(run_dir)
     before = digests(previous)
 
-    code = run_with_file_size_limit(run_dir, RANK_FILE_SIZE_LIMIT, "second.log", rank=1)
+    code = run_with_file_size_limit(run_dir, RANK_FILE_SIZE_LIMIT, "second.log", rank=1,
+                                    extra_site=RANK0_WRITES_AFTER_THE_REMOVAL if rank0_late else "")
     log = read_log(run_dir, "second.log")
     assert code == 1, log
     # torch.save reports the short write as an iostream error; rank 0, its own write under way in the
@@ -141,6 +162,7 @@ def test_full_disk_on_one_non_zero_rank_fails_every_rank_and_keeps_previous_chec
     assert "[rank 1] ERROR train: training failed" in log and SMALL_FILES_FRAME in log, log
     assert "[rank 0] ERROR train: training failed" in log or "removed by another rank whose save failed" in log, log
     assert "checkpoint saved" not in log, log
+    assert not rank0_late or "removed by another rank whose save failed" in log, log
     assert_intact(ckpts, previous, before)
     assert not (run_dir / "export").exists()
     assert_says_out_of_room(run_dir, log)
