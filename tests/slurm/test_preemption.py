@@ -43,7 +43,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STEPS, SAVE_STEPS = 40, 10
 SLOW_SAVE_S = 40  # > torchrun's 30 s default grace, < the partition's GraceTime (60 s)
-SLOW_EXPORT_S = 15  # term-in-export's final export stalls this long: the SIGTERM lands in it
+SLOW_EXPORT_S = 25  # term-in-export's final export stalls this long: the SIGTERM lands in it (the tick may block
+# for a few seconds on signal-after-marker's stop checkpoint), inside torchrun's shutdown timeout (signal_lead_s, 60 s)
 # preempt-slow's steps in its first start: the preemption (SLURM acts within seconds) lands long before its
 # last step, however far it runs ahead of preempt-fast, which waits at step 2 * SAVE_STEPS for its stalled write.
 STEP_SLEEP_S = 0.5
