@@ -30,7 +30,7 @@ from launcher import runrecord
 from launcher.resolve.data_args import at_line
 from launcher.resolve.options import Launch
 from launcher.resolve.profile import read_cluster_file
-from launcher.resolve.presets import cached_hf_config
+from launcher.resolve.presets import model_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 PROGRESS_MIN_BYTES = 64 << 20  # show a progress line for data files at least this large
@@ -194,7 +194,7 @@ def check_tool_templates(launch: Launch) -> None:
     if not any(check.tool_rows for check in launch.data_checks) or _local_dir(source) is not None:
         return  # no tool calls, or a local tokenizer: check_model rendered them
     tokenizer_dir = SHIPPED_TOKENIZER if not source else \
-        _cached_snapshot(launch.profile.hf_home, source) if launch.profile.hf_home else None
+        model_dir(source, launch.profile.hf_home) if launch.profile.hf_home else None
     if tokenizer_dir is not None:
         check_masking(tokenizer_dir, "model.tokenizer" if model.tokenizer or not source else "model.path",
                       mask_samples(launch))
@@ -234,15 +234,9 @@ def check_hub_model(launch: Launch) -> None:
     hub = Path(hf_home).expanduser() / "hub"
     if not Path(hf_home).expanduser().is_dir():
         return
-    if _cached_snapshot(hf_home, model_id) is None:
+    if model_dir(model_id, hf_home) is None:
         raise ConfigError(f"model.path {model_id}: not in profile.hf_home's cache ({hub}); the compute nodes load "
                           f"local files only: HF_HOME={hf_home} huggingface-cli download {model_id}", "model.path")
-
-
-def _cached_snapshot(hf_home: str, model_id: str) -> Path | None:
-    """The newest snapshot of an HF id in hf_home's hub cache that has a config.json (None: not there)."""
-    config = cached_hf_config(model_id, hf_home)
-    return config.parent if config is not None else None
 
 
 def _local_dir(value: str) -> Path | None:
