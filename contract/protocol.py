@@ -3,7 +3,7 @@
 Everything here is read or written by more than one process (batch shell, local executor, submitit
 task, `sft-launch status/cancel`, the training ranks), so each name and rule is written once.
 
-The batch shell asks this module (``python -m contract.protocol exit-code CODE STOP CKPT FINISHED SINCE``)
+The batch shell asks this module (``python -m contract.protocol exit-code CODE STOP CKPT RUN SINCE``)
 instead of re-implementing the rule in bash; it prints the exit code training meant, so that a Python
 that cannot run (no answer at all) is told apart from an answer.
 """
@@ -196,37 +196,37 @@ def checkpointed_after_stop(stop_file: Path, checkpoint_dir: Path) -> bool:
     return any(answers_stop(marker.parent, stop_file) for marker in markers)
 
 
-def finished_since(finished_file: Path, since: float) -> bool:
-    """Training wrote its FINISHED_FILE at or after `since` (an attempt's start, epoch seconds)."""
+def finished_since(run_dir: Path, since: float) -> bool:
+    """Training wrote the run's FINISHED_FILE at or after `since` (an attempt's start, epoch seconds)."""
     try:
-        return finished_file.stat().st_mtime >= since
+        return (run_dir / FINISHED_FILE).stat().st_mtime >= since
     except OSError:
         return False
 
 
-def training_exit_code(code: int, stop_file: Path, checkpoint_dir: Path, finished_file: Path | None = None,
-                       since: float = 0.0) -> int:
-    """The exit code of a training run as the executors report it: 0 when this attempt finished training (see
-    FINISHED_FILE), 75 when it checkpointed after the stop request (see checkpointed_after_stop), else `code`."""
+def training_exit_code(code: int, stop_file: Path, checkpoint_dir: Path, run_dir: Path, since: float) -> int:
+    """The exit code of a training run as the executors report it: 0 when the attempt that started at `since`
+    finished training (see FINISHED_FILE), 75 when it checkpointed after the stop request (see
+    checkpointed_after_stop), else `code`."""
     if code in (EXIT_OK, EXIT_REQUEUE):
         return code
-    if finished_file is not None and finished_since(finished_file, since):
-        print(f"sft-launch: training finished ({finished_file.name} written) although its launcher exited with "
-              f"{code}: counting it as 0", file=sys.stderr)
+    if finished_since(run_dir, since):
+        print(f"sft-launch: training finished ({FINISHED_FILE} written) although its launcher exited with {code}: "
+              "counting it as 0", file=sys.stderr)
         return EXIT_OK
     return EXIT_REQUEUE if checkpointed_after_stop(stop_file, checkpoint_dir) else code
 
 
-USAGE = "usage: python -m contract.protocol exit-code CODE STOP_FILE CHECKPOINT_DIR FINISHED_FILE SINCE_EPOCH"
+USAGE = "usage: python -m contract.protocol exit-code CODE STOP_FILE CHECKPOINT_DIR RUN_DIR SINCE_EPOCH"
 
 
 def main(argv: list[str]) -> int:
     """`python -m contract.protocol exit-code ...` (USAGE): prints the exit code training meant."""
     try:
-        command, code, stop_file, checkpoint_dir, finished_file, since = argv
+        command, code, stop_file, checkpoint_dir, run_dir, since = argv
         if command != "exit-code":
             raise ValueError(command)
-        print(training_exit_code(int(code), Path(stop_file), Path(checkpoint_dir), Path(finished_file), float(since)))
+        print(training_exit_code(int(code), Path(stop_file), Path(checkpoint_dir), Path(run_dir), float(since)))
     except ValueError:
         print(USAGE, file=sys.stderr)
         return EXIT_USAGE

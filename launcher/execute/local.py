@@ -129,7 +129,7 @@ def run_local(launch: Launch) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    code = protocol.training_exit_code(code, stop_file, checkpoint_dir, run_dir / protocol.FINISHED_FILE, started)
+    code = protocol.training_exit_code(code, stop_file, checkpoint_dir, run_dir, started)
     if code not in (protocol.EXIT_OK, protocol.EXIT_REQUEUE):
         code = failure.report(run_dir, started, code, attempt)  # the first failing rank's first error line, last
     _record(run_dir, "finish", exit_code=code, **({"outcome": "stopped"} if code == protocol.EXIT_REQUEUE else {}))

@@ -127,8 +127,7 @@ def context(launch: Launch) -> dict[str, Any]:
         "srun_log": '"' + protocol.rank_logs_dir("$RUN_DIR", protocol.attempt_name("${SLURM_JOB_ID}", "${RESTART}"))
         + "/" + protocol.SRUN_LOG + '"',
         "files": {"accelerate": protocol.ACCELERATE_CONFIG, "train": protocol.TRAIN_CONFIG,
-                  "run": protocol.RUN_RECORD, "logs": protocol.LOGS_DIR,
-                  "finished": protocol.FINISHED_FILE},
+                  "run": protocol.RUN_RECORD, "logs": protocol.LOGS_DIR},
         "master_port": {"base": protocol.MASTER_PORT_BASE, "span": protocol.MASTER_PORT_SPAN},
         "sbatch_lines": [sbatch_line(flag, value) for flag, value in profile_sbatch_options(launch.profile)],
         "node_command": node_command(),

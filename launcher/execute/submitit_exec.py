@@ -134,7 +134,7 @@ class TrainTask:
         worker's 75 and its own SIGTERM after the last step as failures."""
         run, stop_file, checkpoint_dir = self._paths
         return protocol.training_exit_code(self._exit_code if self._exit_code is not None else 1, stop_file,
-                                           checkpoint_dir, run / protocol.FINISHED_FILE, self._started_epoch)
+                                           checkpoint_dir, run, self._started_epoch)
 
     def __call__(self) -> int:
         node = self._start()

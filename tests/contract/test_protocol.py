@@ -21,28 +21,27 @@ def _checkpoint(root: Path, step: int, mtime: float) -> Path:
     return path
 
 
-def _shell_says(code: int, stop: Path, checkpoints: Path, finished: Path, since: float = 0.0) -> int:
+def _shell_says(code: int, stop: Path, checkpoints: Path, run_dir: Path, since: float = 0.0) -> int:
     """The batch shell's question, asked as launch.slurm asks it: the exit code training meant."""
     return int(subprocess.run([sys.executable, "-m", "contract.protocol", "exit-code", str(code), str(stop),
-                               str(checkpoints), str(finished), str(since)], cwd=REPO, capture_output=True, text=True,
+                               str(checkpoints), str(run_dir), str(since)], cwd=REPO, capture_output=True, text=True,
                               timeout=60, check=True).stdout)
 
 
 def test_checkpointed_after_stop_in_python_and_for_the_batch_shell(tmp_path: Path) -> None:
     stop, root = tmp_path / protocol.STOP_FILE, tmp_path / protocol.CHECKPOINT_DIR
-    finished = tmp_path / protocol.FINISHED_FILE
-    assert not protocol.checkpointed_after_stop(stop, root) and _shell_says(1, stop, root, finished) == 1  # no request
+    assert not protocol.checkpointed_after_stop(stop, root) and _shell_says(1, stop, root, tmp_path) == 1  # no request
     stop.touch()
     os.utime(stop, (1000.0, 1000.0))
     _checkpoint(root, 10, mtime=900.0)  # older than the request: does not answer it
     (root / protocol.checkpoint_name(30)).mkdir()  # no marker: never counts
-    assert not protocol.checkpointed_after_stop(stop, root) and _shell_says(1, stop, root, finished) == 1
-    assert protocol.training_exit_code(1, stop, root) == 1
+    assert not protocol.checkpointed_after_stop(stop, root) and _shell_says(1, stop, root, tmp_path) == 1
+    assert protocol.training_exit_code(1, stop, root, tmp_path, 0.0) == 1
     _checkpoint(root, 20, mtime=1000.0)  # same second as the request: answers it
     assert protocol.checkpointed_after_stop(stop, root)
-    assert _shell_says(1, stop, root, finished) == protocol.EXIT_REQUEUE  # torchrun's 1 -> 75
-    assert protocol.training_exit_code(1, stop, root) == protocol.EXIT_REQUEUE
-    assert protocol.training_exit_code(0, stop, root) == 0
+    assert _shell_says(1, stop, root, tmp_path) == protocol.EXIT_REQUEUE  # torchrun's 1 -> 75
+    assert protocol.training_exit_code(1, stop, root, tmp_path, 0.0) == protocol.EXIT_REQUEUE
+    assert protocol.training_exit_code(0, stop, root, tmp_path, 0.0) == 0
 
 
 def test_a_run_that_finished_in_this_attempt_is_done_whatever_the_launcher_says(tmp_path: Path) -> None:
@@ -51,10 +50,10 @@ def test_a_run_that_finished_in_this_attempt_is_done_whatever_the_launcher_says(
     stop, root, finished = tmp_path / protocol.STOP_FILE, tmp_path / protocol.CHECKPOINT_DIR, tmp_path / "FINISHED"
     finished.write_text('{"step": 40}')
     os.utime(finished, (2000.0, 2000.0))
-    assert _shell_says(1, stop, root, finished, since=1999.5) == 0
-    assert protocol.training_exit_code(143, stop, root, finished, since=2000.0) == 0
-    assert _shell_says(1, stop, root, finished, since=2001.0) == 1  # a previous attempt's
-    assert protocol.training_exit_code(75, stop, root, finished, since=0) == 75
+    assert _shell_says(1, stop, root, tmp_path, since=1999.5) == 0
+    assert protocol.training_exit_code(143, stop, root, tmp_path, since=2000.0) == 0
+    assert _shell_says(1, stop, root, tmp_path, since=2001.0) == 1  # a previous attempt's
+    assert protocol.training_exit_code(75, stop, root, tmp_path, since=0) == 75
 
 
 def test_the_helper_refuses_a_wrong_call_in_one_line() -> None:
