@@ -186,7 +186,11 @@ class Checkpointer:
 
     def poll(self) -> None:
         """At a step boundary: publish the save in flight if every rank's write is over. Never waits on the
-        write; one all-reduce of one integer while a save is in flight, nothing otherwise."""
+        write; one all-reduce of one integer while a save is in flight, nothing otherwise. At the first boundary
+        (the optimizer's state now exists) it decides where saves are staged and, in memory, has the staging
+        buffers allocated beside training."""
+        if self.writer is not None and not self._checked and self._can_stage() and self.mode == "memory":
+            self.writer.prepare(self._state_dicts())
         if self.pending is not None and self.writer is not None and self.writer.all_finished(self.vote_group):
             self._complete()
 
@@ -242,7 +246,7 @@ class Checkpointer:
         shutil.rmtree(self.local / pending.tmp.name, ignore_errors=True)
 
     def _can_stage(self) -> bool:
-        """Once, at the first asynchronous save (collective): whether every tensor is one the stager copies (no
+        """Once, at the first step boundary or save (collective): whether every tensor is one the stager copies (no
         tensor subclass: the same model on every rank), and where: CPU memory if every node can hold its ranks'
         copies there (unless staging = "disk"), else node-local disk if every node has the room (unless "memory")."""
         if self._checked or self.writer is None:
