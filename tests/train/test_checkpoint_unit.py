@@ -247,3 +247,40 @@ def test_cpu_stager_reuses_its_buffers_and_keeps_dtensor_layout(tmp_path, monkey
         stager.close()
     finally:
         dist.destroy_process_group()
+
+
+def test_cpu_stager_gives_each_tensor_a_storage_of_its_own_bytes():
+    """DCP's writer clones a tensor whose storage is larger than the tensor (its _SerialCpuLoader): staged views of
+    one flat buffer were each cloned again in the writer thread, which wrote at 0.2 GB/s on one H100. Each staged
+    tensor owns exactly its bytes (of the one flat allocation), so the writer writes them as they are."""
+    from torch.distributed.checkpoint.filesystem import _SerialCpuLoader
+
+    from train.persist.snapshot import CpuStager
+
+    state = {"w": torch.randn(3, 5), "moments": [torch.zeros(0), torch.tensor(3.0), torch.randn(7, dtype=torch.bfloat16)]}
+    stager = CpuStager(pin=False)
+    staged = stager.stage(state)
+    tensors = [staged["w"], *staged["moments"]]
+    assert [t.untyped_storage().size() for t in tensors] == [t.nbytes for t in tensors]
+    assert all(torch.equal(s, t) for s, t in zip(tensors, [state["w"], *state["moments"]], strict=True))
+    loader = _SerialCpuLoader(lambda item: item)
+    loader.add(staged["w"].nbytes, staged["w"])
+    loader.start_loading()
+    (written, _), = loader.values()
+    assert written.data_ptr() == staged["w"].data_ptr()  # not a clone
+    stager.close()
+
+
+def test_cpu_stager_prepares_its_buffers_beside_training():
+    """`prepare` allocates the buffers in a background thread (at the run's first step boundary), so the first
+    `stage` only copies into them: allocating and pinning 25.7 GB had paused the first save 10 s on one H100."""
+    from train.persist.snapshot import CpuStager
+
+    state = {"w": torch.randn(4, 4), "step": torch.tensor(1.0)}
+    stager = CpuStager(pin=False)
+    stager.prepare(state)
+    stager._preparing.join()
+    prepared = stager._views[0].data_ptr()
+    staged = stager.stage(state)
+    assert staged["w"].data_ptr() == prepared and torch.equal(staged["w"], state["w"])
+    stager.close()

@@ -304,13 +304,14 @@ class Loop:
                 with watchdog.paused():
                     # One save at a time: the one in flight first. A stop that came while waiting for it (a
                     # preemption during the write) is answered by that save, not by starting another write.
+                    began = time.perf_counter()  # the wait for the write in flight is part of this save's pause
                     in_flight = saver.finish()
                     if in_flight is not None and stop.agreed(state.step, self.acc.is_main_process):
                         logger.info("stop: the checkpoint of step %d, in flight when the stop came, is finished",
                                     in_flight)
                         saver.stop_save(state, state.elapsed_s / max(1, state.step))
                         return True
-                    saver.save(state)
+                    saver.save(state, began)
                 self.collector.collect(state.step)  # in the pause the save took anyway
                 watch.lap()  # saving (and its collection) is not training throughput
         self._settle(state, window, watch)
