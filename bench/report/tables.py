@@ -1,9 +1,9 @@
 """BENCHMARKS.md's tables, generated from bench/results (never typed by hand).
 
     python -m bench.report.tables               # print every table
-    python -m bench.report.tables --write       # rewrite the marked blocks of BENCHMARKS.md
+    python -m bench.report.tables --write       # rewrite the marked blocks of BENCHMARKS.md, README.md, docs/
 
-A block in BENCHMARKS.md reads `<!-- table NAME -->`, the table, `<!-- /table -->`;
+A block in one of PAGES reads `<!-- table NAME -->`, the table (or generated prose), `<!-- /table -->`;
 tests/bench/test_tables.py checks that every block equals this module's output for NAME and that
 every table here has its block.
 """
@@ -22,6 +22,7 @@ from bench.report.tables_parity import PARITY_TABLES
 from bench.report.tables_save import FOUR_GPU_T10K, SAVE_TABLES
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
+PAGES = (BENCHMARKS, ROOT / "README.md", ROOT / "docs" / "speed.md")  # the pages with generated blocks
 BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 EIGHT_B = "llama3-8b"
 
@@ -307,10 +308,12 @@ def fill(text: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--write", action="store_true", help=f"rewrite the marked blocks of {BENCHMARKS.name}")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the marked blocks of " + ", ".join(str(p.relative_to(ROOT)) for p in PAGES))
     args = parser.parse_args()
     if args.write:
-        BENCHMARKS.write_text(fill(BENCHMARKS.read_text()))
+        for page in PAGES:
+            page.write_text(fill(page.read_text()))
         return
     for name, table in TABLES.items():
         print(f"<!-- table {name} -->\n{table()}<!-- /table -->\n")
