@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from bench.report.results_io import RESULTS, ROOT
 from bench.report.table_cells import load_result, markdown_table, median_and_slow_steps, per_gpu_rate, percent, save_cell
+from bench.report.provenance_notes import PROVENANCE_TABLES
 from bench.report.tables_headline import HEADLINE_TABLES
 from bench.report.tables_parity import PARITY_TABLES
 from bench.report.tables_save import FOUR_GPU_T10K, SAVE_TABLES
@@ -297,7 +298,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
     "lora-8b-2gpu": lora_8b_2gpu, "steps-8b-4gpu": steps_8b_4gpu, "fp8-8b-2gpu": fp8_8b_2gpu, "full-8b-2gpu": full_8b_2gpu,
     "full-8b-4gpu-record": full_8b_4gpu_record, "fp8-8b-4gpu-allgather": fp8_8b_4gpu_allgather, "lora-8b-4gpu": lora_8b_4gpu,
-    **SAVE_TABLES, **PARITY_TABLES, **HEADLINE_TABLES,
+    **SAVE_TABLES, **PARITY_TABLES, **HEADLINE_TABLES, **PROVENANCE_TABLES,
 }
 
 
