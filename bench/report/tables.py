@@ -17,13 +17,15 @@ from collections.abc import Callable
 
 from bench.report.results_io import RESULTS, ROOT
 from bench.report.table_cells import load_result, markdown_table, median_and_slow_steps, per_gpu_rate, percent, save_cell
+from bench.report.figures import PROSE_TABLES, fill_figures
 from bench.report.provenance_notes import PROVENANCE_TABLES
 from bench.report.tables_headline import HEADLINE_TABLES
 from bench.report.tables_parity import PARITY_TABLES
 from bench.report.tables_save import FOUR_GPU_T10K, SAVE_TABLES
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
-PAGES = (BENCHMARKS, ROOT / "README.md", ROOT / "docs" / "speed.md")  # the pages with generated blocks
+# the pages with generated blocks and figures (bench/report/figures.py)
+PAGES = (BENCHMARKS, ROOT / "README.md", ROOT / "docs" / "speed.md", ROOT / "docs" / "ARCHITECTURE.md")
 BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 EIGHT_B = "llama3-8b"
 
@@ -298,13 +300,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
     "lora-8b-2gpu": lora_8b_2gpu, "steps-8b-4gpu": steps_8b_4gpu, "fp8-8b-2gpu": fp8_8b_2gpu, "full-8b-2gpu": full_8b_2gpu,
     "full-8b-4gpu-record": full_8b_4gpu_record, "fp8-8b-4gpu-allgather": fp8_8b_4gpu_allgather, "lora-8b-4gpu": lora_8b_4gpu,
-    **SAVE_TABLES, **PARITY_TABLES, **HEADLINE_TABLES, **PROVENANCE_TABLES,
+    **SAVE_TABLES, **PARITY_TABLES, **HEADLINE_TABLES, **PROVENANCE_TABLES, **PROSE_TABLES,
 }
 
 
 def fill(text: str) -> str:
-    """`text` with every marked block replaced by its generated table."""
-    return BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(4), text)
+    """`text` with every marked block replaced by its generated table, every figure span by its figure."""
+    return fill_figures(BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(4), text))
 
 
 def main() -> None:
