@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable
 
-from bench.report.results_io import ROOT
+from bench.report.results_io import ROOT, WARMUP_STEPS
 from bench.report.table_cells import load_result, markdown_table, percent
 from bench.report.tables_headline import JOBS, Job, rows_of
 
@@ -51,12 +51,24 @@ def fp8_torchao() -> str:
     return _calls("8B FP8 full fine-tune (torchao's linears)")
 
 
+COMPARE_1B = "h200/compare-2026-11-29/compare-llama3.2-1b-ours-vs-peer-trl.json"
+
+
+def compare_1b_steps() -> str:
+    """The timed steps and warm-up of every run of the 1B comparison (one number when all agree)."""
+    r = load_result(COMPARE_1B)
+    runs = [run for side in r["sides"].values() for run in side["runs"]]
+    steps = sorted({run["steps"] for run in runs})
+    warmup = sorted({run.get("warmup_steps", WARMUP_STEPS) for run in runs})
+    return f"{'–'.join(map(str, steps))} steps after {'–'.join(map(str, warmup))} of warm-up"
+
+
 def qlora_70b_peak() -> str:
     return f"{load_result(QLORA_70B)['peak_mem_gib']:.1f} GiB"
 
 
 FIGURES: dict[str, Callable[[], str]] = {"longctx-262k": longctx_262k, "fp8-own": fp8_own, "fp8-torchao": fp8_torchao,
-                                         "qlora-70b-peak": qlora_70b_peak}
+                                         "qlora-70b-peak": qlora_70b_peak, "compare-1b-steps": compare_1b_steps}
 
 # docs/speed.md's excerpt of the speed model's calibration (tests/fixtures/speed_calibration.json, which
 # tests/launcher/test_speed_calibration.py re-derives from the results files): these runs, in this order.
