@@ -178,7 +178,7 @@ def _gpus_cell(job: Job) -> str:
 
 
 def _steps_cell(run: dict) -> str:
-    if "seq_len" in run:  # gpu_long_context.py: the rate of the last step
+    if "seq_len" in run and "real_tokens" not in run:  # gpu_long_context.py (LoRA): the rate of the last step
         return f"1 (the last of {run['step']})"
     return str(run["steps"])
 

@@ -59,3 +59,25 @@ def test_a_copied_bf16_side_is_no_peer_of_the_same_call():
 
     rows = rows_of(_job("8B FP8 full fine-tune (torchao's linears)", 4, "H100"))
     assert [row.file for row in rows if row.ratio_value is not None] == ["h100/four-gpu-2026-11-27d/multi-4gpu-fp8.json"]
+
+
+def test_a_call_of_three_runs_a_side_replaces_the_single_run_calls(tmp_path, monkeypatch):
+    """When a --repeat call lands (here the 1B comparison's file standing in for a 4-GPU one), the job's row is that
+    call's distribution alone; before it, each single-run call is a row of its own."""
+    import shutil
+
+    from bench.report import tables_headline
+    from bench.report.results_io import RESULTS
+
+    job = tables_headline.Job("8B full fine-tune", 4, "H100", "h100/four-gpu-*/multi-4gpu-8b-full*.json", "8b_full",
+                              "8b_full_peer", "TRL + FSDP2")
+    for name in ("h100/four-gpu-2026-11-26/multi-4gpu-8b-full.json", "h100/four-gpu-2026-11-27d/multi-4gpu-8b-full.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(RESULTS / name, tmp_path / name)
+    monkeypatch.setattr(tables_headline, "RESULTS", tmp_path)
+    assert [row.ratio_value is not None for row in tables_headline.rows_of(job)] == [True, True]
+    repeat = tmp_path / "h100/four-gpu-2026-12-06/multi-4gpu-8b-full.json"
+    repeat.parent.mkdir(parents=True)
+    shutil.copy(RESULTS / "h200/compare-2026-11-29/compare-llama3.2-1b-ours-vs-peer-trl.json", repeat)
+    (row,) = tables_headline.rows_of(job)
+    assert row.file == "h100/four-gpu-2026-12-06/multi-4gpu-8b-full.json" and "median of 3 runs a side in one call" in row.ratio
