@@ -1,9 +1,9 @@
 """BENCHMARKS.md's tables, generated from bench/results (never typed by hand).
 
     python -m bench.report.tables               # print every table
-    python -m bench.report.tables --write       # rewrite the marked blocks of BENCHMARKS.md
+    python -m bench.report.tables --write       # rewrite the marked blocks of BENCHMARKS.md, README.md, docs/
 
-A block in BENCHMARKS.md reads `<!-- table NAME -->`, the table, `<!-- /table -->`;
+A block in one of PAGES reads `<!-- table NAME -->`, the table (or generated prose), `<!-- /table -->`;
 tests/bench/test_tables.py checks that every block equals this module's output for NAME and that
 every table here has its block.
 """
@@ -17,11 +17,15 @@ from collections.abc import Callable
 
 from bench.report.results_io import RESULTS, ROOT
 from bench.report.table_cells import load_result, markdown_table, median_and_slow_steps, per_gpu_rate, percent, save_cell
+from bench.report.figures import PROSE_TABLES, fill_figures
+from bench.report.provenance_notes import PROVENANCE_TABLES
 from bench.report.tables_headline import HEADLINE_TABLES
 from bench.report.tables_parity import PARITY_TABLES
 from bench.report.tables_save import FOUR_GPU_T10K, SAVE_TABLES
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
+# the pages with generated blocks and figures (bench/report/figures.py)
+PAGES = (BENCHMARKS, ROOT / "README.md", ROOT / "docs" / "speed.md", ROOT / "docs" / "ARCHITECTURE.md")
 BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 EIGHT_B = "llama3-8b"
 
@@ -62,9 +66,9 @@ STEPS_8B = ("h100/four-gpu-2026-11-27b", "h100/four-gpu-2026-11-27c")  # the sta
 def _llama70b(file: str, mfu_label: str) -> str:
     r = load_result(file)
     losses = list(r["losses"].values())
-    return markdown_table(["file", "steps", "real tokens/s per GPU", mfu_label, "peak GiB allocated",
+    return markdown_table(["file", "steps (timed)", "real tokens/s per GPU", mfu_label, "peak GiB allocated",
                            "plan GiB (when run)", "plan error", "loss first → last"],
-                          [[f"`{file}`", str(max(int(s) for s in r["losses"])),
+                          [[f"`{file}`", f"{max(int(s) for s in r['losses'])} ({r['steps']} timed)",
                             f"{per_gpu_rate(r):,.0f}", percent(r["mfu"]), f"{r['peak_mem_gib']:.1f}",
                             f"{r['plan']['allocated_gib']:.1f}", f"{r['plan_error'] * 100:+.1f}%",
                             f"{losses[0]:.3f} → {losses[-1]:.3f}"]])
@@ -296,21 +300,23 @@ TABLES: dict[str, Callable[[], str]] = {
     "full-8b-4gpu-fixed": full_8b_4gpu_fixed, "fp8-8b-4gpu": fp8_8b_4gpu, "resume-4gpu-zero3": resume_4gpu_zero3,
     "lora-8b-2gpu": lora_8b_2gpu, "steps-8b-4gpu": steps_8b_4gpu, "fp8-8b-2gpu": fp8_8b_2gpu, "full-8b-2gpu": full_8b_2gpu,
     "full-8b-4gpu-record": full_8b_4gpu_record, "fp8-8b-4gpu-allgather": fp8_8b_4gpu_allgather, "lora-8b-4gpu": lora_8b_4gpu,
-    **SAVE_TABLES, **PARITY_TABLES, **HEADLINE_TABLES,
+    **SAVE_TABLES, **PARITY_TABLES, **HEADLINE_TABLES, **PROVENANCE_TABLES, **PROSE_TABLES,
 }
 
 
 def fill(text: str) -> str:
-    """`text` with every marked block replaced by its generated table."""
-    return BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(4), text)
+    """`text` with every marked block replaced by its generated table, every figure span by its figure."""
+    return fill_figures(BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(4), text))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--write", action="store_true", help=f"rewrite the marked blocks of {BENCHMARKS.name}")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the marked blocks of " + ", ".join(str(p.relative_to(ROOT)) for p in PAGES))
     args = parser.parse_args()
     if args.write:
-        BENCHMARKS.write_text(fill(BENCHMARKS.read_text()))
+        for page in PAGES:
+            page.write_text(fill(page.read_text()))
         return
     for name, table in TABLES.items():
         print(f"<!-- table {name} -->\n{table()}<!-- /table -->\n")

@@ -32,6 +32,13 @@ SINGLE_KEYS = {  # everything bench/suites/gpu_single.py has written, ours and p
     "step_seconds",  # peers: each timed step's seconds (bench/peers/peer_clock.py)
     *checks.PREDICTION,  # ours: the plan's prediction (results_io.write_result, from issue #55 on)
 }
+DISTRIBUTION_KEYS = ("order", "sides", "runs_per_side", "ratio_median", "ratio_min", "ratio_max", "peer_low_runs")
+QLORA_KEYS = {  # bench/multi/gpu_qlora.py: a 70B run's fields, or the 1-vs-2-GPU match (one, two)
+    "path", "arch", "shape", "budget", "docs", "gpu", "gpu_count", "peak_flops", "lora_params", "real_tokens", "seconds",
+    "warmup_steps", "real_tokens_per_s", "tokens_per_s_per_gpu", "flops_per_token", "tflops_per_gpu", "mfu", "mfu_last",
+    "peak_mem_gib", "steps", "losses", "grad_norms", "final_loss", "load_log", "recompiles_after_first_log", "plan",
+    "plan_error", "peer", "ratio_vs_peer", "one", "two", "max_loss_diff", "max_grad_norm_rel_diff", "target", "met",
+    "error", *checks.PREDICTION, "provenance"}
 OTHER_KEYS = {
     "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
     "mlp": {"device", "shape", "tokens", "rows", "provenance"},
@@ -50,11 +57,22 @@ OTHER_KEYS = {
                 "lora_targets", "lora_params", "variant", "tokens", "planned_gib", "settings", "step", "tokens_per_s",
                 "tflops_per_gpu", "mfu", "peak_mem_gib", "peak_reserved_gib", "step_records", "error",
                 *checks.PREDICTION, "provenance"},  # bench/suites/gpu_long_context.py (LoRA, one GPU); full: LONGCTX_FULL_KEYS
-    "multi": None,  # checked block by block in test_results_kinds.py
-    "compare": None,  # bench/suites/gpu_single.py --repeat N: checked in test_results_kinds.py (check_compare_record)
-    "qlora": None,  # bench/multi/gpu_qlora.py: checked in test_results_kinds.py
-    "lora": None,  # bench/multi/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): checked as qlora's 70B run
-    "resume": None,  # bench/multi/gpu_resume.py: checked in test_results_kinds.py
+    # bench/multi/gpu_multi.py's phases, multi_full.py (8b-peer, --repeat: distribution's fields), multi_fp8.py,
+    # gpu_multi_lora.py: their blocks checked in test_results_kinds.py. No `difference_reason`: no multi bench writes one.
+    "multi": {"gpu_count", "docs", "max_doc_tokens", "disk_write_gbps", "checkpoint_write_s", "naive_load", "8b", "8b_exit",
+              "8b_load", "8b_log_tail", "8b_model_ready_s", "8b_peak_rss_mib", "8b_restore_s", "8b_resume_log_tail",
+              "8b_resume_model_ready_s", "8b_resume_total_s", "8b_save", "8b_mfu_run", "scaling_1b", "save_1b",
+              "weak_scaling_efficiency", "fp8_8b", "fp8_8b_bf16_error", "fp8_8b_fp8_error", "fp8_8b_auto_error",
+              "8b_full", "8b_full_peer", "8b_full_error", "8b_full_peer_error", "8b_full_windows_before_error",
+              "8b_full_peer_windows_before_error", "8b_lora", "8b_lora_peer", "8b_lora_error", "8b_lora_peer_error",
+              "budget", "expected_save_gb", "expected_save_s", "max_steps", "mean_step_mfu", "mfu", "peer",
+              "ratio_vs_peer", "shape", "steps", "tokens_per_gpu", *DISTRIBUTION_KEYS, "provenance"},
+    # bench/suites/gpu_single.py --repeat N (check_compare_record); difference_reason: its FastChat-style peer only
+    "compare": {"shape", "budget", "docs", "total_real_tokens", "gpu", "gpu_count", "peak_flops", "difference_reason",
+                *DISTRIBUTION_KEYS, "provenance"},
+    "qlora": QLORA_KEYS,  # bench/multi/gpu_qlora.py: checked in test_results_kinds.py
+    "lora": QLORA_KEYS,  # bench/multi/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): as qlora's 70B run
+    "resume": {"arch", "gpu_count", "seed", "steps", "tokens", "results", "provenance"},  # bench/multi/gpu_resume.py
     "save": {"arch", "gpu_count", "steps", "save_every", "tokens_per_micro_batch", "docs", "max_doc_tokens", "staging",
              "disk_write_gbps", "state_gb", "nosave", "async", "resume_exit", "resume_s", "resume_restore_s", "sync",
              "resume_phases", "provenance"},  # bench/multi/gpu_save_async.py's save-async.json: checked below (save_async_problems)
@@ -106,9 +124,42 @@ def test_known_fields_only(path):
     allowed = SINGLE_KEYS if kind == "single" else OTHER_KEYS[kind]
     if kind == "longctx" and data.get("fine_tune") == "full":
         allowed = LONGCTX_FULL_KEYS
-    if allowed is not None:
-        extra = set(data) - allowed
-        assert not extra, f"{_id(path)}: fields no bench script writes: {sorted(extra)} (edited by hand?)"
+    extra = set(data) - allowed
+    assert not extra, f"{_id(path)}: fields no bench script writes: {sorted(extra)} (edited by hand?)"
+
+
+def _peak_blocks(node: object, where: str = "") -> list[tuple[str, dict]]:
+    """Every block that records `peak_flops` (a published peer's figure is that peer's GPU's, not ours)."""
+    found = []
+    if isinstance(node, dict):
+        if "peak_flops" in node:
+            found.append((where, node))
+        for key, value in node.items():
+            if key != "published_peer":
+                found += _peak_blocks(value, f"{where}.{key}".lstrip("."))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _peak_blocks(value, f"{where}[{index}]")
+    return found
+
+
+@pytest.mark.parametrize("path", FILES, ids=_id)
+def test_peak_flops_is_the_gpu_names(path):
+    """Issue #61: the peak comes from the GPU's name (contract/gpus.py), never typed; a `gpu` field names a GPU the
+    provenance saw."""
+    from contract.gpus import gpu_type_from_device_name, lookup
+
+    data, name = _load(path), _id(path)
+    seen = data["provenance"]["gpus"]
+    for where, block in _peak_blocks(data):
+        gpu = block.get("gpu") or data.get("gpu") or data.get("device") or (seen[0] if seen else None)
+        if gpu is None:  # a CPU run: no peak
+            assert block["peak_flops"] is None, f"{name}: {where}: a peak without a GPU"
+            continue
+        assert not seen or gpu in seen, f"{name}: {where}: gpu {gpu!r}, the provenance saw {seen}"
+        spec = lookup(gpu_type_from_device_name(gpu) or "")
+        expected = spec.peak_tflops_bf16 * 1e12 if spec else None
+        assert block["peak_flops"] == expected, f"{name}: {where}: peak_flops {block['peak_flops']}, {gpu}'s is {expected}"
 
 
 @pytest.mark.parametrize("path", FILES, ids=_id)
@@ -379,3 +430,23 @@ def test_a_context_parallel_file_edited_by_hand_is_caught(tamper):
     assert problems, tamper
     if tamper == "more tokens than documents":  # the slot check itself, not only the rate it also breaks
         assert any("steps x" in line for line in problems), problems
+
+
+def test_a_typed_difference_reason_or_a_renamed_gpu_is_caught():
+    """Issue #61's tamperings, in memory: a `difference_reason` no multi bench writes (it switches the side check
+    off), and a GPU renamed to a slower one with that one's peak (the provenance saw another)."""
+    from contract.gpus import GPUS
+
+    path = RESULTS / FULL
+    data = _load(path)
+    assert "difference_reason" not in OTHER_KEYS["multi"] and not set(data) - OTHER_KEYS["multi"]
+    for block in (data["8b_full"], data["8b_full_peer"]):
+        block["gpu"], block["peak_flops"] = "NVIDIA H100 PCIe", GPUS["h100-pcie"].peak_tflops_bf16 * 1e12
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checks, "load", lambda _: data)
+        patch.setitem(globals(), "_load", lambda _: data)
+        with pytest.raises(AssertionError, match="the provenance saw"):
+            test_peak_flops_is_the_gpu_names(path)
+        data["8b_full"]["gpu"] = data["8b_full_peer"]["gpu"] = "NVIDIA H100 80GB HBM3"
+        with pytest.raises(AssertionError, match="peak_flops"):
+            test_peak_flops_is_the_gpu_names(path)

@@ -1,0 +1,112 @@
+"""Issue #61: a measured number in README.md or docs/ comes from a generated block or figure (bench/report/tables.py,
+bench/report/figures.py), never typed: outside those, no tokens/s, % MFU, speed ratio (×) or GiB-at-peak figure."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench.report.figures import FIG, FIGURES
+from bench.report.results_io import ROOT
+from bench.report.tables import BLOCK, PAGES
+
+PROSE = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MEASURED = re.compile(r"\d[\d,]*(?:\.\d+)? (?:real )?tokens/s|\d+(?:\.\d+)?% MFU|\d+\.\d+×"
+                      r"|\d+(?:\.\d+)? GiB (?:reserved|allocated|at peak)")
+
+
+def typed_figures(text: str) -> list[str]:
+    """The measured-looking numbers of `text` outside its generated blocks and figures, with their line."""
+    text = FIG.sub("<!-- fig -->", BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text))
+    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}" for m in MEASURED.finditer(text)]
+
+
+@pytest.mark.parametrize("page", PROSE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_measured_numbers_in_prose_are_generated(page):
+    typed = typed_figures(page.read_text())
+    assert not typed, (f"{page.relative_to(ROOT)}: typed measured numbers (make each a <!-- fig NAME --> of "
+                       f"bench/report/figures.py, or point to BENCHMARKS.md): {typed}")
+
+
+def test_a_typed_number_is_found_and_a_generated_one_is_not():
+    assert typed_figures("ran at 1,517 real tokens/s, 36.3% MFU; 1.27× bf16") == [
+        "line 1: 1,517 real tokens/s", "line 1: 36.3% MFU", "line 1: 1.27×"]
+    assert not typed_figures("at <!-- fig fp8-own -->1.24–1.29× our bf16<!-- /fig -->\n<!-- table headline -->\n"
+                             "| 1,515 tokens/s |\n<!-- /table -->\n")
+
+
+def test_every_figure_is_used_and_every_used_figure_exists():
+    used = {m.group("name") for page in PAGES for m in FIG.finditer(page.read_text())}
+    assert used == set(FIGURES), f"figures used {sorted(used)}, defined {sorted(FIGURES)}"
+    assert all(page in PAGES for page in PROSE if FIG.search(page.read_text())), "a page with figures not in PAGES"
+
+
+# BENCHMARKS.md's dated sessions: a measured-looking number there is traced when it is, at its printed precision, a
+# value of a results file the same section names (by path, or its folder), a per-GPU rate, a percentage of a
+# fraction, or a ratio of two of its rates. The numbers that are not (sessions whose runs kept no file, ratios
+# across files) are listed in UNTRACED as of issue #61: the list may only shrink, and a new untraced number fails.
+UNTRACED = ROOT / "tests" / "fixtures" / "benchmarks_untraced.json"
+FILE_NAMED = re.compile(r"(?:h[12]00|cpu)/[\w.-]+/[\w.+-]+\.json|(?:h[12]00|cpu)/[\w.-]+/")
+
+
+def _values(node: object, rates: list[float], out: set[float]) -> None:
+    if isinstance(node, dict):
+        for value in node.values():
+            _values(value, rates, out)
+        for key in ("real_tokens_per_s", "tokens_per_s"):
+            if isinstance(node.get(key), (int, float)):
+                rates.append(node[key] / (node.get("gpu_count") or 1))
+    elif isinstance(node, list):
+        for value in node:
+            _values(value, rates, out)
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        out.update((float(node), float(node) * 100))
+
+
+def _section_values(section: str) -> set[float]:
+    import json
+
+    from bench.report.results_io import RESULTS
+
+    named = set(FILE_NAMED.findall(section))
+    files = [path for path in RESULTS.rglob("*.json")
+             if any(str(path.relative_to(RESULTS)).startswith(name) for name in named)]
+    values: set[float] = set()
+    rates: list[float] = []
+    for path in files:
+        _values(json.loads(path.read_text()), rates, values)
+    values.update(rates)
+    values.update(a / b for a in rates for b in rates if b)
+    return values
+
+
+def _traced(literal: str, values: set[float]) -> bool:
+    number = re.match(r"[\d,]+(?:\.\d+)?", literal).group(0).replace(",", "")
+    digits = len(number.split(".")[1]) if "." in number else 0
+    return any(round(value, digits) == float(number) for value in values)
+
+
+def benchmarks_untraced(text: str) -> list[str]:
+    """BENCHMARKS.md's measured-looking numbers outside generated blocks and figures that its sections' files do
+    not give, as "section heading: number" (repeats counted)."""
+    text = FIG.sub("<!-- fig -->", BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text))
+    found = []
+    for section in re.split(r"\n(?=## )", text):
+        heading = section.split("\n", 1)[0][:80]
+        matches = [m.group(0) for m in MEASURED.finditer(section)]
+        values = _section_values(section) if matches else set()
+        found += [f"{heading}: {literal}" for literal in matches if not _traced(literal, values)]
+    return found
+
+
+def test_benchmarks_prose_numbers_are_traced_to_their_sections_files_or_listed_as_before():
+    import json
+    from collections import Counter
+
+    from bench.report.tables import BENCHMARKS
+
+    now, before = Counter(benchmarks_untraced(BENCHMARKS.read_text())), Counter(json.loads(UNTRACED.read_text()))
+    new, gone = now - before, before - now
+    assert not new, f"typed numbers no results file of their section gives (generate them as figures): {sorted(new)}"
+    assert not gone, f"traced or removed since: take them out of {UNTRACED.name}: {sorted(gone)}"
