@@ -3,6 +3,7 @@
     python -m bench.multi.gpu_qlora single --results bench/results/h100     # 1 GPU: 8B ours vs TRL + PEFT QLoRA
     python -m bench.multi.gpu_qlora match --results bench/results/h100      # 2 GPUs vs 1 GPU, same job: loss curves
     python -m bench.multi.gpu_qlora llama70b --results bench/results/h100   # llama-70b shape on 2 GPUs, peak vs plan
+    python -m bench.multi.gpu_qlora llama70b --gpus 1 --steps 14 --results bench/results/h200  # on one GPU (#64)
     python -m bench.multi.gpu_qlora llama70b --lora-bf16 --gpus 4 --docs 300 --budget 2048 --steps 22 \
         --results bench/results/h100                                  # the same shape, bf16 LoRA on 4 GPUs
     python -m bench.multi.gpu_qlora llama70b --lora-bf16 --gpus 4 --cpu-smoke  # tiny shape on CPU (gloo)
@@ -42,6 +43,7 @@ from bench.common.processes import TIMED_OUT, run_logged
 from bench.report.results_io import throughput_numbers, write_result
 from bench.common.synthetic import LLAMA_1B, document_lengths, write_token_jsonl
 from contract.config import LoraSection
+from contract.gpus import gpu_type_from_device_name
 from contract import protocol
 from contract.protocol import free_port
 from contract.shape import ModelShape
@@ -201,10 +203,11 @@ def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
         name, overrides = f"qlora-llama70b-{gpus}gpu", {**QLORA, "train": train}
     row = launch(name, args.out, data, arch, args.budget, gpus, overrides)
     row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "arch": arch, "budget": args.budget,
-            "docs": args.docs, "plan": planned(arch, gpus, args.budget, "h100", quant)}
+            "docs": args.docs}
+    gpu, peak = gpu_single.device_peak()
+    row["plan"] = planned(arch, gpus, args.budget, gpu_type_from_device_name(gpu) or "h100", quant)  # the GPU it ran on
     if "error" not in row:
         adapters = ModelShape.from_arch(arch).lora_params(LoraSection().r, LoraSection().target_modules)
-        gpu, peak = gpu_single.device_peak()
         row |= {"gpu": gpu, "peak_flops": peak, "lora_params": adapters, "peer": "none", "ratio_vs_peer": None,
                 **throughput_numbers(arch, document_lengths(args.docs, args.budget), row["real_tokens_per_s"], gpus,
                                      peak, adapters)}

@@ -178,6 +178,8 @@ def _gpus_cell(job: Job) -> str:
 
 
 def _steps_cell(run: dict) -> str:
+    if "timed_steps" in run:  # gpu_long_context.py (LoRA) from 2026-12-06: the steps after the warm-up
+        return str(run["timed_steps"])
     if "seq_len" in run and "real_tokens" not in run:  # gpu_long_context.py (LoRA): the rate of the last step
         return f"1 (the last of {run['step']})"
     return str(run["steps"])

@@ -7,8 +7,8 @@ ceiling (37.3-39.9% MFU at 32k-128k, 87 GiB at 128k).
 
 Each variant trains `--steps` optimizer steps on documents of exactly `--tokens` tokens (one document a
 micro-batch, FA4 varlen attention, per-layer checkpointing, eager layers: at 256k attention is ~85% of the
-FLOPs, and compiling would add minutes). The last step's numbers are reported (the first one includes
-CUDA/FA4 warm-up): tokens/s, MFU (contract.shape's FLOPs, LoRA counted as 4N + 6N_lora), the allocator's
+FLOPs, and compiling would add minutes). The steps after the first (CUDA/FA4 warm-up) are timed together
+(`timed_steps`, `real_tokens`, `seconds`; files before 2026-12-06 give the last step's rate alone): tokens/s, MFU (contract.shape's FLOPs, LoRA counted as 4N + 6N_lora), the allocator's
 peak and what the planner predicted for the same settings. Prints a table and, with --results, one
 `longctx-<shape>-lora-<tokens>.json` per variant through bench/report/results_io (fields `seq_len`,
 `context_parallel`; tests/bench/test_results.py re-derives its FLOPs and MFU).
@@ -26,7 +26,7 @@ from typing import Any
 from bench.suites.gpu_single import TINY, device_peak, write_train_toml
 from bench.common.processes import TIMED_OUT, run_logged
 from bench.common.synthetic import SHAPES, write_token_jsonl
-from bench.report.results_io import write_result
+from bench.report.results_io import throughput_numbers, write_result
 from contract.config import LoraSection
 from contract.shape import ModelShape
 from launcher.plan.memory import GIB
@@ -36,7 +36,9 @@ RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "450"))
 # name -> train.toml overrides on top of: LoRA r16, checkpointing, eager layers, fused loss
 VARIANTS: dict[str, dict[str, Any]] = {
     "offload-mlp-chunks": {"activation_offload": True, "mlp_chunk_tokens": 16384},
+    "resident": {},  # no offload, no MLP chunks: 128k fits one H200 so (87 GiB), the fastest setting there
 }
+WARMUP_STEPS = 1  # the first step includes CUDA/FA4 warm-up and the allocator's growth: not timed
 
 
 def settings(name: str, tokens: int, steps: int, cpu: bool) -> dict[str, dict[str, Any]]:
@@ -69,13 +71,30 @@ def run(name: str, out: Path, data: Path, arch: dict[str, Any], tokens: int, ste
         return row | {"error": f"timeout {RUN_TIMEOUT_S} s" if code == TIMED_OUT else f"exit {code}"}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
-    last = steps[-1]
-    return row | {key: last.get(key) for key in ("step", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib",
-                                                 "peak_reserved_gib")} | {"step_records": steps}
+    return row | timed(steps, tokens, arch) | {"step_records": steps}
+
+
+def timed(steps: list[dict[str, Any]], tokens: int, arch: dict[str, Any]) -> dict[str, Any]:
+    """The rate over every step after the warm-up (one document of `tokens` tokens a step, every token real):
+    `real_tokens` / `seconds`, the seconds from the warm-up step's end to the last step's (metrics' elapsed_s, which
+    counts training time only), and its MFU; the peak memory of the whole run."""
+    first, last = steps[WARMUP_STEPS - 1], steps[-1]
+    timed_steps = last["step"] - first["step"]
+    real_tokens, seconds = timed_steps * tokens, last["elapsed_s"] - first["elapsed_s"]
+    lora = LoraSection()
+    adapters = ModelShape.from_arch(arch).lora_params(lora.r, lora.target_modules)
+    _, peak = device_peak()
+    rate = real_tokens / seconds
+    return {"step": last["step"], "warmup_steps": WARMUP_STEPS, "timed_steps": timed_steps, "real_tokens": real_tokens,
+            "seconds": seconds, "tokens_per_s": rate,
+            **{key: value for key, value in throughput_numbers(arch, [tokens], rate, 1, peak, adapters).items()
+               if key in ("tflops_per_gpu", "mfu")},
+            "peak_mem_gib": max(r.get("peak_mem_gib") or 0 for r in steps),
+            "peak_reserved_gib": max(r.get("peak_reserved_gib") or 0 for r in steps)}
 
 
 def record(row: dict[str, Any], arch: dict[str, Any], shape: str) -> dict[str, Any]:
-    """The results file of one variant: the last step's rate (the first includes CUDA/FA4 warm-up), its
+    """The results file of one variant: the rate of its timed steps (`timed`), its
     FLOPs by contract.shape (one document of seq_len tokens: s̄ = seq_len; LoRA r16 on the default targets)."""
     lora = LoraSection()
     gpu, peak = device_peak()
@@ -104,7 +123,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=262144, help="tokens per document (= per micro-batch)")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per variant (the last is reported)")
+    parser.add_argument("--steps", type=int, default=4,
+                        help="optimizer steps per variant: the first is warm-up, the rest are timed")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-long-context"))
     parser.add_argument("--cpu-smoke", action="store_true")

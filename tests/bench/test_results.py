@@ -56,6 +56,7 @@ OTHER_KEYS = {
     "longctx": {"shape", "arch", "seq_len", "context_parallel", "gpu_count", "gpu", "peak_flops", "lora_r",
                 "lora_targets", "lora_params", "variant", "tokens", "planned_gib", "settings", "step", "tokens_per_s",
                 "tflops_per_gpu", "mfu", "peak_mem_gib", "peak_reserved_gib", "step_records", "error",
+                "warmup_steps", "timed_steps", "real_tokens", "seconds",
                 *checks.PREDICTION, "provenance"},  # bench/suites/gpu_long_context.py (LoRA, one GPU); full: LONGCTX_FULL_KEYS
     # bench/multi/gpu_multi.py's phases, multi_full.py (8b-peer, --repeat: distribution's fields), multi_fp8.py,
     # gpu_multi_lora.py: their blocks checked in test_results_kinds.py. No `difference_reason`: no multi bench writes one.
