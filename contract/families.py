@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contract.schema import ConfigError
+
 
 @dataclass(frozen=True)
 class Family:
@@ -24,18 +26,20 @@ class Family:
     attention_bias_default: bool = False
     all_sliding: bool = False  # Mistral: `sliding_window` applies to every layer
     sliding_every: int = 0  # gpt-oss 2 (sliding, full, ...); Gemma 3 6 (5 sliding, 1 full)
+    layer_class: str = "LlamaDecoderLayer"  # the decoder layer FSDP wraps
 
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(),
-    "mistral": Family(qkv_bias=False, o_bias=False, all_sliding=True),
-    "qwen2": Family(qkv_bias=True, o_bias=False),
-    "qwen2_moe": Family(qkv_bias=True, o_bias=False, moe=True),
-    "qwen3": Family(qk_norm=True),
-    "qwen3_moe": Family(qk_norm=True, moe=True),
+    "mistral": Family(qkv_bias=False, o_bias=False, all_sliding=True, layer_class="MistralDecoderLayer"),
+    "qwen2": Family(qkv_bias=True, o_bias=False, layer_class="Qwen2DecoderLayer"),
+    "qwen2_moe": Family(qkv_bias=True, o_bias=False, moe=True, layer_class="Qwen2MoeDecoderLayer"),
+    "qwen3": Family(qk_norm=True, layer_class="Qwen3DecoderLayer"),
+    "qwen3_moe": Family(qk_norm=True, moe=True, layer_class="Qwen3MoeDecoderLayer"),
     "gpt_oss": Family(sinks=True, moe=True, expert_bias=True, router_bias=True, attention_bias_default=True,
-                      sliding_every=2),
-    "gemma3_text": Family(qk_norm=True, norms_per_layer=4, tied_default=True, sliding_every=6),
+                      sliding_every=2, layer_class="GptOssDecoderLayer"),
+    "gemma3_text": Family(qk_norm=True, norms_per_layer=4, tied_default=True, sliding_every=6,
+                          layer_class="Gemma3DecoderLayer"),
 }
 
 
@@ -73,3 +77,20 @@ def moe_layers(arch: dict[str, Any], layers: int, experts: int) -> tuple[bool, .
     step = int(arch.get("decoder_sparse_step") or 1)
     dense = set(arch.get("mlp_only_layers") or ())
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+
+
+def vision_tower_params(config: dict[str, Any], text_hidden: int) -> int:
+    """Parameters of a multimodal checkpoint's vision tower and projector, which AutoModelForCausalLM loads with
+    the language model (Gemma 3: a SigLIP encoder without its head, and the projector: a [vision, text]
+    matrix and an RMSNorm); 0 without a `vision_config`. Text-only training runs none of it (no FLOPs),
+    but every parameter is resident, trained and sharded like the rest."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return 0
+    if vision.get("model_type", "siglip_vision_model") != "siglip_vision_model" or vision.get("vision_use_head"):
+        raise ConfigError(f"vision_config: a {vision.get('model_type')!r} tower is not one the planner counts",
+                          "vision_config")
+    h, i, patch = vision["hidden_size"], vision["intermediate_size"], vision.get("patch_size", 14)
+    embeddings = h * 3 * patch * patch + h + (vision["image_size"] // patch) ** 2 * h
+    layer = 2 * 2 * h + 4 * (h * h + h) + (h * i + i) + (i * h + h)
+    return embeddings + vision["num_hidden_layers"] * layer + 2 * h + h * text_hidden + h

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from contract.families import FAMILIES, Family, layer_windows, moe_layers, text_config
+from contract.families import FAMILIES, Family, layer_windows, moe_layers, text_config, vision_tower_params
 from contract.schema import ConfigError
 
 REQUIRED_ARCH_KEYS = (
@@ -55,7 +55,8 @@ KNOWN_ARCH_KEYS = (*REQUIRED_ARCH_KEYS, "num_key_value_heads", "head_dim", "tie_
                    "model_type", "architectures", "layer_types", "num_experts", "num_local_experts",
                    "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
                    "decoder_sparse_step", "mlp_only_layers", "max_window_layers", "query_pre_attn_scalar",
-                   "sliding_window_pattern", "rope_parameters", "hidden_activation", "norm_topk_prob")
+                   "sliding_window_pattern", "rope_parameters", "hidden_activation", "norm_topk_prob",
+                   "vision_config")
 
 
 def misspelt_arch_key(arch: dict[str, Any]) -> tuple[str, str] | None:
@@ -145,6 +146,7 @@ class ModelShape:
     shared_intermediate: int = 0  # Qwen2-MoE's shared expert (0 = none)
     moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or the dense MLP
     windows: tuple[int | None, ...] = ()  # per layer: sliding window, None = full attention
+    vision_params: int = 0  # a multimodal checkpoint's vision tower + projector (families.vision_tower_params)
 
     @classmethod
     def from_arch(cls, config: dict[str, Any]) -> ModelShape:
@@ -179,6 +181,7 @@ class ModelShape:
             expert_intermediate=int(expert_width) if experts else 0,
             shared_intermediate=int(arch.get("shared_expert_intermediate_size") or 0) if experts else 0,
             moe_layers=moe_layers(arch, layers, experts), windows=layer_windows(arch, family, layers),
+            vision_params=vision_tower_params({**arch, **config}, arch["hidden_size"]),
         )
 
     @property
@@ -246,7 +249,7 @@ class ModelShape:
     def total_params(self) -> int:
         embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
         layers = sum(self._layer_params(moe) for moe in self.moe_layers)
-        return layers + embeddings + self.hidden
+        return layers + embeddings + self.hidden + self.vision_params
 
     def params_per_rank(self, world: int, ep: int = 1) -> int:
         """Parameters one of `world` ranks holds: the experts split over `ep` expert-parallel ranks and

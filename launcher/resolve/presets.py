@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.schema import ConfigError, closest
-from contract.families import text_config
+from contract.families import FAMILIES, text_config
 from contract.shape import KNOWN_ARCH_KEYS, ModelShape
 
 ARCH_KEYS = (
@@ -113,11 +113,14 @@ PRESETS: dict[str, Preset] = {
                _hf("gpt_oss", 36, 2880, 64, 8, 2880, 201088, 131072, False, head_dim=64, num_local_experts=128,
                    num_experts_per_tok=4, sliding_window=128, attention_bias=True, layer_types=_alternating(36, 2)),
                layer_class="GptOssDecoderLayer", train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
-        # The language model of the multimodal checkpoint (its text_config; vocab_size is transformers'
-        # Gemma3TextConfig default, which the checkpoint's config.json leaves unset).
+        # A multimodal checkpoint: its text_config (vocab_size is transformers' Gemma3TextConfig default, which
+        # the config.json leaves unset) and its vision_config, the SigLIP tower AutoModelForCausalLM loads too.
         Preset("gemma3-27b", "google/gemma-3-27b-pt",
                _hf("gemma3_text", 62, 5376, 32, 16, 21504, 262208, 131072, True, head_dim=128, sliding_window=1024,
-                   query_pre_attn_scalar=168, layer_types=_alternating(62, 6)),
+                   query_pre_attn_scalar=168, layer_types=_alternating(62, 6),
+                   vision_config={"model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 896,
+                                  "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 27,
+                                  "patch_size": 14, "vision_use_head": False}),
                layer_class="Gemma3DecoderLayer", train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
     ]
 }
@@ -125,8 +128,11 @@ PRESETS: dict[str, Preset] = {
 
 def _layer_class(config: dict[str, Any]) -> str:
     """'LlamaForCausalLM' -> 'LlamaDecoderLayer' (the naming every HF decoder-only model follows;
-    'Gemma3ForConditionalGeneration' -> 'Gemma3DecoderLayer')."""
-    architectures = config.get("architectures") or ["LlamaForCausalLM"]
+    'Gemma3ForConditionalGeneration' -> 'Gemma3DecoderLayer'); without `architectures`, the family's."""
+    architectures = config.get("architectures")
+    if not architectures:
+        family = FAMILIES.get(text_config(config).get("model_type") or "llama")
+        return family.layer_class if family else "LlamaDecoderLayer"
     return architectures[0].replace("ForCausalLM", "DecoderLayer").replace("ForConditionalGeneration", "DecoderLayer")
 
 
@@ -140,6 +146,8 @@ def preset_from_config_json(path: Path, name: str, hf_id: str) -> Preset:
     if missing:
         raise ConfigError(f"--model {name}: {path} lacks {', '.join(missing)} (not a decoder-only LM config?)")
     arch = {k: text[k] for k in KNOWN_ARCH_KEYS if k in text}
+    if "vision_config" in config:  # a multimodal checkpoint's tower loads with the language model
+        arch["vision_config"] = config["vision_config"]
     arch["num_key_value_heads"] = arch.get("num_key_value_heads") or arch["num_attention_heads"]
     try:
         shape = ModelShape.from_arch(arch)

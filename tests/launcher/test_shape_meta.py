@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from contract.schema import ConfigError
 from contract.shape import EXPERT_LORA_TARGETS, LORA_TARGETS, ModelShape
-from launcher.resolve.presets import PRESETS
+from launcher.resolve.presets import PRESETS, resolve_model
 
 SMALL = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
              vocab_size=128, head_dim=32)
@@ -33,11 +33,19 @@ TINY: dict[str, dict[str, Any]] = {
     "qwen2-moe-shared": {"model_type": "qwen2_moe", **NO_HEAD_DIM, **MOE, "shared_expert_intermediate_size": 80},
     "gpt-oss": {"model_type": "gpt_oss", **SMALL, "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 16},
     "gemma3": {"model_type": "gemma3_text", **SMALL, "sliding_window": 16},
+    "gemma3-multimodal": {"model_type": "gemma3_text", **SMALL, "sliding_window": 16, "vision_config": {
+        "model_type": "siglip_vision_model", "hidden_size": 32, "image_size": 56, "intermediate_size": 48,
+        "num_attention_heads": 2, "num_hidden_layers": 2, "patch_size": 14, "vision_use_head": False}},
 }
 
 
 def meta_model(arch: dict[str, Any]) -> torch.nn.Module:
-    """transformers' own class for the config, built without memory."""
+    """transformers' own class for the config, built without memory; a preset's `vision_config` makes it the
+    multimodal checkpoint's config (text_config + vision_config), which AutoModelForCausalLM loads whole."""
+    if "vision_config" in arch:
+        text = {k: v for k, v in arch.items() if k != "vision_config"}
+        arch = {"model_type": text["model_type"].removesuffix("_text"), "text_config": text,
+                "vision_config": arch["vision_config"]}
     config = AutoConfig.for_model(**arch)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
@@ -52,7 +60,8 @@ def test_preset_parameter_count_equals_the_model_transformers_builds(name: str) 
     preset = PRESETS[name]
     model = meta_model({"model_type": "llama", **preset.arch})
     assert preset.num_params == parameter_count(model), name
-    assert type(model).__name__.replace("ForCausalLM", "DecoderLayer") == preset.layer_class
+    assert type(model).__name__.replace("ForCausalLM", "DecoderLayer").replace("ForConditionalGeneration",
+                                                                                  "DecoderLayer") == preset.layer_class
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -66,7 +75,7 @@ def test_tiny_config_parameter_count_equals_the_model(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_windows_follow_the_layer_types_transformers_resolves(name: str) -> None:
-    config = meta_model(TINY[name]).config
+    config = meta_model(TINY[name]).config.get_text_config()
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     window = getattr(config, "sliding_window", None)
     if config.model_type == "mistral":  # no layer_types: the window applies to every layer
@@ -139,3 +148,15 @@ def test_lora_on_experts_of_a_dense_model_is_refused_in_one_line() -> None:
 def test_an_unknown_family_is_refused_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="arch.model_type: 'phi3' is not a family"):
         ModelShape.from_arch({"model_type": "phi3", **SMALL})
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe-dense-layers", "gpt-oss", "gemma3-multimodal", "qwen2"])
+def test_a_model_directory_plans_what_its_config_json_builds(tmp_path, name: str) -> None:
+    """`--model DIR`: the planner reads the directory's config.json (a multimodal one through text_config and
+    vision_config) and counts what transformers builds from it."""
+    model = meta_model(TINY[name])
+    model.config.save_pretrained(tmp_path)
+    preset = resolve_model(str(tmp_path))
+    assert preset.num_params == parameter_count(model)
+    assert preset.layer_class == type(model).__name__.replace("ForCausalLM", "DecoderLayer").replace(
+        "ForConditionalGeneration", "DecoderLayer")
