@@ -327,12 +327,12 @@ class ModelShape:
         found = []
         for name in targets:
             if name not in table:
-                raise ConfigError(f"lora_target_modules: unknown module {name!r}; valid: "
-                                  f"{', '.join(VALID_LORA_TARGETS)}", "lora_target_modules")
+                raise ConfigError(f"lora.target_modules: unknown module {name!r}; valid: "
+                                  f"{', '.join(VALID_LORA_TARGETS)}", "lora.target_modules")
             found += [Linear(name, n_in, n_out, count) for n_in, n_out, count in table[name] if count]
         if not found:
-            raise ConfigError(f"lora_target_modules: this model has none of {', '.join(targets)}",
-                              "lora_target_modules")
+            raise ConfigError(f"lora.target_modules: this model has none of {', '.join(targets)}",
+                              "lora.target_modules")
         return found
 
     def linear_dims(self, targets: list[str]) -> list[tuple[int, int]]:
