@@ -148,6 +148,13 @@ class ModelShape:
     windows: tuple[int | None, ...] = ()  # per layer: sliding window, None = full attention
     vision_params: int = 0  # a multimodal checkpoint's vision tower + projector (families.vision_tower_params)
 
+    def __post_init__(self) -> None:
+        """Per-layer tuples default to a dense, full-attention stack."""
+        if not self.moe_layers:
+            object.__setattr__(self, "moe_layers", (False,) * self.layers)
+        if not self.windows:
+            object.__setattr__(self, "windows", (None,) * self.layers)
+
     @classmethod
     def from_arch(cls, config: dict[str, Any]) -> ModelShape:
         """From a config.json dict (or a preset's arch, or `model.config.to_dict()` on the GPU)."""
@@ -238,7 +245,7 @@ class ModelShape:
 
     def gathered_layer_params(self, ep: int = 1) -> int:
         """The largest layer as one rank gathers it with its experts split over `ep` expert-parallel ranks."""
-        return max(self._layer_params(moe, ep) for moe in set(self.moe_layers or (False,)))
+        return max(self._layer_params(moe, ep) for moe in set(self.moe_layers))
 
     @property
     def expert_params(self) -> int:
@@ -287,14 +294,13 @@ class ModelShape:
     def mlp_width(self) -> int:
         """The MLP's intermediate width per token in the widest layer: I dense, k·I_expert (+ shared) MoE."""
         moe = self.experts_per_token * self.expert_intermediate + self.shared_intermediate
-        return max(moe if is_moe else self.intermediate for is_moe in (self.moe_layers or (False,)))
+        return max(moe if is_moe else self.intermediate for is_moe in self.moe_layers)
 
     # -- FLOPs -------------------------------------------------------------------------------------------
     def attended_keys(self, mean_doc_len: float) -> float:
         """Keys a token attends summed over the layers (causal; windows per layer, module docstring)."""
         s = mean_doc_len
-        return sum(s / 2 if w is None or s <= w else w - w * w / (2 * s) for w in (self.windows or
-                                                                                     (None,) * self.layers))
+        return sum(s / 2 if w is None or s <= w else w - w * w / (2 * s) for w in self.windows)
 
     def attention_flops_per_token(self, mean_doc_len: float) -> float:
         """12·a per attended (query, key) pair, forward and backward."""
@@ -327,12 +333,12 @@ class ModelShape:
         found = []
         for name in targets:
             if name not in table:
-                raise ConfigError(f"lora.target_modules: unknown module {name!r}; valid: "
-                                  f"{', '.join(VALID_LORA_TARGETS)}", "lora.target_modules")
+                raise ConfigError(f"lora_target_modules: unknown module {name!r}; valid: "
+                                  f"{', '.join(VALID_LORA_TARGETS)}", "lora_target_modules")
             found += [Linear(name, n_in, n_out, count) for n_in, n_out, count in table[name] if count]
         if not found:
-            raise ConfigError(f"lora.target_modules: this model has none of {', '.join(targets)}",
-                              "lora.target_modules")
+            raise ConfigError(f"lora_target_modules: this model has none of {', '.join(targets)}",
+                              "lora_target_modules")
         return found
 
     def linear_dims(self, targets: list[str]) -> list[tuple[int, int]]:
