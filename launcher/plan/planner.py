@@ -156,6 +156,7 @@ class Plan:
     params_total: int
     params_trainable: int
     params_matmul: int
+    params_active: int  # what one token uses (top-k experts of a MoE model); = params_total when dense
     gpu: MemoryBreakdown
     gpu_usable_bytes: int | None
     cpu: dict[str, int]
@@ -344,7 +345,7 @@ def make_plan(inp: PlanInput) -> Plan:
     cpu_usable = None if inp.cpu_mem_per_node_gib is None else int(inp.cpu_mem_per_node_gib * CPU_USABLE_FRACTION * GIB)
     return Plan(
         input=inp, params_total=shape.total_params, params_trainable=trainable,
-        params_matmul=shape.matmul_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
+        params_matmul=shape.matmul_params, params_active=shape.active_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
         time=with_segments(time, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
         cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts)),

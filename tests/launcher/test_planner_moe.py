@@ -40,7 +40,7 @@ def test_qwen3_30b_a3b_default_plan_fits_with_the_settings_it_needs(roomy_tmp: P
     result = run_cli(["plan", "--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100", "--model", "qwen3-30b-a3b",
                       "--output", str(roomy_tmp / "run")], roomy_tmp, env=cli_env(PATH=path_without("sbatch")))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "30.53B params" in result.stdout and "checkpointing on" in result.stdout
+    assert "30.53B params (3.35B active)" in result.stdout and "checkpointing on" in result.stdout
     assert "Verdict fits" in result.stdout
 
 
