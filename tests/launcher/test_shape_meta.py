@@ -160,3 +160,24 @@ def test_a_model_directory_plans_what_its_config_json_builds(tmp_path, name: str
     assert preset.num_params == parameter_count(model)
     assert preset.layer_class == type(model).__name__.replace("ForCausalLM", "DecoderLayer").replace(
         "ForConditionalGeneration", "DecoderLayer")
+
+
+# Totals the publishers state (billions, as their model cards round them): Qwen3 8.2B / 32.8B / 30.5B / 235B,
+# Llama 3.1 8B (8.03B), 3.3 70B (70.6B), Gemma 3 27B (27.4B with its vision tower), gpt-oss 20.91B / 116.83B.
+PUBLISHED_TOTALS = {"qwen3-8b": 8.2, "qwen3-32b": 32.8, "qwen3-30b-a3b": 30.5, "qwen3-235b-a22b": 235.1,
+                    "llama3.1-8b": 8.0, "llama3.3-70b": 70.6, "gemma3-27b": 27.4, "gpt-oss-20b": 20.9,
+                    "gpt-oss-120b": 116.8}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_TOTALS))
+def test_presets_match_the_published_parameter_counts(name: str) -> None:
+    assert round(PRESETS[name].num_params / 1e9, 1) == PUBLISHED_TOTALS[name]
+
+
+def test_gpt_oss_active_parameters_are_openais_without_the_embedding() -> None:
+    """OpenAI's model card: 3.61B active of 20.91B, 5.13B of 116.83B, the embedding table left out (a lookup);
+    active_params counts it, as Qwen's "3.3B activated" does."""
+    for name, active in (("gpt-oss-20b", 3.61), ("gpt-oss-120b", 5.13)):
+        shape = ModelShape.from_arch(PRESETS[name].arch)
+        assert round((shape.active_params - shape.vocab * shape.hidden) / 1e9, 2) == active
+    assert round(ModelShape.from_arch(PRESETS["gpt-oss-120b"].arch).total_params / 1e9, 2) == 116.83
