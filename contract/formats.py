@@ -3,7 +3,8 @@
 Formats (the column names are the defaults; a source's `columns` maps them to the data's own):
   sharegpt           {"conversations": [{"from": "system|human|gpt", "value": ...}, ...]}  (FastChat)
   messages           {"messages": [{"role": "system|user|assistant|tool", "content": ...}, ...]}  (OpenAI;
-                     assistant turns may carry `tool_calls`, tool turns `tool_call_id` / `name`)
+                     assistant turns may carry `tool_calls` and their reasoning as `reasoning_content`
+                     (Qwen3's template) or `thinking` (gpt-oss's), tool turns `tool_call_id` / `name`)
   alpaca             {"instruction": ..., "input": ... (optional), "output": ..., "system": ... (optional)}
   prompt_completion  {"prompt": ..., "completion": ...}  (TRL): strings become a user and an assistant
                      turn; lists of messages are taken as they are
@@ -208,16 +209,24 @@ def _chat_messages(row: dict, fmt: str, mapping: RowMapping) -> list[dict[str, A
     return messages
 
 
+# An assistant turn's reasoning, under the names chat templates read it by (Qwen3: reasoning_content,
+# gpt-oss: thinking); kept so the template decides what of it is rendered and learned.
+REASONING_KEYS = ("reasoning_content", "thinking")
+
+
 def _turn(turn: dict, role: str, content_key: str, where: str) -> dict[str, Any]:
-    """One message: {role, content} plus an assistant's `tool_calls` or a tool result's id and name."""
+    """One message: {role, content} plus an assistant's `tool_calls` and reasoning, or a tool result's id and
+    name."""
     if role == TOOL_CALL:
         return {"role": "assistant", "content": "", "tool_calls": _tool_calls(_call_json(turn, content_key, where), where)}
+    reasoning = {key: _required_text(turn, key, allow_empty=True) for key in REASONING_KEYS
+                 if role == "assistant" and turn.get(key) is not None}
     calls = turn.get("tool_calls") if role == "assistant" else None
     if calls is not None:
         message: dict[str, Any] = {"role": role, "tool_calls": _tool_calls(calls, where)}
         message["content"] = _required_text(turn, content_key, allow_empty=True) if turn.get(content_key) else ""
-        return message
-    message = {"role": role, "content": _required_text(turn, content_key, allow_empty=role != "assistant")}
+        return message | reasoning
+    message = {"role": role, "content": _required_text(turn, content_key, allow_empty=role != "assistant")} | reasoning
     if role == "tool":
         message |= {key: _required_text(turn, key) for key in ("tool_call_id", "name") if turn.get(key) is not None}
     return message

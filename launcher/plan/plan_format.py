@@ -108,6 +108,8 @@ def format_plan(plan: Plan) -> str:
     """Compact human-readable table: memory breakdown, verdict + suggestions, time/cost, signal lead."""
     inp = plan.input
     trainable = f", {_count(plan.params_trainable)} trainable (LoRA r={inp.lora_r})" if inp.lora else ""
+    if plan.params_active < plan.params_total:  # mixture of experts: all resident, the top-k computed
+        trainable = f" ({_count(plan.params_active)} active){trainable}"
     devices = f"{inp.nodes}x{inp.gpus_per_node} {inp.gpu_type}" if inp.device == "gpu" else \
         f"{inp.nodes}x{inp.gpus_per_node} CPU processes"
     strategy = STRATEGIES[inp.strategy].title if inp.device == "gpu" else "FSDP2 over gloo (planned as full replicas)"

@@ -156,6 +156,7 @@ class Plan:
     params_total: int
     params_trainable: int
     params_matmul: int
+    params_active: int  # what one token uses (top-k experts of a MoE model); = params_total when dense
     gpu: MemoryBreakdown
     gpu_usable_bytes: int | None
     cpu: dict[str, int]
@@ -278,7 +279,7 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
 def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
     """contract/shape.py's formula at the planned mean document length (a document longer than a
     micro-batch is cut to it). LoRA skips the frozen weights' gradients: 4N instead of 6N."""
-    adapters = shape.lora_params(inp.lora_r, inp.lora_target_modules) if inp.lora else None
+    adapters = shape.active_lora_params(inp.lora_r, inp.lora_target_modules) if inp.lora else None
     return shape.flops_per_token(min(inp.mean_doc_tokens, inp.micro_batch_tokens), lora_params=adapters)
 
 
@@ -344,7 +345,7 @@ def make_plan(inp: PlanInput) -> Plan:
     cpu_usable = None if inp.cpu_mem_per_node_gib is None else int(inp.cpu_mem_per_node_gib * CPU_USABLE_FRACTION * GIB)
     return Plan(
         input=inp, params_total=shape.total_params, params_trainable=trainable,
-        params_matmul=shape.matmul_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
+        params_matmul=shape.matmul_params, params_active=shape.active_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
         time=with_segments(time, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
         cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts)),

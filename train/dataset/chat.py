@@ -12,6 +12,10 @@ changes):
      the model never generates. This is only trusted if every rendered prefix is an exact prefix of
      the whole rendering (the pieces re-join) and no token of the whole straddles a prompt/reply
      boundary; if not, MaskError and the caller skips the example (counted in the data stats).
+     Templates that render the last assistant turn differently from earlier ones (Qwen3 writes the
+     reasoning only after the last user query; gpt-oss ends the last turn with <|return|> and its
+     analysis, earlier ones with <|end|> and none) are measured as the whole renders them:
+     `_turn_as_history` renders an earlier turn with a turn after it.
 Plain text examples get BOS + text + EOS with loss on every token.
 """
 
@@ -122,10 +126,37 @@ def _mask_turn_by_turn(
             continue
         before = _render(tokenizer, messages[:index], prompt=True, tools=tools)
         after = _render(tokenizer, messages[: index + 1], prompt=False, tools=tools)
+        if not full_text.startswith(after) and index + 1 < len(messages):
+            after = _turn_as_history(tokenizer, messages, index, tools, full_text)
         if not (after.startswith(before) and full_text.startswith(after)) or len(after) == len(before):
             raise MaskError(f"turn {index}: the template renders a prefix differently from the whole")
         _mark_reply(mask, offsets, len(before), len(after), len(after.rstrip()), index)
     return input_ids, mask
+
+
+_PROBE = "sft-launch probe: a later turn"
+
+
+def _turn_as_history(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], index: int,
+                     tools: list[dict] | None, full_text: str) -> str:
+    """The rendering through assistant turn `index` as the whole conversation renders it (a later turn
+    follows), for templates that render the last turn differently; "" when neither way matches the whole.
+
+    gpt-oss renders the turn as an earlier one when a generation prompt follows it: that rendering less
+    the prompt. Qwen3 drops the reasoning of turns before the last user query: a user turn after it
+    does that, and the rendering less that user turn's block (as it renders alone) is the turn's end."""
+    before_prompt = _render(tokenizer, messages[:index], prompt=True, tools=tools)
+    plain = _render(tokenizer, messages[:index], prompt=False, tools=tools)
+    prompt = before_prompt[len(plain):] if before_prompt.startswith(plain) else ""
+    prompted = _render(tokenizer, messages[: index + 1], prompt=True, tools=tools)
+    if prompt and prompted.endswith(prompt) and full_text.startswith(prompted[: -len(prompt)]):
+        return prompted[: -len(prompt)]
+    probe = {"role": "user", "content": _PROBE}
+    followed = _render(tokenizer, [*messages[: index + 1], probe], prompt=False, tools=tools)
+    block = _render(tokenizer, [probe], prompt=False)
+    if followed.endswith(block) and full_text.startswith(followed[: -len(block)]):
+        return followed[: -len(block)]
+    return ""
 
 
 def _mark_reply(
