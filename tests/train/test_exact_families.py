@@ -1,0 +1,100 @@
+"""The model trained is the model defined, per family (tests/train/families.py): our packed,
+padding-free forward and backward over documents longer than the sliding window equal transformers'
+`eager` run on each document alone (fp32 CPU: loss 1e-5, gradients 1e-4), sliding windows per layer type
+and attention sinks included. The GPU backends' version is tests/train/test_gpu_exact.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from contract.attention import AttentionFeatures
+from tests.train.families import FAMILIES, WINDOW, family_config
+from train.dataset.packing import collate_packed
+from train.kernels.attention import PACKED_SDPA, register_backends, setup_attention
+
+DOC_LENGTHS = (13, 3, 9)  # two longer than the window, one shorter
+
+
+def documents(vocab: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in DOC_LENGTHS]
+
+
+def token_loss_sum(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """Sum of next-token losses of one document's logits [T, V]."""
+    return F.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]), reduction="sum")
+
+
+def loss_and_grads(model, docs: list[list[int]], packed: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Mean next-token loss over the documents (one packed row, or each alone) and its gradients."""
+    model.zero_grad()
+    if packed:
+        batch = collate_packed([{"input_ids": d, "labels": d} for d in docs])
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
+        bounds = batch["cu_seq_lens_q"].tolist()
+        total = sum(token_loss_sum(logits[a:b], d) for a, b, d in zip(bounds, bounds[1:], docs))
+    else:
+        total = sum(token_loss_sum(model(input_ids=torch.tensor([d])).logits[0], d) for d in docs)
+    loss = total / sum(len(d) - 1 for d in docs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def model_of(family: str, attn: str):
+    torch.manual_seed(0)
+    config = family_config(family)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    if hasattr(model.model.layers[0].self_attn, "sinks"):  # zero-initialised: give them values that matter
+        for layer in model.model.layers:
+            torch.nn.init.normal_(layer.self_attn.sinks, std=1.0)
+    return model.train()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_packed_forward_and_backward_equal_eager_per_document(family):
+    register_backends()
+    model = model_of(family, "eager")
+    docs = documents(model.config.vocab_size)
+    reference_loss, reference_grads = loss_and_grads(model, docs, packed=False)
+    model.set_attn_implementation(PACKED_SDPA)
+    loss, grads = loss_and_grads(model, docs, packed=True)
+    torch.testing.assert_close(loss, reference_loss, atol=1e-5, rtol=0)
+    assert grads.keys() == reference_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3", "gpt-oss"])
+def test_the_windows_change_the_function(family):
+    """Guard against a vacuous test: with the window wider than every document the loss moves."""
+    model = model_of(family, "eager")
+    docs = documents(model.config.vocab_size)
+    narrow, _ = loss_and_grads(model, docs, packed=False)
+    model.config.sliding_window = 1000
+    for layer in model.model.layers:
+        if getattr(layer.self_attn, "sliding_window", None):
+            layer.self_attn.sliding_window = 1000
+    wide, _ = loss_and_grads(model, docs, packed=False)
+    assert abs(float(narrow) - float(wide)) > 1e-4
+
+
+@pytest.mark.parametrize(("family", "needs"), [
+    ("llama3.1", []), ("qwen2.5", []), ("qwen3", []), ("qwen3-moe", []),
+    ("mistral", ["sliding window"]), ("gemma3", ["sliding window"]),
+    ("gpt-oss", ["sliding window", "attention sinks"]),
+])
+def test_features_read_from_each_config(family, needs):
+    features = AttentionFeatures.from_config(family_config(family).to_dict())
+    assert [feature for feature, _ in features.needed()] == needs
+    if "sliding window" in needs:
+        assert set(features.windows.values()) == {WINDOW}
+    assert AttentionFeatures.from_config(family_config(family).to_dict(), max_length=WINDOW).windows == {}
+
+
+def test_cpu_picks_the_backend_that_computes_windows_and_sinks():
+    features = AttentionFeatures.from_config(family_config("gpt-oss").to_dict())
+    assert setup_attention("auto", "cpu", packed=True, features=features) == PACKED_SDPA
+    assert setup_attention("auto", "cpu", packed=False, features=features) == "eager"
