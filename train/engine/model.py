@@ -32,6 +32,7 @@ from accelerate.utils import DistributedType
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from contract import gpus
+from contract.attention import AttentionFeatures
 from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
 from contract.shape import rope_factor
@@ -76,6 +77,12 @@ def build_config(cfg: TrainConfig) -> PretrainedConfig:
     if cfg.model.rope_scaling:
         apply_rope_scaling(config, cfg.train.model_max_length)
     return config
+
+
+def attention_features(cfg: TrainConfig) -> AttentionFeatures:
+    """The sliding windows and attention sinks of the model to build (contract/attention.py), for
+    setup_attention to pick or refuse a backend by."""
+    return AttentionFeatures.from_config(build_config(cfg).to_dict(), cfg.train.model_max_length)
 
 
 def attention_heads(cfg: TrainConfig) -> tuple[int, int]:
