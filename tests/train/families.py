@@ -51,6 +51,7 @@ def _gpt_oss():
     from transformers import GptOssConfig
 
     common = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
+    common["max_position_embeddings"] = 4096  # its YaRN RoPE's original context: no mismatch warning
     return GptOssConfig(**common, intermediate_size=32, num_hidden_layers=2, head_dim=16, num_local_experts=4,
                         num_experts_per_tok=2, sliding_window=WINDOW, layer_types=LOCAL_GLOBAL)
 

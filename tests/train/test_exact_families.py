@@ -5,15 +5,25 @@ and attention sinks included. The GPU backends' version is tests/train/test_gpu_
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from contract.attention import AttentionFeatures
+from contract.protocol import free_port
 from tests.train.families import FAMILIES, WINDOW, family_config
+from tests.train.run_helpers import REPO, launch_env
 from train.dataset.packing import collate_packed
-from train.kernels.attention import PACKED_SDPA, register_backends, setup_attention
+from train.kernels.attention import (PACKED_SDPA, attention_with_sinks, block_causal_mask, register_backends,
+                                     setup_attention)
+from train.kernels.fa4 import sink_grad, with_sinks
+
+CP_WORKER = Path(__file__).parent / "workers" / "exact_families_cp.py"
 
 DOC_LENGTHS = (13, 3, 9)  # two longer than the window, one shorter
 
@@ -98,3 +108,41 @@ def test_cpu_picks_the_backend_that_computes_windows_and_sinks():
     features = AttentionFeatures.from_config(family_config("gpt-oss").to_dict())
     assert setup_attention("auto", "cpu", packed=True, features=features) == PACKED_SDPA
     assert setup_attention("auto", "cpu", packed=False, features=features) == "eager"
+
+
+@pytest.mark.slow
+def test_every_family_under_context_parallelism_equals_one_rank():
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(CP_WORKER)], cwd=REPO, env=launch_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(" ok") == 2 * len(FAMILIES)
+
+
+def test_fa4_sink_correction_is_exact():
+    """FA4's sinks (train/kernels/fa4.py): the sink-free kernel's output and log-sum-exp, corrected, equal
+    attention with sinks; FlashAttention's backward given the corrected output and log-sum-exp (written out
+    here, as the kernel computes it) gives its q, k, v gradients; sink_grad gives the sinks'."""
+    torch.manual_seed(0)
+    heads, length, dim, scale = 4, 12, 8, 0.3
+    q, k, v = (torch.randn(1, heads, length, dim, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    sinks = torch.randn(heads, dtype=torch.float64, requires_grad=True)
+    mask = block_causal_mask(torch.tensor([[0] * 7 + [1] * 5]), window=WINDOW)
+    want = attention_with_sinks(q, k, v, mask, sinks, scale, 0.0)
+    dout = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (q, k, v, sinks), dout)
+
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, -1)[0]  # [H, T], the kernel's, without sinks
+    plain = (torch.softmax(scores, -1) @ v)[0].transpose(0, 1)  # [T, H, D]
+    out, lse_sink = with_sinks(plain.detach(), lse.detach(), sinks.detach())
+    torch.testing.assert_close(out, want[0].transpose(0, 1).detach())
+    d_out = dout[0].transpose(0, 1)
+    probs = torch.exp(scores.detach()[0] - lse_sink[..., None])  # the kernel's P from the lse it is given
+    row = (out * d_out).sum(-1).transpose(0, 1)[..., None]  # and its rowsum(dout * out)
+    d_scores = probs * (d_out.transpose(0, 1) @ v.detach()[0].transpose(-1, -2) - row) * scale
+    got = (d_scores @ k.detach()[0], d_scores.transpose(-1, -2) @ q.detach()[0],
+           probs.transpose(-1, -2) @ d_out.transpose(0, 1))
+    for mine, reference in zip(got, want_grads[:3]):
+        torch.testing.assert_close(mine, reference[0])
+    torch.testing.assert_close(sink_grad(out, d_out, lse_sink, sinks.detach()), want_grads[3])
