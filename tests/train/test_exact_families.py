@@ -146,3 +146,19 @@ def test_fa4_sink_correction_is_exact():
     for mine, reference in zip(got, want_grads[:3]):
         torch.testing.assert_close(mine, reference[0])
     torch.testing.assert_close(sink_grad(out, d_out, lse_sink, sinks.detach()), want_grads[3])
+
+
+def test_rope_stretch_reaches_gemma3s_global_layers_only():
+    """Training past the context stretches RoPE (train/engine/model.py): Gemma 3's parameters are per layer
+    type, so the stretch goes into the global layers' (a sliding layer's distances stay in its window),
+    and the built model uses it; a model with its own scaling (Llama 3.1's llama3) is left as it is."""
+    from train.engine.model import apply_rope_scaling
+
+    config = family_config("gemma3")
+    apply_rope_scaling(config, 4 * config.max_position_embeddings)
+    rope = AutoModelForCausalLM.from_config(config).model.rotary_emb
+    assert rope.rope_type == {"full_attention": "linear", "sliding_attention": "default"}
+    assert config.rope_parameters["full_attention"]["factor"] == 4.0
+    llama = family_config("llama3.1")
+    apply_rope_scaling(llama, 4 * llama.max_position_embeddings)
+    assert llama.rope_parameters["rope_type"] == "llama3" and llama.max_position_embeddings == 256
