@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from contract.attention import AttentionFeatures
 from contract.protocol import free_port
+from contract.schema import ConfigError
 from tests.train.families import FAMILIES, WINDOW, family_config
 from tests.train.run_helpers import REPO, launch_env
 from train.dataset.packing import collate_packed
@@ -162,3 +163,12 @@ def test_rope_stretch_reaches_gemma3s_global_layers_only():
     llama = family_config("llama3.1")
     apply_rope_scaling(llama, 4 * llama.max_position_embeddings)
     assert llama.rope_parameters["rope_type"] == "llama3" and llama.max_position_embeddings == 256
+
+
+@pytest.mark.parametrize("backend", ["flash_attn", "varlen"])
+def test_a_backend_without_sinks_is_refused_in_one_line(backend):
+    features = AttentionFeatures.from_config(family_config("gpt-oss").to_dict())
+    with pytest.raises(ConfigError) as error:
+        setup_attention(backend, "cpu", packed=True, features=features)
+    assert str(error.value) == (f"model.attn_implementation: {backend} cannot compute the model's attention sinks "
+                                "(sliding_attention, full_attention layers); use fa4, sdpa")

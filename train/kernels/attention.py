@@ -17,6 +17,13 @@ Backends (user-facing name → what runs):
 "auto" picks the fastest that can run, fa4 → flash_attn → varlen → sdpa, for packed batches (on one
 H200, FA4's varlen fwd+bwd ran 1.8x torch's FA2 kernel) and sdpa for padded ones.
 
+Architecture features: transformers passes each layer's `sliding_window` (None on full-attention layers)
+and gpt-oss its per-head sinks (`s_aux`) as kwargs; every packed path computes them as transformers'
+eager does (window: key j visible to query i iff i - j < window; FlashAttention's window_size
+(window - 1, 0)). Which backend computes which feature is contract/attention.py's rule: setup_attention
+skips (auto) or refuses (named) one that cannot; padded batches of a model with sinks run eager
+(transformers' sdpa has none).
+
 Registered names must not contain "flash", "sdpa" or "flex": transformers 5 reads those substrings as
 requests for its own implementations (a name with "flash" is looked up as a hub kernel and the model
 build fails), so ours are "sft_fa4_varlen", "sft_fa2_varlen", "sft_torch_varlen", "sft_blockdiag".
