@@ -110,19 +110,21 @@ def packed_sdpa_forward(
 
 def attention_with_sinks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                          sinks: torch.Tensor, scaling: float | None, dropout: float) -> torch.Tensor:
-    """Softmax over the allowed keys plus one learned logit per head that attends to nothing (gpt-oss's
-    sinks): written out, as sdpa has no sink. [B, H, T, D] in and out."""
-    heads = query.shape[1]
-    if key.shape[1] != heads:
+    """sdpa with attention sinks (gpt-oss): one extra key per head that every query sees, whose score is the
+    head's sink and whose value is zero. Its score comes from one extra q/k dimension: q gets a 1, the real
+    keys a 0, the sink key sink / scale. [B, H, T, D] in and out; the sinks' gradient flows through that key."""
+    batch, heads, length, dim = query.shape
+    scale = dim**-0.5 if scaling is None else scaling
+    if key.shape[1] != heads:  # the sink key is per query head
         key = key.repeat_interleave(heads // key.shape[1], dim=1)
         value = value.repeat_interleave(heads // value.shape[1], dim=1)
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    scores = (query @ key.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
-    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    if dropout:
-        probs = F.dropout(probs, p=dropout)
-    return probs.to(value.dtype) @ value
+    query = torch.cat([query, query.new_ones(batch, heads, length, 1)], dim=-1)
+    sink_key = torch.cat([key.new_zeros(batch, heads, 1, dim),
+                          (sinks.to(key.dtype) / scale).reshape(1, heads, 1, 1).expand(batch, -1, -1, -1)], dim=-1)
+    key = torch.cat([torch.cat([key, key.new_zeros(batch, heads, length, 1)], dim=-1), sink_key], dim=2)
+    value = torch.cat([value, value.new_zeros(batch, heads, 1, dim)], dim=2)
+    mask = torch.cat([mask, mask.new_ones(*mask.shape[:-1], 1)], dim=-1)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale)
 
 
 def _varlen_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]):
