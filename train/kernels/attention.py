@@ -316,7 +316,7 @@ def setup_attention(requested: str, device: torch.device | str, packed: bool,
         reasons = []
         for name in AUTO_ORDER:
             registered, _, unavailable = PACKED_BACKENDS[name]
-            reason = feature_blocker(name, features) or unavailable(device)
+            reason = feature_blocker(name, features) or unavailable(device) or _kernel_lacks(name, device, features)
             if reason is None:
                 logger.info("attention: %s for packed batches (%s)", name, "; ".join(reasons) or "first choice")
                 return registered
@@ -330,13 +330,24 @@ def setup_attention(requested: str, device: torch.device | str, packed: bool,
     if requested not in PACKED_BACKENDS:
         raise ConfigError(f"{KEY}: unknown backend {requested!r} (valid: {VALID})", KEY)
     registered, _, unavailable = PACKED_BACKENDS[requested]
-    reason = unavailable(device)
-    if reason is None and requested == "varlen" and features.windows and "window_size" not in _varlen_parameters():
-        reason = f"torch {torch.__version__}'s varlen_attn has no window_size (needs >= 2.11) for the sliding window"
+    reason = unavailable(device) or _kernel_lacks(requested, device, features)
     if reason is not None:
         raise ConfigError(f"{KEY}: {requested} cannot be used: {reason}", KEY)
     logger.info("attention: %s for packed batches (requested)", requested)
     return registered
+
+
+def _kernel_lacks(name: str, device: torch.device, features: AttentionFeatures) -> str | None:
+    """What the installed kernel of a backend the contract allows still lacks for the model's features."""
+    if not features.windows:
+        return None
+    if name == "varlen" and "window_size" not in _varlen_parameters():
+        return f"torch {torch.__version__}'s varlen_attn has no window_size (needs >= 2.11) for the sliding window"
+    if name == "fa4":
+        from train.kernels.fa4 import window_unavailable
+
+        return window_unavailable(device)
+    return None
 
 
 def _padded_backend(requested: str, device: torch.device, features: AttentionFeatures) -> str:

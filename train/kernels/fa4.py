@@ -63,6 +63,25 @@ def unavailable(device: torch.device) -> str | None:
     return None
 
 
+HOPPER_NO_WINDOW = "local not supported yet on 9.x"  # the assert of flash-attn-4 versions without it
+
+
+def window_unavailable(device: torch.device) -> str | None:
+    """None when this flash-attn-4 computes sliding windows forward and backward on `device`. Its versions
+    differ on Hopper: some assert in `_flash_attn_bwd` that sm90 has no local (windowed) backward, later ones
+    pass `is_local` to the sm90 backward kernel; read from the installed function, never found mid-run."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return None
+    try:
+        source = inspect.getsource(_interface()._flash_attn_bwd)
+    except (OSError, TypeError):
+        return None
+    if HOPPER_NO_WINDOW in source:
+        return ("this flash-attn-4's backward has no sliding window on Hopper (sm90); "
+                "use a newer flash-attn-4, or varlen")
+    return None
+
+
 @torch.library.custom_op("sft::fa4_varlen_fwd", mutates_args=(), device_types="cuda")
 def fa4_varlen_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
