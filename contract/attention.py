@@ -43,13 +43,14 @@ class AttentionFeatures:
         """From an HF config dict (config.json or PretrainedConfig.to_dict()); a multimodal config's
         `text_config` is the language model's. Windows no document of `max_length` reaches are left out."""
         config = config.get("text_config") or config
-        layer_types = list(config.get("layer_types") or []) or ["full_attention"]
+        typed = _layer_types(config)
+        layer_types = typed or ["full_attention"]
         windows: dict[str, int] = {}
         window = config.get("sliding_window")
         if window and config.get("use_sliding_window", True) is not False:
-            # With layer_types only the sliding ones have it (Gemma 3, gpt-oss, Qwen2/3); without, every
+            # With layer types only the sliding ones have it (Gemma 3, gpt-oss, Qwen2/3); without, every
             # layer does (Mistral, Qwen3-MoE pass config.sliding_window to each layer).
-            sliding = [t for t in layer_types if t == "sliding_attention"] if config.get("layer_types") else layer_types
+            sliding = [t for t in layer_types if t == "sliding_attention"] if typed else layer_types
             if max_length is None or max_length > int(window):
                 windows = {t: int(window) for t in sliding}
         sinks = tuple(dict.fromkeys(layer_types)) if config.get("model_type") in SINK_MODEL_TYPES else ()
@@ -63,6 +64,17 @@ class AttentionFeatures:
         if self.sinks:
             out.append((SINKS, ", ".join(self.sinks)))
         return out
+
+
+def _layer_types(config: dict[str, Any]) -> list[str]:
+    """config's layer_types; an older Gemma 3 config.json has only sliding_window_pattern (every n-th layer
+    global, transformers' Gemma3TextConfig rule)."""
+    if config.get("layer_types"):
+        return list(config["layer_types"])
+    pattern, layers = config.get("sliding_window_pattern"), config.get("num_hidden_layers")
+    if isinstance(pattern, int) and pattern > 0 and isinstance(layers, int):
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    return []
 
 
 def feature_blocker(backend: str, features: AttentionFeatures) -> str | None:
