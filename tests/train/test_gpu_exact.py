@@ -8,20 +8,26 @@ by setup_attention in one line (checked here too). Skipped without CUDA (CI has 
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from contract.attention import AttentionFeatures, feature_blocker
+from contract.protocol import free_port
 from contract.schema import ConfigError
 from tests.train.families import FAMILIES, SPECS, family_config
+from tests.train.run_helpers import REPO, launch_env
 from train.dataset.packing import collate_packed
 from train.kernels.attention import PACKED_BACKENDS, PACKED_SDPA, packed_sdpa_forward, setup_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on CI)")
 GPU_BACKENDS = ("fa4", "flash_attn", "varlen")
 CUDA = torch.device("cuda")
+CP_WORKER = Path(__file__).parent / "workers" / "exact_families_cp.py"
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -113,3 +119,18 @@ def _loss_and_grads(model, batch: dict, attn: str, dtype: torch.dtype) -> tuple[
         loss = model(**batch).loss
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_every_family_under_context_parallelism_with_the_gpu_backend(backend):
+    """Ulysses over 2 GPUs (NCCL, bf16) equals one rank, windows and gpt-oss's sinks sliced per rank's heads
+    (tests/train/workers/exact_families_cp.py); a family the backend cannot compute is skipped there."""
+    if (reason := PACKED_BACKENDS[backend][2](CUDA)) is not None:
+        pytest.skip(reason)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(CP_WORKER), backend], cwd=REPO, env=launch_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(" ok") + proc.stdout.count(" skip (") == 2 * len(FAMILIES)
+    assert proc.stdout.count(" ok") >= 2 * 4  # the four without windows or sinks run on every backend
