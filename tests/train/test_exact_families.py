@@ -172,3 +172,47 @@ def test_a_backend_without_sinks_is_refused_in_one_line(backend):
         setup_attention(backend, "cpu", packed=True, features=features)
     assert str(error.value) == (f"model.attn_implementation: {backend} cannot compute the model's attention sinks "
                                 "(sliding_attention, full_attention layers); use fa4, sdpa")
+
+
+def test_fa4_is_handed_the_window_forward_and_backward(monkeypatch):
+    """transformers' window W (a query sees itself and W - 1 keys before it) reaches FA4 as window_size_left
+    W - 1, right 0, in the forward and the backward; no window, no window arguments. flash-attn-4 cannot run
+    on a CPU: a stand-in interface records the launch arguments (as test_attention's floor test does)."""
+    from types import SimpleNamespace
+
+    from train.kernels import fa4
+
+    launches = []
+
+    def record(*args, **kwargs):
+        launches.append({k: v for k, v in kwargs.items() if k.startswith("window") or k == "learnable_sink"})
+        return torch.zeros(100, 4, 64), torch.zeros(4, 100), None
+
+    monkeypatch.setattr(fa4, "_interface", lambda: SimpleNamespace(_flash_attn_fwd=record, _flash_attn_bwd=record))
+    t, cu = torch.empty(100, 4, 64), torch.tensor([0, 40, 100], dtype=torch.int32)
+    for window in (128, -1):
+        fa4.fa4_varlen_fwd._init_fn(t, t, t, cu, cu, 60, 60, 0.125, window, None)
+        fa4.fa4_varlen_bwd._init_fn(t, t, t, t, t, t, cu, cu, 60, 60, 0.125, False, window)
+    windowed = {"window_size_left": 127, "window_size_right": 0}
+    assert launches == [windowed, windowed, {}, {}]
+
+
+def test_fa4_window_on_hopper_only_where_the_installed_backward_has_it(monkeypatch):
+    from types import SimpleNamespace
+
+    from train.kernels import fa4
+
+    def old_bwd(q, k, v, window_size_left=None, window_size_right=None):
+        assert window_size_left is None and window_size_right is None, "local not supported yet on 9.x"
+
+    def new_bwd(q, k, v, window_size_left=None, window_size_right=None):
+        return q, k, v
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
+    monkeypatch.setattr(fa4, "_interface", lambda: SimpleNamespace(_flash_attn_bwd=old_bwd))
+    assert "no sliding window on Hopper" in fa4.window_unavailable(torch.device("cuda"))
+    monkeypatch.setattr(fa4, "_interface", lambda: SimpleNamespace(_flash_attn_bwd=new_bwd))
+    assert fa4.window_unavailable(torch.device("cuda")) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))  # a B200
+    monkeypatch.setattr(fa4, "_interface", lambda: SimpleNamespace(_flash_attn_bwd=old_bwd))
+    assert fa4.window_unavailable(torch.device("cuda")) is None
