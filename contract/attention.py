@@ -88,7 +88,3 @@ def feature_blocker(backend: str, features: AttentionFeatures) -> str | None:
             return f"{backend} cannot compute the model's {feature} ({layers} layers); use {able}"
     return None
 
-
-def able_backends(order: tuple[str, ...], features: AttentionFeatures) -> tuple[str, ...]:
-    """The backends of `order` (auto's preference) that compute every feature the model uses."""
-    return tuple(name for name in order if feature_blocker(name, features) is None)
