@@ -35,15 +35,16 @@ def export_checkpoint(config: Path, checkpoint: Path, output: Path) -> None:
     from train.engine.checkpoint import load_checkpoint
     from train.dataset.load import load_tokenizer
     from train.engine.export import export_model
-    from train.engine.model import build_model
+    from train.engine.model import attention_features, build_model
     from train.engine.optim import prepare_for_training
     from train.engine.sharding import build_accelerator
 
     cfg = load_train_config(config)
     accelerator = build_accelerator(cfg.model.precision)  # as training built it: FSDP2 states load sharded
     tokenizer = load_tokenizer(cfg)
-    model = build_model(cfg, accelerator, setup_attention(cfg.model.attn_implementation, accelerator.device,
-                                                          cfg.data.packing))
+    attn = setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing,
+                           attention_features(cfg))
+    model = build_model(cfg, accelerator, attn)
     model, _, _ = prepare_for_training(accelerator, model, cfg, total_steps=1)  # load_state restores their state
     load_checkpoint(accelerator, checkpoint)
     tmp = output.with_name(f".tmp-{output.name}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import protocol
+from contract.attention import AttentionFeatures, feature_blocker
 from contract.config import SHIPPED_DATA, SHIPPED_TOKENIZER
 from contract.datacheck import DataCheck, LocalData, check_data, check_hub, require_usable
 from contract.readers import DEFAULT_SPLIT
@@ -171,6 +172,7 @@ def check_model(launch: Launch) -> None:
         if key == "model.path" and not (directory / "config.json").is_file():
             raise ConfigError(f"{key}: {directory}/config.json missing (not a Hugging Face model directory)", key)
     check_hub_model(launch)
+    check_attention_features(launch)
     tokenizer_dir = _local_dir(model.tokenizer or model.path)
     if tokenizer_dir is None:
         return
@@ -237,6 +239,22 @@ def check_hub_model(launch: Launch) -> None:
     if model_dir(model_id, hf_home) is None:
         raise ConfigError(f"model.path {model_id}: not in profile.hf_home's cache ({hub}); the compute nodes load "
                           f"local files only: HF_HOME={hf_home} huggingface-cli download {model_id}", "model.path")
+
+
+def check_attention_features(launch: Launch) -> None:
+    """The attention backend asked for computes the model's sliding windows and attention sinks
+    (contract/attention.py, the rule train applies at model build), read from its config.json (or the
+    random init's model.arch); a config not here yet is checked on the nodes."""
+    model = launch.train.model
+    directory = model_dir(model.path, launch.profile.hf_home) if model.path else None
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8")) if directory else model.arch
+    except (OSError, ValueError):
+        return
+    length = launch.train.train.model_max_length
+    features = AttentionFeatures.from_config(config or {}, length if isinstance(length, int) else None)
+    if blocker := feature_blocker(model.attn_implementation, features):
+        raise ConfigError(f"model.attn_implementation: {blocker}", "model.attn_implementation")
 
 
 def _local_dir(value: str) -> Path | None:

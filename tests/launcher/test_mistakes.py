@@ -43,10 +43,11 @@ def _rows(bad: str, at: int = 7) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _model_dir(root: Path, name: str, tokenizer: bool = True, template: bool = True) -> Path:
+def _model_dir(root: Path, name: str, tokenizer: bool = True, template: bool = True,
+               config: dict | None = None) -> Path:
     directory = root / name
     directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(CONFIG))
+    (directory / "config.json").write_text(json.dumps(config or CONFIG))
     if tokenizer:
         (directory / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
         (directory / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}))
@@ -99,6 +100,8 @@ def _files(root: Path) -> None:
     (root / "noconfig").mkdir()
     _model_dir(root, "notokenizer", tokenizer=False)
     _model_dir(root, "basemodel", template=False)
+    _model_dir(root, "gptoss", config={**CONFIG, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                                       "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]})
     (_model_dir(root, "strict-template", template=False) / "chat_template.jinja").write_text(
         "{{ raise_exception('Conversation roles must alternate user/assistant') }}")
     (_model_dir(root, "corrupt-tokenizer") / "tokenizer.json").write_text("{ truncated")
@@ -241,6 +244,10 @@ MISTAKES: list[tuple[str, list[str], str]] = [
      "model.path meta-llama/Meta-Llama-3-8B: not in profile.hf_home's cache"),
     ("flash-attn-on-cpu", ["--model", "tiny", "--set", "model.attn_implementation=flash_attn"],
      "model.attn_implementation: flash_attn needs GPUs"),
+    ("sinks-on-a-backend-without-them", ["--model", "gptoss", "--set", "profile.gpus_per_node=1", "--set",
+                                         "model.attn_implementation=flash_attn"],
+     "model.attn_implementation: flash_attn cannot compute the model's attention sinks (sliding_attention, "
+     "full_attention layers); use fa4, sdpa"),
     ("sharded-init-with-model-path", ["--model", "basemodel", "--set", "model.init=sharded"],
      "model.init: 'sharded' draws random weights; it cannot be combined with model.path"),
     ("sharded-init-with-qlora", ["--model", "tiny", "--qlora", "--set", "model.init=sharded"],

@@ -239,3 +239,20 @@ def test_flash_attn_wrapper_hands_fa2_packed_causal_gqa_inputs(flash_attn_stand_
     assert (call["max_q"], call["max_k"]) == (11, 11)
     assert call["causal"] is True and call["softmax_scale"] == 0.3 and call["dropout_p"] == 0.0
     assert out.shape == (1, total, heads, head_dim) and weights is None
+
+
+def test_flash_attn_and_torch_varlen_are_handed_the_window(flash_attn_stand_in):
+    """transformers' sliding window W (a query sees itself and W - 1 keys before it) as FlashAttention's
+    window_size (W - 1, 0); no window: (-1, 0), causal. torch's varlen_attn before 2.11 has no window_size."""
+    calls = flash_attn_stand_in().calls
+    _, attention, _ = PACKED_BACKENDS["flash_attn"]
+    query = torch.randn(1, 4, 17, 8, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 5, 16, 17])
+    for window in (6, None):
+        attention(None, query, query, query, None, scaling=0.3, sliding_window=window, cu_seq_lens_q=cu,
+                  max_length_q=11)
+    assert [call["window_size"] for call in calls] == [(5, 0), (-1, 0)]
+    v211 = {"window_size", "scale"}
+    assert torch_varlen_options(v211, 0.125, 64, gqa=False, window=6)["window_size"] == (5, 0)
+    with pytest.raises(ValueError, match="no window_size"):
+        torch_varlen_options({"is_causal"}, 0.125, 64, gqa=False, window=6)

@@ -88,7 +88,9 @@ def _load_model(model_dir: Path, cfg: TrainConfig, device: torch.device) -> torc
     """The export (a full model, or an adapter on its base) with the run's attention backend."""
     from transformers import AutoModelForCausalLM
 
-    attn = setup_attention(cfg.model.attn_implementation, device, cfg.data.packing)
+    from train.engine.model import attention_features
+
+    attn = setup_attention(cfg.model.attn_implementation, device, cfg.data.packing, attention_features(cfg))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto", attn_implementation=attn,
                                                  local_files_only=True)
     model.config.use_cache = False  # as trained: no KV cache

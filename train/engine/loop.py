@@ -43,7 +43,7 @@ from train.engine.export import export_model
 from train.engine.hooks import HOOKS
 from train.observe.metrics import (MetricsSink, Stopwatch, Window, attended_length, lora_params, peak_flops_per_gpu,
                                    step_record)
-from train.engine.model import attention_heads, build_model, log_model_ready, log_placement
+from train.engine.model import attention_features, attention_heads, build_model, log_model_ready, log_placement
 from train.engine.optim import backward, clip_and_step, defers_gradient_sync, norm_tensor, prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
@@ -133,7 +133,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
                       cfg.data.packing, pad_id(tokenizer), bundle.mixture,
                       fixed_length=compiles_decoder_layers(cfg, accelerator.num_processes), cp=cp)
     attn = register_attention(
-        setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing), cp)
+        setup_attention(cfg.model.attn_implementation, accelerator.device, cfg.data.packing,
+                        attention_features(cfg)), cp)
     startup.mark("data")
     started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)

@@ -32,6 +32,7 @@ from accelerate.utils import DistributedType
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from contract import gpus
+from contract.attention import AttentionFeatures
 from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
 from contract.shape import rope_factor
@@ -78,6 +79,12 @@ def build_config(cfg: TrainConfig) -> PretrainedConfig:
     return config
 
 
+def attention_features(cfg: TrainConfig) -> AttentionFeatures:
+    """The sliding windows and attention sinks of the model to build (contract/attention.py), for
+    setup_attention to pick or refuse a backend by."""
+    return AttentionFeatures.from_config(build_config(cfg).to_dict(), cfg.train.model_max_length)
+
+
 def attention_heads(cfg: TrainConfig) -> tuple[int, int]:
     """(query heads, key/value heads) of the model to build: what context parallelism splits."""
     config = build_config(cfg)
@@ -93,13 +100,27 @@ def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
         return
     factor = float(stretch)
     params = dict(getattr(config, "rope_parameters", None) or {})
-    if params.get("rope_type", "default") != "default":
+    if set(params) and set(params) <= set(getattr(config, "layer_types", None) or ()):
+        # Per layer type (Gemma 3): stretch the global layers only, as Gemma 3's own long-context configs do;
+        # a sliding layer never sees a distance beyond its window, inside the trained context.
+        per_type = {kind: _linear(layer, factor) if kind != "sliding_attention" else layer
+                    for kind, layer in params.items()}
+        stretched = None if None in per_type.values() else per_type
+    else:
+        stretched = _linear(params, factor)
+    if stretched is None:
         logger.warning("model already has rope %s; not rescaling", params)
         return
-    params.update(rope_type="linear", factor=factor)
-    config.rope_parameters = params
+    config.rope_parameters = stretched
     config.max_position_embeddings = model_max_length
     logger.info("RoPE linear scaling x%.0f (context %d -> %d)", factor, context, model_max_length)
+
+
+def _linear(params: dict[str, Any], factor: float) -> dict[str, Any] | None:
+    """One RoPE parameter dict stretched linearly by `factor`; None when it already has a scaling of its own."""
+    if params.get("rope_type", "default") != "default":
+        return None
+    return {**params, "rope_type": "linear", "factor": factor}
 
 
 def random_init(config: PretrainedConfig, accelerator: Accelerator, kwargs: dict[str, Any]) -> PreTrainedModel:

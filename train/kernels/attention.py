@@ -17,6 +17,13 @@ Backends (user-facing name → what runs):
 "auto" picks the fastest that can run, fa4 → flash_attn → varlen → sdpa, for packed batches (on one
 H200, FA4's varlen fwd+bwd ran 1.8x torch's FA2 kernel) and sdpa for padded ones.
 
+Architecture features: transformers passes each layer's `sliding_window` (None on full-attention layers)
+and gpt-oss its per-head sinks (`s_aux`) as kwargs; every packed path computes them as transformers'
+eager does (window: key j visible to query i iff i - j < window; FlashAttention's window_size
+(window - 1, 0)). Which backend computes which feature is contract/attention.py's rule: setup_attention
+skips (auto) or refuses (named) one that cannot; padded batches of a model with sinks run eager
+(transformers' sdpa has none).
+
 Registered names must not contain "flash", "sdpa" or "flex": transformers 5 reads those substrings as
 requests for its own implementations (a name with "flash" is looked up as a hub kernel and the model
 build fails), so ours are "sft_fa4_varlen", "sft_fa2_varlen", "sft_torch_varlen", "sft_blockdiag".
@@ -35,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from contract import gpus
+from contract.attention import AttentionFeatures, feature_blocker
 from contract.schema import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -64,10 +72,13 @@ def document_ids(kwargs: dict[str, Any], batch: int, length: int, device: torch.
     return torch.zeros((batch, length), dtype=torch.long, device=device)
 
 
-def block_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] bool: query t may attend key s iff s <= t and both are in the same document."""
+def block_causal_mask(doc_ids: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """[B, 1, T, T] bool: query t may attend key s iff s <= t, both are in the same document and, with a
+    sliding `window`, t - s < window (transformers' masking_utils: kv_idx > q_idx - sliding_window)."""
     length = doc_ids.shape[-1]
     causal = torch.ones((length, length), dtype=torch.bool, device=doc_ids.device).tril()
+    if window is not None:  # within one document the packed index distance is the position distance
+        causal = causal.triu(-(window - 1))
     same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
     return (same_doc & causal).unsqueeze(1)
 
@@ -80,14 +91,40 @@ def packed_sdpa_forward(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
+    sliding_window: int | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
+    """Block-diagonal causal attention, with the layer's sliding window and attention sinks when the
+    model passes them (Gemma 3, gpt-oss, Mistral), as transformers' eager computes them."""
     batch, heads, length, _ = query.shape
-    mask = block_causal_mask(document_ids(kwargs, batch, length, query.device))
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != heads
-    )
+    mask = block_causal_mask(document_ids(kwargs, batch, length, query.device), sliding_window)
+    if s_aux is not None:
+        out = attention_with_sinks(query, key, value, mask, s_aux, scaling, dropout)
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != heads
+        )
     return out.transpose(1, 2).contiguous(), None
+
+
+def attention_with_sinks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                         sinks: torch.Tensor, scaling: float | None, dropout: float) -> torch.Tensor:
+    """sdpa with attention sinks (gpt-oss): one extra key per head that every query sees, whose score is the
+    head's sink and whose value is zero. Its score comes from one extra q/k dimension: q gets a 1, the real
+    keys a 0, the sink key sink / scale. [B, H, T, D] in and out; the sinks' gradient flows through that key."""
+    batch, heads, length, dim = query.shape
+    scale = dim**-0.5 if scaling is None else scaling
+    if key.shape[1] != heads:  # the sink key is per query head
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)
+        value = value.repeat_interleave(heads // value.shape[1], dim=1)
+    query = torch.cat([query, query.new_ones(batch, heads, length, 1)], dim=-1)
+    sink_key = torch.cat([key.new_zeros(batch, heads, 1, dim),
+                          (sinks.to(key.dtype) / scale).reshape(1, heads, 1, 1).expand(batch, -1, -1, -1)], dim=-1)
+    key = torch.cat([torch.cat([key, key.new_zeros(batch, heads, length, 1)], dim=-1), sink_key], dim=2)
+    value = torch.cat([value, value.new_zeros(batch, heads, 1, dim)], dim=2)
+    mask = torch.cat([mask, mask.new_ones(*mask.shape[:-1], 1)], dim=-1)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale)
 
 
 def _varlen_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]):
@@ -114,13 +151,22 @@ def _half_dtype(query: torch.Tensor) -> torch.dtype:
     raise ValueError("FlashAttention kernels need bf16/fp16 activations: set model.precision = \"bf16\"")
 
 
-def torch_varlen_options(parameters: set[str], scaling: float | None, head_dim: int, gqa: bool) -> dict[str, Any]:
+def window_size(window: int | None) -> tuple[int, int]:
+    """FlashAttention's (left, right) for causal attention with transformers' sliding `window` (a query
+    sees itself and window - 1 keys before it); (-1, 0) = causal, no window."""
+    return (-1, 0) if window is None else (window - 1, 0)
+
+
+def torch_varlen_options(parameters: set[str], scaling: float | None, head_dim: int, gqa: bool,
+                         window: int | None = None) -> dict[str, Any]:
     """Keyword arguments for this torch's varlen_attn. torch 2.10 takes `is_causal` (no scale, no
     GQA); 2.11 replaced it with `window_size` (-1, 0) = causal and added `scale`; later versions add
     `enable_gqa`. Raises when the installed signature cannot express what the model needs."""
     options: dict[str, Any] = {}
     if "window_size" in parameters:
-        options["window_size"] = (-1, 0)
+        options["window_size"] = window_size(window)
+    elif window is not None:
+        raise ValueError("torch varlen_attn has no window_size (torch < 2.11): cannot compute the sliding window")
     elif "is_causal" in parameters:
         options["is_causal"] = True
     else:
@@ -136,13 +182,16 @@ def torch_varlen_options(parameters: set[str], scaling: float | None, head_dim: 
 
 def transformers_attention(kernel: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, None]]:
     """transformers' attention-function shape around a varlen kernel that takes packed [T, H, D]
-    tensors: kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, dropout) -> [T, H, D]."""
+    tensors: kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, dropout, window, sinks) -> [T, H, D],
+    with the layer's `sliding_window` (None: full causal) and attention sinks (`s_aux`, [H] or None)."""
 
     def forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                sliding_window: int | None = None, s_aux: torch.Tensor | None = None,
                 **kwargs: Any) -> tuple[torch.Tensor, None]:
         q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(query, key, value, kwargs)
-        return kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, dropout).unsqueeze(0), None
+        out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling, dropout, sliding_window, s_aux)
+        return out.unsqueeze(0), None
 
     return forward
 
@@ -154,34 +203,45 @@ def _varlen_parameters() -> frozenset[str]:
     return frozenset(inspect.signature(varlen_attn).parameters)
 
 
-def torch_varlen_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float) -> torch.Tensor:
+def _no_sinks(sinks: torch.Tensor | None, what: str) -> None:
+    """setup_attention refuses these backends for a model with sinks; this guards a direct call."""
+    if sinks is not None:
+        raise ValueError(f"{what} cannot compute attention sinks (contract/attention.py); use fa4 or sdpa")
+
+
+def torch_varlen_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float,
+                        window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     if dropout:
         raise ValueError("torch varlen_attn has no attention dropout; set attention_dropout = 0")
+    _no_sinks(sinks, "torch varlen_attn")
     parameters = set(_varlen_parameters())
     gqa = k.shape[1] != q.shape[1]
-    options = torch_varlen_options(parameters, scaling, q.shape[-1], gqa)
+    options = torch_varlen_options(parameters, scaling, q.shape[-1], gqa, window)
     if gqa and "enable_gqa" not in options:  # older torch: expand KV heads to the query heads
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **options)
 
 
-def fa4_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float) -> torch.Tensor:
+def fa4_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float,
+               window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     from train.kernels.fa4 import fa4_varlen_attention
 
     if dropout:
         raise ValueError("FlashAttention-4 has no attention dropout; set attention_dropout = 0")
-    return fa4_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scaling)  # GQA native
+    return fa4_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scaling, window, sinks)  # GQA native
 
 
-def flash_attn_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float) -> torch.Tensor:
+def flash_attn_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scaling: float | None, dropout: float,
+                      window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
+    _no_sinks(sinks, "flash_attn (FA2)")
     # FA2 handles GQA natively (fewer KV heads than query heads).
     return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=dropout, softmax_scale=scaling,
-                                  causal=True)
+                                  causal=True, window_size=window_size(window))
 
 
 def _cuda_ampere_reason(device: torch.device, what: str) -> str | None:
@@ -240,18 +300,23 @@ def register_backends() -> None:
         AttentionInterface.register(name, function)
 
 
-def setup_attention(requested: str, device: torch.device | str, packed: bool) -> str:
+def setup_attention(requested: str, device: torch.device | str, packed: bool,
+                    features: AttentionFeatures | None = None) -> str:
     """The `attn_implementation` to give transformers for `requested` (auto, flash_attn, varlen, sdpa,
-    eager); raises ConfigError naming the reason when it cannot run here or cannot honour packing."""
+    eager); raises ConfigError naming the reason when it cannot run here, cannot honour packing, or
+    cannot compute one of the model's attention `features` (contract/attention.py: windows, sinks)."""
     device = torch.device(device)
+    features = features or AttentionFeatures()
     register_backends()
+    if blocker := feature_blocker(requested, features):
+        raise ConfigError(f"{KEY}: {blocker}", KEY)
     if not packed:
-        return _padded_backend(requested, device)
+        return _padded_backend(requested, device, features)
     if requested == "auto":
         reasons = []
         for name in AUTO_ORDER:
             registered, _, unavailable = PACKED_BACKENDS[name]
-            reason = unavailable(device)
+            reason = feature_blocker(name, features) or unavailable(device) or _kernel_lacks(name, device, features)
             if reason is None:
                 logger.info("attention: %s for packed batches (%s)", name, "; ".join(reasons) or "first choice")
                 return registered
@@ -265,17 +330,31 @@ def setup_attention(requested: str, device: torch.device | str, packed: bool) ->
     if requested not in PACKED_BACKENDS:
         raise ConfigError(f"{KEY}: unknown backend {requested!r} (valid: {VALID})", KEY)
     registered, _, unavailable = PACKED_BACKENDS[requested]
-    reason = unavailable(device)
+    reason = unavailable(device) or _kernel_lacks(requested, device, features)
     if reason is not None:
         raise ConfigError(f"{KEY}: {requested} cannot be used: {reason}", KEY)
     logger.info("attention: %s for packed batches (requested)", requested)
     return registered
 
 
-def _padded_backend(requested: str, device: torch.device) -> str:
-    """Padded batches use transformers' own implementations, which honour attention_mask."""
+def _kernel_lacks(name: str, device: torch.device, features: AttentionFeatures) -> str | None:
+    """What the installed kernel of a backend the contract allows still lacks for the model's features."""
+    if not features.windows:
+        return None
+    if name == "varlen" and "window_size" not in _varlen_parameters():
+        return f"torch {torch.__version__}'s varlen_attn has no window_size (needs >= 2.11) for the sliding window"
+    if name == "fa4":
+        from train.kernels.fa4 import window_unavailable
+
+        return window_unavailable(device)
+    return None
+
+
+def _padded_backend(requested: str, device: torch.device, features: AttentionFeatures) -> str:
+    """Padded batches use transformers' own implementations, which honour attention_mask (and build
+    the sliding-window masks); its sdpa has no attention sinks, so a model with sinks runs eager."""
     if requested in ("auto", "sdpa"):
-        return "sdpa"
+        return "eager" if features.sinks else "sdpa"
     if requested == "eager":
         return "eager"
     if requested == "flash_attn":

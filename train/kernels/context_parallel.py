@@ -23,6 +23,9 @@ FSDP2 averages gradients over the world, so the gradient is that of Σ token los
 exactly as without CP (train/engine/loop.py's normalisation, unchanged). The all-to-all's backward is
 an all-to-all, so each rank's parameter gradients are those of its own slice's computation.
 
+Per-head parameters the model passes to attention (gpt-oss's sinks, `s_aux`) are sliced to the rank's
+heads; the sliding window (`sliding_window`) is per layer, not per head, and passes through unchanged.
+
 GQA: the key/value heads are split like the query heads when N divides them; with fewer KV heads than
 N (Llama-3 8B has 8, so N = 16 or 32) each KV head is repeated N / H_kv times first, so every rank
 still receives the one KV head its query heads read (more all-to-all volume for k/v, nothing else).
@@ -153,6 +156,9 @@ def ulysses_attention(inner: Callable[..., tuple[torch.Tensor, Any]], cp: Contex
         q, k, v = (heads_to_sequence(t[0].transpose(0, 1), cp.size, cp.group).transpose(0, 1).unsqueeze(0)
                    for t in (query, key, value))
         kwargs.pop("position_ids", None)  # this rank's slice only; the documents come from cu_seq_lens
+        if kwargs.get("s_aux") is not None:  # per-head sinks (gpt-oss): this rank's heads only
+            share = heads // cp.size
+            kwargs["s_aux"] = kwargs["s_aux"][cp.rank * share:(cp.rank + 1) * share]
         out, _ = inner(module, q, k, v, attention_mask, **kwargs)  # [1, T, H/N, D]
         if out.shape[2] * cp.size != heads:
             raise ValueError(f"attention returned {out.shape[2]} heads for {heads} // {cp.size}")
