@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.families import FAMILIES, layer_windows, text_config
+
 WINDOW = "sliding window"
 SINKS = "attention sinks"
 # Backend (model.attn_implementation value) -> the features its kernel computes exactly.
@@ -27,7 +29,6 @@ COMPUTES: dict[str, frozenset[str]] = {
     "sdpa": frozenset({WINDOW, SINKS}),  # packed: ours (train/kernels/attention.py); padded: transformers' masks
     "eager": frozenset({WINDOW, SINKS}),  # transformers' own reference
 }
-SINK_MODEL_TYPES = ("gpt_oss",)  # models whose attention adds learned sinks (transformers passes s_aux)
 
 
 @dataclass(frozen=True)
@@ -41,20 +42,17 @@ class AttentionFeatures:
     @classmethod
     def from_config(cls, config: dict[str, Any], max_length: int | None = None) -> AttentionFeatures:
         """From an HF config dict (config.json or PretrainedConfig.to_dict()); a multimodal config's
-        `text_config` is the language model's. Windows no document of `max_length` reaches are left out."""
-        config = config.get("text_config") or config
-        typed = _layer_types(config)
-        layer_types = typed or ["full_attention"]
-        windows: dict[str, int] = {}
-        window = config.get("sliding_window")
-        if window and config.get("use_sliding_window", True) is not False:
-            # With layer types only the sliding ones have it (Gemma 3, gpt-oss, Qwen2/3); without, every
-            # layer does (Mistral, Qwen3-MoE pass config.sliding_window to each layer).
-            sliding = [t for t in layer_types if t == "sliding_attention"] if typed else layer_types
-            if max_length is None or max_length > int(window):
-                windows = {t: int(window) for t in sliding}
-        sinks = tuple(dict.fromkeys(layer_types)) if config.get("model_type") in SINK_MODEL_TYPES else ()
-        return cls(windows, sinks)
+        `text_config` is the language model's. Which layers slide is contract.families' rule (the planner's too);
+        windows no document of `max_length` reaches are left out."""
+        config = text_config(config)
+        family = FAMILIES.get(config.get("model_type", ""), FAMILIES["llama"])
+        layers = int(config.get("num_hidden_layers") or len(config.get("layer_types") or ()) or 1)
+        windows = layer_windows(config, family, layers)
+        types = _layer_types(config, layers) or ["sliding_attention" if w else "full_attention" for w in windows]
+        reached = {t: int(w) for t, w in zip(types, windows, strict=True)
+                   if w and (max_length is None or max_length > int(w))}
+        sinks = tuple(dict.fromkeys(types)) if family.sinks else ()
+        return cls(reached, sinks)
 
     def needed(self) -> list[tuple[str, str]]:
         """(feature, layer types) pairs, in a fixed order."""
@@ -66,13 +64,13 @@ class AttentionFeatures:
         return out
 
 
-def _layer_types(config: dict[str, Any]) -> list[str]:
+def _layer_types(config: dict[str, Any], layers: int) -> list[str]:
     """config's layer_types; an older Gemma 3 config.json has only sliding_window_pattern (every n-th layer
-    global, transformers' Gemma3TextConfig rule)."""
-    if config.get("layer_types"):
+    global, transformers' Gemma3TextConfig rule); [] when it names none."""
+    if isinstance(config.get("layer_types"), list) and len(config["layer_types"]) == layers:
         return list(config["layer_types"])
-    pattern, layers = config.get("sliding_window_pattern"), config.get("num_hidden_layers")
-    if isinstance(pattern, int) and pattern > 0 and isinstance(layers, int):
+    pattern = config.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 0:
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     return []
 

@@ -35,7 +35,8 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(qkv_bias=True, o_bias=False, layer_class="Qwen2DecoderLayer"),
     "qwen2_moe": Family(qkv_bias=True, o_bias=False, moe=True, layer_class="Qwen2MoeDecoderLayer"),
     "qwen3": Family(qk_norm=True, layer_class="Qwen3DecoderLayer"),
-    "qwen3_moe": Family(qk_norm=True, moe=True, layer_class="Qwen3MoeDecoderLayer"),
+    # Qwen3-MoE's attention takes config.sliding_window on every layer (no layer types, no max_window_layers)
+    "qwen3_moe": Family(qk_norm=True, moe=True, all_sliding=True, layer_class="Qwen3MoeDecoderLayer"),
     "gpt_oss": Family(sinks=True, moe=True, expert_bias=True, router_bias=True, attention_bias_default=True,
                       sliding_every=2, layer_class="GptOssDecoderLayer"),
     "gemma3_text": Family(qk_norm=True, norms_per_layer=4, tied_default=True, sliding_every=6,
@@ -52,10 +53,11 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def layer_windows(arch: dict[str, Any], family: Family, layers: int) -> tuple[int | None, ...]:
-    """The attention window of each layer (None = full causal attention), as transformers resolves it."""
+    """The attention window of each layer (None = full causal attention), as transformers resolves it: the one
+    rule of which layers slide (the planner's FLOPs, contract/attention.py's backend check)."""
     window = arch.get("sliding_window")
     types = arch.get("layer_types")
-    if not window:
+    if not window or arch.get("use_sliding_window") is False:  # Qwen2/3 keep a window in config.json, unused
         return (None,) * layers
     if isinstance(types, list) and len(types) == layers:
         return tuple(window if t == "sliding_attention" else None for t in types)

@@ -13,7 +13,7 @@ GPT_OSS = {"model_type": "gpt_oss", "sliding_window": 128, "layer_types": ["slid
 
 
 def test_windows_and_sinks_as_each_family_ships_them():
-    assert AttentionFeatures.from_config(MISTRAL_7B_V01).windows == {"full_attention": 4096}
+    assert AttentionFeatures.from_config(MISTRAL_7B_V01).windows == {"sliding_attention": 4096}  # every layer
     assert AttentionFeatures.from_config(MISTRAL_7B_V01, max_length=4096).needed() == []  # no document reaches it
     assert AttentionFeatures.from_config(QWEN25).needed() == []  # use_sliding_window = false
     assert AttentionFeatures.from_config(GEMMA3_OLD).windows == {"sliding_attention": 512}
@@ -31,3 +31,14 @@ def test_only_a_backend_that_cannot_compute_a_feature_is_refused():
                                                   "(sliding_attention, full_attention layers); use fa4, sdpa")
     assert feature_blocker("flash_attn", AttentionFeatures.from_config(MISTRAL_7B_V01)) is None
     assert feature_blocker("auto", gpt_oss) is None  # auto picks among the able ones
+
+
+def test_qwen3_moe_slides_every_layer_only_with_use_sliding_window():
+    """transformers' Qwen3-MoE hands config.sliding_window to every layer, and only when use_sliding_window (its
+    config.json keeps a window either way): the backend check and the planner's FLOPs read the same rule."""
+    from contract.families import FAMILIES, layer_windows
+
+    config = {"model_type": "qwen3_moe", "sliding_window": 4096, "num_hidden_layers": 4, "max_window_layers": 2}
+    assert AttentionFeatures.from_config({**config, "use_sliding_window": False}).needed() == []
+    assert AttentionFeatures.from_config({**config, "use_sliding_window": True}).windows == {"sliding_attention": 4096}
+    assert layer_windows({**config, "use_sliding_window": True}, FAMILIES["qwen3_moe"], 4) == (4096,) * 4
