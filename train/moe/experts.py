@@ -144,8 +144,9 @@ def grouped_linear(x: Tensor, weight: Tensor, tokens_per_expert: Tensor, transpo
 
 def lora_delta(x: Tensor, adapter: ExpertLora, tokens_per_expert: Tensor) -> Tensor:
     """scale * (x A_e^T) B_e^T per segment: two thin grouped GEMMs (rank r), never the [E, out, in] delta."""
-    low = grouped_linear(x.to(adapter.a.dtype), adapter.a, tokens_per_expert)
-    return grouped_linear(low, adapter.b, tokens_per_expert) * adapter.scale
+    # In the activations' dtype, as PEFT's Linear LoRA runs under autocast (fp32 masters, bf16 GEMMs).
+    low = grouped_linear(x, adapter.a.to(x.dtype), tokens_per_expert)
+    return grouped_linear(low, adapter.b.to(x.dtype), tokens_per_expert) * adapter.scale
 
 
 def grouped_expert_mlp(hidden_sorted: Tensor, tokens_per_expert: Tensor, gate_up: Tensor, down: Tensor,
