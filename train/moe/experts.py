@@ -91,7 +91,10 @@ def sort_by_expert(top_k_index: Tensor, num_experts: int) -> tuple[Tensor, Tenso
     not counted."""
     expert_ids = top_k_index.reshape(-1)
     perm = torch.argsort(expert_ids, stable=True)
-    tokens_per_expert = torch.bincount(expert_ids.clamp(max=num_experts), minlength=num_experts + 1)[:num_experts]
+    # A fixed-size scatter, not bincount: its output shape does not depend on the data (torch.compile, CUDA graphs).
+    slots = torch.zeros(num_experts + 1, dtype=torch.long, device=expert_ids.device)
+    slots.scatter_add_(0, expert_ids.clamp(max=num_experts), torch.ones_like(expert_ids, dtype=torch.long))
+    tokens_per_expert = slots[:num_experts]
     return perm, tokens_per_expert
 
 
@@ -103,7 +106,8 @@ def gather_sorted(hidden: Tensor, perm: Tensor, top_k: int) -> Tensor:
 def combine_sorted(out_sorted: Tensor, perm: Tensor, top_k_weights: Tensor) -> Tensor:
     """Weight each pair by its routing weight, restore token order and sum over top-k -> [N, H]."""
     num_tokens, top_k = top_k_weights.shape
-    weighted = out_sorted * top_k_weights.reshape(-1)[perm].unsqueeze(-1).to(out_sorted.dtype)
+    # Promoted, as transformers does: bf16 expert outputs times fp32 routing weights are summed in fp32.
+    weighted = out_sorted * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
     unsorted = torch.empty_like(weighted)
     unsorted[perm] = weighted
     return unsorted.view(num_tokens, top_k, -1).sum(dim=1)

@@ -25,7 +25,7 @@ import torch
 
 from contract.config import TrainConfig
 from contract.gpus import GpuSpec, gpu_type_from_device_name, lookup
-from contract.shape import ModelShape
+from contract.shape import LORA_TARGETS, ModelShape
 from train.observe.startup import startup_line
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,9 @@ def lora_params(arch: dict[str, Any], cfg: TrainConfig) -> int | None:
     """The adapters' parameter count when cfg trains LoRA adapters, else None (full fine-tuning)."""
     if not cfg.lora.enabled:
         return None
-    return ModelShape.from_arch(arch).lora_params(cfg.lora.r, cfg.lora.target_modules)
+    # The linears' adapters; the MoE targets' (contract.shape.MOE_LORA_TARGETS) are the `shapes` work's to count.
+    linears = [name for name in cfg.lora.target_modules if name in LORA_TARGETS]
+    return ModelShape.from_arch(arch).lora_params(cfg.lora.r, linears)
 
 
 def attended_length(doc_lengths: list[int]) -> float:
