@@ -1,1 +1,2 @@
-"""Mixture-of-experts training: grouped-GEMM experts (experts.py), LoRA on the experts, the router's loss."""
+"""moe: mixture of experts: grouped-GEMM experts (experts.py) as transformers' experts implementation with expert LoRA (hf.py), the router (router.py).
+May import contract only; never another train folder."""
