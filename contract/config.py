@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from contract import protocol
 from contract.schema import ConfigError, build, documented, read_utf8, require
-from contract.shape import LORA_TARGETS, MOE_LORA_TARGETS, misspelt_arch_key
+from contract.shape import EXPERT_LORA_TARGETS, VALID_LORA_TARGETS, misspelt_arch_key
 from contract.sources import DataFormat, DataSource, check_unique_names
 
 AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
@@ -246,12 +246,11 @@ class LoraSection:
         require(self.r >= 1, "lora.r", "must be >= 1")
         require(self.alpha > 0, "lora.alpha", "must be > 0")
         require(0 <= self.dropout < 1, "lora.dropout", "must be in [0, 1)")
-        valid = LORA_TARGETS + MOE_LORA_TARGETS
-        require(bool(self.target_modules), "lora.target_modules", f"name at least one of {', '.join(valid)}")
-        unknown = [name for name in self.target_modules if name not in valid]
+        require(bool(self.target_modules), "lora.target_modules", f"name at least one of {', '.join(VALID_LORA_TARGETS)}")
+        unknown = [name for name in self.target_modules if name not in VALID_LORA_TARGETS]
         require(not unknown, "lora.target_modules",
-                f"unknown module {unknown[0] if unknown else ''!r}; valid: {', '.join(valid)}")
-        on_parameters = [name for name in self.target_modules if name in MOE_LORA_TARGETS]
+                f"unknown module {unknown[0] if unknown else ''!r}; valid: {', '.join(VALID_LORA_TARGETS)}")
+        on_parameters = [name for name in self.target_modules if name in EXPERT_LORA_TARGETS]
         # PEFT adapts the experts' 3D weights and the router's weight as parameters (target_parameters), whose
         # adapter sees no input of its own to drop out: PEFT refuses lora_dropout there.
         require(not on_parameters or self.dropout == 0, "lora.dropout",

@@ -49,9 +49,11 @@ def misspelt_arch_key(arch: dict[str, Any]) -> tuple[str, str] | None:
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Mixture-of-experts LoRA targets (train/moe/hf.py): the routed experts' stacked weights (per-expert A/B) and the
-# router's weight (Qwen3-MoE ``mlp.gate``, gpt-oss ``mlp.router``), adapted as PEFT ``target_parameters``.
-MOE_LORA_TARGETS = ("experts.gate_up_proj", "experts.down_proj", "router")
+# Mixture-of-experts targets: the routed experts' fused 3-D weights (transformers 5's [E, ., .]
+# `experts.gate_up_proj` and `experts.down_proj`; an adapter per expert, A [E, r, in] and B [E, out, r])
+# and the router (Qwen3-MoE's `mlp.gate`, gpt-oss's `mlp.router`).
+EXPERT_LORA_TARGETS = ("experts.gate_up_proj", "experts.down_proj", "router")
+VALID_LORA_TARGETS = (*LORA_TARGETS, *EXPERT_LORA_TARGETS)
 # Tokens per chunk of the fused lm_head + cross-entropy (train/kernels/loss.py): the logits of one chunk exist
 # at a time (the planner sizes the loss's memory by it); at 4,096 the lm_head's matmuls run at full
 # cuBLAS speed, ~10% faster than in Liger's 1,024-token chunks (bench/gpu_ceilings.py).

@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Pretrain
 from contract import gpus
 from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
-from contract.shape import MOE_LORA_TARGETS, rope_factor
+from contract.shape import EXPERT_LORA_TARGETS, rope_factor
 from train.kernels import float8, swiglu
 from train.kernels.long_context import chunk_mlps
 from train.kernels.loss import logit_grad_pass
@@ -72,8 +72,15 @@ def is_fsdp1(accelerator: Accelerator) -> bool:
 
 
 def build_config(cfg: TrainConfig) -> PretrainedConfig:
-    """LlamaConfig from model.arch (random init) or the checkpoint's config, with RoPE scaling applied."""
-    config = AutoConfig.from_pretrained(cfg.model.path) if cfg.model.path else LlamaConfig(**cfg.model.arch)
+    """The checkpoint's config, or for a random init model.arch's: a LlamaConfig, or the config of the family
+    arch's `model_type` names (a Qwen3-MoE or gpt-oss shape: bench/suites/gpu_moe_lora.py); RoPE scaling applied."""
+    arch = cfg.model.arch
+    if cfg.model.path:
+        config = AutoConfig.from_pretrained(cfg.model.path)
+    elif arch.get("model_type", "llama") != "llama":
+        config = AutoConfig.for_model(**arch)
+    else:
+        config = LlamaConfig(**arch)
     config.use_cache = False  # no KV cache while training (and required by gradient checkpointing)
     if cfg.model.rope_scaling:
         apply_rope_scaling(config, cfg.train.model_max_length)
@@ -316,13 +323,13 @@ def apply_lora(model: PreTrainedModel, cfg: TrainConfig) -> torch.nn.Module:
 
 def lora_targets(model: PreTrainedModel, names: list[str]) -> tuple[list[str], list[str]]:
     """(PEFT target_modules, PEFT target_parameters) for lora.target_modules: the MoE names
-    (contract.shape.MOE_LORA_TARGETS) are weight parameters; one that this model lacks is a ConfigError,
+    (contract.shape.EXPERT_LORA_TARGETS) are weight parameters; one that this model lacks is a ConfigError,
     never an adapter silently left out."""
     router = {"qwen3_moe": "mlp.gate.weight", "gpt_oss": "mlp.router.weight"}.get(model.config.model_type)
     experts = bool(experts_modules(model))
     modules, parameters = [], []
     for name in names:
-        if name not in MOE_LORA_TARGETS:
+        if name not in EXPERT_LORA_TARGETS:
             modules.append(name)
         elif name == "router" and router is None or name != "router" and not experts:
             raise ConfigError(f"lora.target_modules: {name!r} names no weight of this model "

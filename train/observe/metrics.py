@@ -40,7 +40,7 @@ def lora_params(arch: dict[str, Any], cfg: TrainConfig) -> int | None:
     """The adapters' parameter count when cfg trains LoRA adapters, else None (full fine-tuning)."""
     if not cfg.lora.enabled:
         return None
-    # The linears' adapters; the MoE targets' (contract.shape.MOE_LORA_TARGETS) are the `shapes` work's to count.
+    # The linears' adapters; the MoE targets' (contract.shape.EXPERT_LORA_TARGETS) are the `shapes` work's to count.
     linears = [name for name in cfg.lora.target_modules if name in LORA_TARGETS]
     return ModelShape.from_arch(arch).lora_params(cfg.lora.r, linears)
 
