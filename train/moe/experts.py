@@ -116,8 +116,8 @@ def combine_sorted(out_sorted: Tensor, perm: Tensor, top_k_weights: Tensor) -> T
 # --- the grouped matmul: one call per projection ---
 
 def _grouped_kernel_fits(x: Tensor, weight_io: Tensor) -> bool:
-    """torch's grouped GEMM: CUDA SM80+, 16-byte aligned strides (so dims a multiple of 8 in bf16)."""
-    if x.device.type != "cuda" or not hasattr(F, "grouped_mm") or x.dtype != weight_io.dtype:
+    """torch's grouped GEMM: CUDA SM80+, bf16, 16-byte aligned strides (so dims a multiple of 8)."""
+    if x.device.type != "cuda" or not hasattr(F, "grouped_mm") or not x.dtype == weight_io.dtype == torch.bfloat16:
         return False
     step = 16 // x.element_size()
     return (torch.cuda.get_device_capability(x.device) >= (8, 0)
@@ -128,8 +128,13 @@ def grouped_linear(x: Tensor, weight: Tensor, tokens_per_expert: Tensor, transpo
                    bias: Tensor | None = None) -> Tensor:
     """Row segment e of ``x`` times expert e's weight ([E, out, in], or [E, in, out] when ``transposed``),
     plus its bias [E, out]: one grouped GEMM on CUDA, an exact per-segment loop elsewhere."""
+    # torch's grouped GEMM is not autocast-aware: run it in the autocast dtype as F.linear would (fp32 master
+    # weights of a full fine-tune cast to bf16), else in the weights' dtype.
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else weight.dtype
+    weight = weight.to(dtype)
     weight_io = weight if transposed else weight.transpose(-2, -1)  # [E, in, out] view, no copy
-    x = x.to(weight.dtype)
+    x = x.to(dtype)
+    bias = bias.to(dtype) if bias is not None else None
     if _grouped_kernel_fits(x, weight_io):
         offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
         out = F.grouped_mm(x, weight_io, offs=offsets)
