@@ -93,3 +93,42 @@ def test_no_rows_at_all(rows):
     out = grouped_expert_mlp(torch.randn(rows, 16), torch.zeros(4, dtype=torch.long), torch.randn(4, 8, 16),
                              torch.randn(4, 16, 4))
     assert out.shape == (0, 16)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_expert_lora_in_the_grouped_gemms_equals_peft_and_its_merge(family):
+    """PEFT's target_parameters adapters, run by ours at rank r (train/moe/hf.py), give the logits of PEFT's own
+    full-size fold and of the merged weights, for both layouts (gpt-oss: transposed, biased, interleaved)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import GptOssForCausalLM, Qwen3MoeForCausalLM
+
+    from train.moe.hf import adapt_experts_in_place, use_grouped_experts
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=8, num_experts_per_tok=2)
+    if family == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, moe_intermediate_size=24, num_experts=6))
+        router = "mlp.gate.weight"
+    else:
+        model = GptOssForCausalLM(GptOssConfig(**common, intermediate_size=24, num_local_experts=6))
+        router = "mlp.router.weight"
+    reference = copy.deepcopy(model)
+    reference.set_experts_implementation("eager")
+    assert use_grouped_experts(model) == 2
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
+                        target_parameters=["experts.gate_up_proj", "experts.down_proj", router])
+    ours, peft = get_peft_model(model, config), get_peft_model(reference, copy.deepcopy(config))
+    for name, parameter in ours.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.3)
+    peft.load_state_dict(ours.state_dict())
+    assert adapt_experts_in_place(ours) == 4
+    ids = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        got, want = ours(ids).logits, peft(ids).logits
+        merged = peft.merge_and_unload()(ids).logits
+    assert (got - want).abs().max() < 1e-4 * want.abs().max()
+    assert (got - merged).abs().max() < 1e-4 * merged.abs().max()
