@@ -88,7 +88,8 @@ def run_peer(out: Path, data: Path, arch: dict, args: argparse.Namespace) -> dic
     (out / "arch.json").write_text(json.dumps(arch))
     command = [sys.executable, "-m", "bench.peers.peer_trl_moe", "--data", str(data), "--arch", str(out / "arch.json"),
                "--targets", ",".join(TARGETS), "--max-length", str(args.budget), "--max-steps", str(args.steps),
-               "--out", str(out / "trl")] + ([] if args.no_checkpointing else ["--gradient-checkpointing"])
+               "--out", str(out / "trl")] + ([] if args.no_checkpointing else ["--gradient-checkpointing"]) \
+        + (["--no-liger"] if args.peer_no_liger else [])
     stdout, stderr = out / "peer.out", out / "peer.err"
     code = run_logged(command, stdout, RUN_TIMEOUT_S, dict(os.environ), errors=stderr)
     if code != 0:
@@ -121,6 +122,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=distribution.RUNS_PER_SIDE)
     parser.add_argument("--no-checkpointing", action="store_true")
     parser.add_argument("--no-gpt-oss", action="store_true")
+    parser.add_argument("--peer-no-liger", action="store_true", help="the peer without Liger (where it cannot patch "
+                        "this transformers' Qwen3-MoE: the peer's error in a first call says so)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-moe-lora"))
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--cpu-smoke", action="store_true")
@@ -133,23 +136,26 @@ def main() -> None:
     data = args.out / "docs.jsonl"
     write_token_jsonl(data, lengths, arch["vocab_size"])
     gpu, peak = device_peak()
-    layer = layer_table(args.cpu_smoke)
-    record = {"shape": "tiny-moe" if args.cpu_smoke else "qwen3-30b-a3b", "arch": arch, "budget": args.budget,
-              "steps": args.steps, "docs": len(lengths), "total_real_tokens": sum(lengths), "gpu": gpu, "gpu_count": 1,
-              "peak_flops": peak, "lora_r": RANK, "lora_targets": TARGETS, "layer": layer,
-              **distribution.compare(
-                  args.repeat, lambda i: with_rates(run_peer(args.out / f"peer-{i}", data, arch, args), arch, lengths, peak),
-                  lambda i: with_rates(run_ours("ours-moe-lora", args.out / f"ours-{i}", data, arch, args), arch,
-                                       lengths, peak),
-                  {"path": "ours-moe-lora", "gradient_checkpointing": not args.no_checkpointing},
-                  {"path": "peer-trl-moe-lora", "gradient_checkpointing": not args.no_checkpointing})}
+    base = {"shape": "tiny-moe" if args.cpu_smoke else "qwen3-30b-a3b", "arch": arch, "budget": args.budget,
+            "steps": args.steps, "docs": len(lengths), "total_real_tokens": sum(lengths), "gpu": gpu, "gpu_count": 1,
+            "peak_flops": peak, "lora_r": RANK, "lora_targets": TARGETS, "layer": layer_table(args.cpu_smoke)}
+    path = args.results / f"moelora-{base['shape']}.json" if args.results else None
+
+    def written(fields: dict[str, Any]) -> None:  # after every run: a call cut off by its limit keeps what landed
+        if path:
+            write_result(path, {**base, **fields})
+
+    record = {**base, **distribution.compare(
+        args.repeat, lambda i: with_rates(run_peer(args.out / f"peer-{i}", data, arch, args), arch, lengths, peak),
+        lambda i: with_rates(run_ours("ours-moe-lora", args.out / f"ours-{i}", data, arch, args), arch, lengths, peak),
+        {"path": "ours-moe-lora", "gradient_checkpointing": not args.no_checkpointing},
+        {"path": "peer-trl-moe-lora", "gradient_checkpointing": not args.no_checkpointing}, written)}
     if not args.no_gpt_oss:
         data_oss = args.out / "docs-gpt-oss.jsonl"
         write_token_jsonl(data_oss, lengths, gpt_oss["vocab_size"])
         record["gpt_oss"] = with_rates(run_ours("ours-gpt-oss-lora", args.out / "gpt-oss", data_oss, gpt_oss, args),
                                        gpt_oss, lengths, peak)
-    if args.results:
-        write_result(args.results / f"moelora-{record['shape']}.json", record)
+        written({k: v for k, v in record.items() if k not in base})
     print_table(record)
 
 
