@@ -48,7 +48,8 @@ GPT_OSS_20B = dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, in
                    num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
                    num_local_experts=32, num_experts_per_tok=4, sliding_window=128, rope_theta=150000,
                    max_position_embeddings=131072, tie_word_embeddings=False, router_aux_loss_coef=0.9)
-TINY_MOE = dict(QWEN3_30B_A3B, vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+TINY_MOE = dict(QWEN3_30B_A3B, vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
                 num_experts_per_tok=2, max_position_embeddings=4096)
 TINY_GPT_OSS = dict(GPT_OSS_20B, vocab_size=2048, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,

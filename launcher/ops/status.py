@@ -237,7 +237,8 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"excluded     {out['node']}: {out['reason']} (job {out['job']}, restart {out['restart']})")
     if experts := status.get("experts"):
         lines.append(f"experts      load share min {experts['load_min']:.3f} (layer {experts['layer_min']}), max "
-                     f"{experts['load_max']:.3f} (layer {experts['layer_max']}); aux loss {_fmt(experts['aux_loss'], '.4f')}")
+                     f"{experts['load_max']:.3f} (layer {experts['layer_max']}); "
+                     f"aux loss {_fmt(experts['aux_loss'], '.4f')}")
     if status.get("eval_loss"):
         lines.append(_eval_loss_line(status["eval_loss"]))
     if status.get("eval"):

@@ -333,7 +333,8 @@ def lora_targets(model: PreTrainedModel, names: list[str]) -> tuple[list[str], l
             modules.append(name)
         elif name == "router" and router is None or name != "router" and not experts:
             raise ConfigError(f"lora.target_modules: {name!r} names no weight of this model "
-                              f"({model.config.model_type}: {'no routed experts' if not experts else 'router unknown'})",
+                              f"({model.config.model_type}: "
+                              f"{'no routed experts' if not experts else 'router unknown'})",
                               "lora.target_modules")
         else:
             parameters.append(router if name == "router" else name)

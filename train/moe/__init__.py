@@ -1,2 +1,2 @@
-"""moe: mixture of experts: grouped-GEMM experts (experts.py) as transformers' experts implementation with expert LoRA (hf.py), the router (router.py).
+"""moe: mixture of experts: grouped-GEMM experts (experts.py) with expert LoRA (hf.py), the router (router.py).
 May import contract only; never another train folder."""

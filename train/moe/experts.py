@@ -18,7 +18,8 @@ What ``train/moe/expert_parallel.py`` (the ``ep`` helper) relies on, kept stable
   no routing weights are applied here. Differentiable in everything it is given (autograd, no custom backward).
   ``gate_up``/``down`` are the module's own parameters: Qwen3-MoE layout ``[E, 2I, H]`` / ``[E, H, I]``
   (``layout=QWEN3``), gpt-oss ``[E, H, 2I]`` / ``[E, I, H]`` with biases and its clamped SwiGLU
-  (``layout=gpt_oss_layout(alpha, limit)``). ``lora``: ``ExpertAdapters`` (per-expert A ``[E, r, in]``, B ``[E, out, r]``).
+  (``layout=gpt_oss_layout(alpha, limit)``). ``lora``: ``ExpertAdapters`` (per-expert A ``[E, r, in]``,
+  B ``[E, out, r]``).
 * ``sort_by_expert(top_k_index [N, k], num_experts) -> (perm [N*k], tokens_per_expert [E])``,
   ``gather_sorted(hidden [N, H], perm, k)``, ``combine_sorted(out_sorted [N*k, H], perm, top_k_weights [N, k])``.
 """
@@ -51,7 +52,8 @@ def silu_gate(gate_up: Tensor) -> Tensor:
 
 
 def gpt_oss_gate(gate_up: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
-    """gpt-oss (``GptOssExperts._apply_gate``): interleaved gate/up columns, both clamped, (up + 1) * gate * sigmoid(alpha * gate)."""
+    """gpt-oss (``GptOssExperts._apply_gate``): interleaved gate/up columns, both clamped,
+    (up + 1) * gate * sigmoid(alpha * gate)."""
     gate, up = gate_up[..., ::2], gate_up[..., 1::2]
     gate = gate.clamp(min=None, max=limit)
     up = up.clamp(min=-limit, max=limit)

@@ -22,7 +22,7 @@ import types
 from typing import Any
 
 import torch
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, grouped_mm_experts_forward
+from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 
 from train.moe.experts import ExpertAdapters, ExpertLayout, ExpertLora, routed_experts
 
@@ -112,6 +112,3 @@ def _dispatches_to_us(experts: torch.nn.Module) -> bool:
     return hasattr(experts, "_is_expert_parallel") and \
         getattr(config, "_experts_implementation", None) == EXPERTS_IMPLEMENTATION
 
-
-__all__ = ["ALL_EXPERTS_FUNCTIONS", "EXPERTS_IMPLEMENTATION", "adapt_experts_in_place", "expert_adapters",
-           "experts_modules", "register", "use_grouped_experts"]
