@@ -134,6 +134,8 @@ def grouped_linear(x: Tensor, weight: Tensor, tokens_per_expert: Tensor, transpo
     # weights of a full fine-tune cast to bf16), else in the weights' dtype.
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else weight.dtype
     weight = weight.to(dtype)
+    if x.device.type == "cuda" and not weight.is_contiguous():  # PEFT's B is a permuted view: the kernel
+        weight = weight.contiguous()  # wants an expert-major stack (16-byte strides)
     weight_io = weight if transposed else weight.transpose(-2, -1)  # [E, in, out] view, no copy
     x = x.to(dtype)
     bias = bias.to(dtype) if bias is not None else None
