@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from contract import protocol
 from contract.schema import ConfigError, build, documented, read_utf8, require
-from contract.shape import VALID_LORA_TARGETS, misspelt_arch_key
+from contract.shape import EXPERT_LORA_TARGETS, VALID_LORA_TARGETS, misspelt_arch_key
 from contract.sources import DataFormat, DataSource, check_unique_names
 
 AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
@@ -188,6 +188,10 @@ class TrainSection:
                                          "generation collection on every rank every N steps instead (at the same "
                                          "step everywhere) and one right after each save; 0 = Python's automatic "
                                          "collection")
+    router_aux_loss_coef: float | None = documented(
+        None, "mixture-of-experts models: weight of the router's load-balancing loss added to the loss (transformers' "
+              "own load_balancing_loss_func, per micro-batch, averaged over the step's micro-batches); unset = the "
+              "model config's router_aux_loss_coef, 0 = off (the log says which)")
     profile_steps: str | None = documented(None, "'START:STOP': profile these optimizer steps on rank 0: "
                                            "top kernels and GPU time by kind in the log, a trace in "
                                            "logs/profile/; unset = off")
@@ -211,6 +215,8 @@ class TrainSection:
         for beta in ("adam_beta1", "adam_beta2"):  # what torch.optim.AdamW refuses, here before the queue
             require(0.0 <= getattr(self, beta) < 1.0, f"train.{beta}", "must be in [0, 1)")
         require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        require(self.router_aux_loss_coef is None or self.router_aux_loss_coef >= 0, "train.router_aux_loss_coef",
+                "must be >= 0 (0 = off)")
         require(self.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
         require(0 <= self.seed < 2**32, "train.seed", "must be in [0, 2**32) (numpy's seed range)")
         steps = re.fullmatch(r"(\d+)(?::(\d+))?", self.profile_steps or "0")
@@ -244,6 +250,16 @@ class LoraSection:
         unknown = [name for name in self.target_modules if name not in VALID_LORA_TARGETS]
         require(not unknown, "lora.target_modules",
                 f"unknown module {unknown[0] if unknown else ''!r}; valid: {', '.join(VALID_LORA_TARGETS)}")
+        on_parameters = [name for name in self.target_modules if name in EXPERT_LORA_TARGETS]
+        # PEFT adapts the experts' 3D weights and the router's weight as parameters (target_parameters), whose
+        # adapter sees no input of its own to drop out: PEFT refuses lora_dropout there.
+        require(not on_parameters or self.dropout == 0, "lora.dropout",
+                f"must be 0 when lora.target_modules names {on_parameters[0] if on_parameters else ''} "
+                "(an adapter on a weight parameter has no input to drop out)")
+        require(self.quant == "none" or not on_parameters, "lora.quant",
+                f"{self.quant!r} cannot quantize {on_parameters[0] if on_parameters else ''}: torchao's NF4 wraps the "
+                "2D weights of linear layers, not the experts' stacked 3D weights or the router; use lora.quant = "
+                "\"none\" or drop it from lora.target_modules")
         require(self.quant == "none" or self.enabled, "lora.quant",
                 f"{self.quant!r} quantizes the frozen base of a LoRA run: set lora.enabled = true (or use --qlora)")
 

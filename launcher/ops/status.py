@@ -171,7 +171,18 @@ def run_status(run_dir: Path, query: JobQuery = slurm.job_fields,
         "eval": evalresults.summary(evalresults.latest(run_dir)),
         "eval_loss": _latest_eval_loss(records),
         "error": failure_line(run_dir, run, state),
+        **_expert_load(last),
     }
+
+
+def _expert_load(last: dict[str, Any]) -> dict[str, Any]:
+    """MoE runs (train/moe/router.py): the last record's aux loss and the least/most loaded expert of any
+    layer, as shares of that layer's top-k assignments (1/E each when balanced); nothing for a dense run."""
+    lows, highs = last.get("expert_load_min"), last.get("expert_load_max")
+    if not lows or not highs:
+        return {}
+    return {"experts": {"aux_loss": last.get("aux_loss"), "load_min": min(lows), "load_max": max(highs),
+                        "layer_min": lows.index(min(lows)), "layer_max": highs.index(max(highs))}}
 
 
 def _latest_eval_loss(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -224,6 +235,10 @@ def format_status(status: dict[str, Any]) -> str:
     ]
     for out in status.get("excluded_nodes", []):
         lines.append(f"excluded     {out['node']}: {out['reason']} (job {out['job']}, restart {out['restart']})")
+    if experts := status.get("experts"):
+        lines.append(f"experts      load share min {experts['load_min']:.3f} (layer {experts['layer_min']}), max "
+                     f"{experts['load_max']:.3f} (layer {experts['layer_max']}); "
+                     f"aux loss {_fmt(experts['aux_loss'], '.4f')}")
     if status.get("eval_loss"):
         lines.append(_eval_loss_line(status["eval_loss"]))
     if status.get("eval"):

@@ -323,6 +323,16 @@ def with_segments(time: TimeEstimate, inp: PlanInput, lead_s: int | None) -> Tim
                                cost=cost)
 
 
+def frozen_experts(inp: PlanInput) -> str | None:
+    """A LoRA run of a mixture-of-experts model whose targets reach no routed expert (one peer shipped a
+    release that left them frozen without a word): said in the plan, not refused (attention-only LoRA is a choice)."""
+    experts = inp.arch.get("num_experts") or inp.arch.get("num_local_experts")
+    if not inp.lora or not experts or {"experts.gate_up_proj", "experts.down_proj"} & set(inp.lora_target_modules):
+        return None
+    return (f"LoRA leaves the {experts} routed experts of every layer frozen: lora.target_modules names neither "
+            "experts.gate_up_proj nor experts.down_proj")
+
+
 def make_plan(inp: PlanInput) -> Plan:
     """Memory breakdown, verdict + suggestions, time/cost and the signal lead for one launch."""
     inp.validate()
@@ -337,6 +347,8 @@ def make_plan(inp: PlanInput) -> Plan:
         warnings.append(f"{inp.strategy} on one node is plain full sharding")
     if inp.dataset_tokens is None and inp.max_steps <= 0:
         warnings.append("dataset size unknown and max_steps unset: no step count, ETA or cost")
+    if frozen := frozen_experts(inp):
+        warnings.append(frozen)
     trainable = trainable_params(shape, opts)
     ckpt = checkpoint_bytes(trainable, inp)
     time = estimate_time(shape, inp)  # the step time, which the signal lead needs (and the lead nothing of it)

@@ -77,6 +77,9 @@ OTHER_KEYS = {
     "save": {"arch", "gpu_count", "steps", "save_every", "tokens_per_micro_batch", "docs", "max_doc_tokens", "staging",
              "disk_write_gbps", "state_gb", "nosave", "async", "resume_exit", "resume_s", "resume_restore_s", "sync",
              "resume_phases", "provenance"},  # bench/multi/gpu_save_async.py's save-async.json: checked below (save_async_problems)
+    "moelora": {"shape", "arch", "budget", "steps", "docs", "total_real_tokens", "gpu", "gpu_count", "peak_flops",
+                "lora_r", "lora_targets", "layer", "order", "sides", "runs_per_side", "ratio_median", "ratio_min",
+                "ratio_max", "peer_low_runs", "gpt_oss", "provenance"},  # bench/suites/gpu_moe_lora.py
     "parity": {"shape", "steps", "budget", "lr", "warmup_ratio", "train_docs", "eval_docs", "gpu", "sides", "comparisons",
                "provenance", "merged_from"},  # bench/suites/gpu_parity.py (merged_from: --merge)
 }

@@ -136,3 +136,17 @@ def test_status_shows_excluded_nodes_and_counts_node_failures_apart(tmp_path: Pa
     text = status.format_status(result)
     assert "preemptions 1, time-limit hits 0/3, node failures 1)" in text
     assert "excluded     node2: rank 1 on node2 died without a failure record (job 900042, restart 1)" in text
+
+
+def test_status_shows_the_experts_load_of_an_moe_run_and_nothing_for_a_dense_one(tmp_path: Path) -> None:
+    from tests.launcher.ops_fixtures import step_record
+
+    run_dir = make_run(tmp_path)
+    assert "experts" not in status.run_status(run_dir, running)
+    moe = {**step_record(19, 1, elapsed=20.0, mfu=None, total_steps=40), "aux_loss": 1.0213,
+           "expert_load_min": [0.1, 0.05], "expert_load_max": [0.3, 0.41]}
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()[:-1]) + json.dumps(moe) + "\n")
+    result = status.run_status(run_dir, running)
+    assert result["experts"] == {"aux_loss": 1.0213, "load_min": 0.05, "load_max": 0.41, "layer_min": 1, "layer_max": 1}
+    assert "experts      load share min 0.050 (layer 1), max 0.410 (layer 1); aux loss 1.0213" in status.format_status(result)

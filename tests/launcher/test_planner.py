@@ -273,3 +273,17 @@ def test_the_plan_says_where_asynchronous_saves_are_staged_and_why():
     assert staging(2000, "disk")[0].startswith("staged on node-local disk (profile.node_local_dir): train.async_")
     assert f"{state_bytes / 1e9:,.1f} GB of shards a node" in staging(None, strategy="hsdp")[0]  # a copy a node
     assert plan(LLAMA3_70B, nodes=4, max_steps=2000, async_save=False, cpu_mem_per_node_gib=240).cadence.staging == ""
+
+
+def test_a_lora_run_that_leaves_every_expert_frozen_says_so():
+    from launcher.plan.planner import frozen_experts
+
+    moe = dict(LLAMA3_8B, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)
+    attention_only = PlanInput(arch=moe, lora=True, lora_target_modules=["q_proj", "v_proj"])
+    assert frozen_experts(attention_only) == ("LoRA leaves the 128 routed experts of every layer frozen: "
+                                              "lora.target_modules names neither experts.gate_up_proj nor "
+                                              "experts.down_proj")
+    assert frozen_experts(PlanInput(arch=moe, lora=True, lora_target_modules=["q_proj", "experts.down_proj"])) is None
+    assert frozen_experts(PlanInput(arch=LLAMA3_8B, lora=True)) is None  # dense: nothing to say
+    assert frozen_experts(PlanInput(arch=moe)) is None  # full fine-tuning trains the experts
+    assert "frozen" in " ".join(plan(arch=dict(LLAMA3_8B, num_local_experts=32), lora=True).warnings)

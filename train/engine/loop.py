@@ -41,6 +41,7 @@ from train.engine.checkpoint import Checkpointer, TrainState, latest_checkpoint,
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
 from train.engine.export import export_model
 from train.engine.hooks import HOOKS
+from train.moe.router import router_loss_of
 from train.observe.metrics import (MetricsSink, Stopwatch, Window, attended_length, lora_params, peak_flops_per_gpu,
                                    step_record)
 from train.engine.model import attention_features, attention_heads, build_model, log_model_ready, log_placement
@@ -248,6 +249,7 @@ class Loop:
         self.peak_flops = peak_flops_per_gpu(cfg.run.gpu_type)
         self.arch = accelerator.unwrap_model(model).config.to_dict()
         self.lora_params = lora_params(self.arch, cfg)  # MFU counts a frozen base at 4·N
+        self.router = router_loss_of(accelerator.unwrap_model(model))  # MoE: aux loss and expert load
         self.recompiles = RecompileWatch()
         self.collector = StepGarbageCollector(cfg.train.gc_every_steps)  # entered around run() by train()
         self.float8_all_gather = float8.all_gathers_in_float8(model)
@@ -373,7 +375,7 @@ class Loop:
         self._advance(state)
 
     def record(self, state: TrainState, window: Window, lr: float) -> dict[str, Any]:
-        return step_record(
+        record = step_record(
             step=state.step, epoch=state.epoch, loss=window.loss / max(1, window.steps), lr=lr,
             grad_norm=window.grad_norm, tokens=window.tokens, doc_len_sq=window.doc_len_sq,
             seconds=window.seconds, world_size=self.world, arch=self.arch, peak_flops=self.peak_flops,
@@ -381,6 +383,9 @@ class Loop:
             compiled_graphs=self.recompiles.check(state.step), lora_params=self.lora_params,
             gc_s=self.collector.take_seconds(), slowest_step=window.clock.slowest_step,
             slowest_step_s=window.clock.slowest_s)
+        if self.router is not None:  # this rank's tokens since the last record (train/moe/router.py)
+            record.update(self.router.drain())
+        return record
 
     def evaluate(self) -> dict[str, float]:
         """`eval_loss`: mean token loss over every eval example; with several sources also

@@ -35,7 +35,7 @@ from contract import gpus
 from contract.attention import AttentionFeatures
 from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
-from contract.shape import rope_factor
+from contract.shape import EXPERT_LORA_TARGETS, rope_factor
 from train.kernels import float8, swiglu
 from train.kernels.long_context import chunk_mlps
 from train.kernels.loss import logit_grad_pass
@@ -44,6 +44,8 @@ from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers,
                                 gather_lm_head_with_root, use_fused_loss)
 from train.engine.qlora import build_quantized_model
 from train.engine.sharded_init import build_on_meta
+from train.moe.hf import adapt_experts_in_place, experts_modules, use_grouped_experts
+from train.moe.router import RouterLoss
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +73,15 @@ def is_fsdp1(accelerator: Accelerator) -> bool:
 
 
 def build_config(cfg: TrainConfig) -> PretrainedConfig:
-    """LlamaConfig from model.arch (random init) or the checkpoint's config, with RoPE scaling applied."""
-    config = AutoConfig.from_pretrained(cfg.model.path) if cfg.model.path else LlamaConfig(**cfg.model.arch)
+    """The checkpoint's config, or for a random init model.arch's: a LlamaConfig, or the config of the family
+    arch's `model_type` names (a Qwen3-MoE or gpt-oss shape: bench/suites/gpu_moe_lora.py); RoPE scaling applied."""
+    arch = cfg.model.arch
+    if cfg.model.path:
+        config = AutoConfig.from_pretrained(cfg.model.path)
+    elif arch.get("model_type", "llama") != "llama":
+        config = AutoConfig.for_model(**arch)
+    else:
+        config = LlamaConfig(**arch)
     config.use_cache = False  # no KV cache while training (and required by gradient checkpointing)
     if cfg.model.rope_scaling:
         apply_rope_scaling(config, cfg.train.model_max_length)
@@ -155,6 +164,8 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     logger.info("rank %d peak RSS: %.0f MiB before model load, %.0f MiB after (%.1f s)",
                 accelerator.process_index, rss_before, peak_rss_mib(), time.perf_counter() - started)
     model.config.use_cache = False
+    if experts := use_grouped_experts(model):
+        logger.info("mixture of experts: %d experts modules as grouped GEMMs (train/moe/experts.py)", experts)
     if cfg.train.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA), FSDP2 and keyword arguments (packing).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -162,6 +173,7 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
         use_fused_loss(model, "auto" if cfg.train.fused_loss is True else cfg.train.fused_loss)
         logger.info("fused loss %r; its softmax/gradient pass here: %s", cfg.train.fused_loss,
                     logit_grad_pass(accelerator.device))
+    RouterLoss.install(model, cfg.train.router_aux_loss_coef, cfg.train.gradient_accumulation_steps)
     if cfg.train.precision == "fp8":  # before compile and before FSDP2 wraps the layers
         apply_float8(model, cfg, accelerator)
     elif cfg.asks_for_fused_mlp:
@@ -311,11 +323,15 @@ def broadcast_module(model: torch.nn.Module, device: torch.device) -> None:
 def apply_lora(model: PreTrainedModel, cfg: TrainConfig) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
+    modules, parameters = lora_targets(model, cfg.lora.target_modules)
     lora = LoraConfig(
         r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-        target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM",
+        target_modules=modules, target_parameters=parameters or None, task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, lora)
+    if parameters and (adapted := adapt_experts_in_place(peft_model)):
+        logger.info("LoRA on the experts: %d stacked expert weights, rank %d per expert, inside the grouped GEMMs",
+                    adapted, cfg.lora.r)
     for parameter in peft_model.parameters():
         if parameter.requires_grad:  # the adapters: fp32 master weights, like full fine-tuning
             parameter.data = parameter.data.float()
@@ -324,3 +340,23 @@ def apply_lora(model: PreTrainedModel, cfg: TrainConfig) -> torch.nn.Module:
     logger.info("LoRA r=%d: %d trainable of %d parameters (%.2f%%)", cfg.lora.r, trainable, total,
                 100.0 * trainable / total)
     return peft_model
+
+
+def lora_targets(model: PreTrainedModel, names: list[str]) -> tuple[list[str], list[str]]:
+    """(PEFT target_modules, PEFT target_parameters) for lora.target_modules: the MoE names
+    (contract.shape.EXPERT_LORA_TARGETS) are weight parameters; one that this model lacks is a ConfigError,
+    never an adapter silently left out."""
+    router = {"qwen3_moe": "mlp.gate.weight", "gpt_oss": "mlp.router.weight"}.get(model.config.model_type)
+    experts = bool(experts_modules(model))
+    modules, parameters = [], []
+    for name in names:
+        if name not in EXPERT_LORA_TARGETS:
+            modules.append(name)
+        elif name == "router" and router is None or name != "router" and not experts:
+            raise ConfigError(f"lora.target_modules: {name!r} names no weight of this model "
+                              f"({model.config.model_type}: "
+                              f"{'no routed experts' if not experts else 'router unknown'})",
+                              "lora.target_modules")
+        else:
+            parameters.append(router if name == "router" else name)
+    return modules, parameters

@@ -16,7 +16,7 @@ import types
 from typing import Any
 
 import torch
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
 from contract.config import TrainConfig
 from train.kernels.loss import IGNORE_INDEX, linear_cross_entropy_sum, shift_labels
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                    num_items_in_batch: torch.Tensor | int | None = None, *, loss_backend: str = "auto",
-                   **kwargs: Any) -> CausalLMOutputWithPast:
+                   **kwargs: Any) -> MoeCausalLMOutputWithPast:
     """LlamaForCausalLM.forward without materialising the logits when labels are given.
 
     Runs inside the root module's forward, so under FSDP2 the root's parameters (embedding, final
@@ -36,9 +36,11 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
     """
     kwargs.pop("logits_to_keep", None)
     shifted = kwargs.pop("shift_labels", None)
-    hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
+    outputs = self.model(input_ids=input_ids, **kwargs)
+    hidden = outputs.last_hidden_state
+    router_logits = getattr(outputs, "router_logits", None)  # MoE, asked for (train/moe/router.py adds the loss)
     if labels is None:
-        return CausalLMOutputWithPast(logits=self.lm_head(hidden))
+        return MoeCausalLMOutputWithPast(logits=self.lm_head(hidden), router_logits=router_logits)
     weight = _head_weight(self.lm_head, hidden)
     if torch.is_autocast_enabled(hidden.device.type):
         # Autocast would run the lm_head matmul in bf16/fp16; the fused kernels do not see autocast.
@@ -48,7 +50,7 @@ def _fused_forward(self: Any, input_ids: torch.Tensor | None = None, labels: tor
     if num_items_in_batch is None:
         targets = shift_labels(labels) if shifted is None else shifted
         num_items_in_batch = (targets != IGNORE_INDEX).sum().clamp(min=1)
-    return CausalLMOutputWithPast(loss=loss_sum / num_items_in_batch)
+    return MoeCausalLMOutputWithPast(loss=loss_sum / num_items_in_batch, router_logits=router_logits)
 
 
 def _head_weight(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
