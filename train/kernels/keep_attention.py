@@ -18,13 +18,15 @@ Which op each backend (train/kernels/attention.py) runs, as the checkpoint's dis
               policy recomputes as before (no single op to keep)
 Ops are matched by name so that an uninstalled package's op needs no import.
 
-What it composes with: HF's `gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)` passes
-`context_fn` to torch.utils.checkpoint.checkpoint (non-reentrant only: torch refuses it with the reentrant
-variant); train.mlp_chunk_tokens' nested checkpoints; train.activation_offload's saved-tensor hooks, which
-never see the kept outputs: the checkpoint holds them in its own store, so they stay on the GPU (the planner
-counts them there, launcher/plan/activations.py). Not with torch.compile'd decoder layers: the
-checkpoint's dispatch mode sees a compiled forward's ops only when dynamo gives up on it
-(contract/config.py refuses train.compile = true with it, and "auto" stays eager).
+What it composes with (tests/train/test_keep_attention.py): HF's `gradient_checkpointing_enable(
+gradient_checkpointing_kwargs=...)` passes `context_fn` on to torch.utils.checkpoint.checkpoint
+(non-reentrant only: torch refuses it with the reentrant variant, which we never use); train.mlp_chunk_tokens'
+nested checkpoints; train.activation_offload's saved-tensor hooks, which never see the kept outputs: the
+checkpoint holds them in its own store, so they stay on the GPU (the planner counts them there,
+launcher/plan/activations.py). torch.compile'd decoder layers (the checkpoint stays outside the compiled
+forward): on CPU (torch 2.13) the custom op ran once per layer there too, with equal gradients; on GPUs the
+GPU test (tests/train/test_gpu_keep_attention.py) checks it. The API (create_selective_checkpoint_contexts,
+CheckpointPolicy) is spelled the same from torch 2.4 to 2.13.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 # "namespace.op" of every attention forward that runs as one op with its own backward.
