@@ -182,6 +182,12 @@ class TrainSection:
     mlp_chunk_tokens: int = documented(
         0, "long sequences: run each decoder layer's MLP over chunks of this many tokens, each checkpointed, so "
            "its intermediate is bounded by a chunk, not the sequence (one more MLP forward in backward); 0 = off")
+    recompute_attention: bool = documented(
+        True, "with gradient_checkpointing: true = each layer's attention forward runs again in backward with the "
+              "rest of the layer; false = the attention kernel's outputs (output and log-sum-exp) are kept from the "
+              "forward (train/kernels/keep_attention.py): more GPU memory (2 x heads x head_dim + 4 x heads bytes "
+              "per token per layer in bf16, on the GPU even with activation_offload; the planner counts it), a "
+              "quarter less attention work in the step (at 128k tokens most of the FLOPs)")
     deterministic: bool = documented(False, "GPU: deterministic kernels (a resume matches an uninterrupted run "
                                             "bitwise; slower)")
     gc_every_steps: int = documented(50, "Python's automatic garbage collection off while training, a young-"

@@ -4,6 +4,8 @@ ceiling (37.3-39.9% MFU at 32k-128k, 87 GiB at 128k).
 
     python -m bench.suites.gpu_long_context                 # one H200: 8B LoRA, 256k tokens a sequence (< 8 min)
     python -m bench.suites.gpu_long_context --cpu-smoke     # tiny shape on CPU: proves the script runs
+    python -m bench.suites.gpu_long_context --tokens 131072 --steps 4 --variants resident,resident-keep-attention
+                                                            # 128k: attention's forward recomputed or kept
 
 Each variant trains `--steps` optimizer steps on documents of exactly `--tokens` tokens (one document a
 micro-batch, FA4 varlen attention, per-layer checkpointing, eager layers: at 256k attention is ~85% of the
@@ -37,6 +39,8 @@ RUN_TIMEOUT_S = int(os.environ.get("BENCH_RUN_TIMEOUT_S", "450"))
 VARIANTS: dict[str, dict[str, Any]] = {
     "offload-mlp-chunks": {"activation_offload": True, "mlp_chunk_tokens": 16384},
     "resident": {},  # no offload, no MLP chunks: 128k fits one H200 so (87 GiB), the fastest setting there
+    # "resident" whose checkpoints keep attention's outputs: its forward runs once, not twice (+32.5 GiB at 128k)
+    "resident-keep-attention": {"recompute_attention": False},
 }
 WARMUP_STEPS = 1  # the first step includes CUDA/FA4 warm-up and the allocator's growth: not timed
 
@@ -54,7 +58,8 @@ def planned_gib(arch: dict[str, Any], tokens: int, overrides: dict[str, Any]) ->
     train = overrides["train"]
     plan = make_plan(PlanInput(arch=arch, gpus_per_node=1, gpu_type="h200", lora=True, micro_batch_tokens=tokens,
                                loss_chunk_tokens=4096, activation_offload=train.get("activation_offload", False),
-                               mlp_chunk_tokens=train.get("mlp_chunk_tokens", 0)))
+                               mlp_chunk_tokens=train.get("mlp_chunk_tokens", 0),
+                               recompute_attention=train.get("recompute_attention", True)))
     return plan.gpu.total / GIB
 
 

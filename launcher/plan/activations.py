@@ -116,9 +116,10 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
     head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
     layer = _layer_bytes(shape, opts, elem, tokens) + tokens * (lora_extra // shape.layers)
+    kept = kept_attention_bytes(shape, opts, elem)  # per layer, on the GPU whatever activation_offload says
     if opts.gradient_checkpointing:
-        saved, copies = tokens * (head + (0 if opts.activation_offload else shape.layers * elem * d)), 0
-        recompute = layer + weight_copy
+        saved = tokens * (head + (0 if opts.activation_offload else shape.layers * elem * d)) + shape.layers * kept
+        copies, recompute = 0, layer + weight_copy - kept  # the recomputed layer reads its kept output back
     else:
         copies = shape.layers * weight_copy
         saved = tokens * head + (0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True))
@@ -127,6 +128,16 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     workspace = elem * 3 * (mlp_rows * shape.mlp_width + tokens * d) + float8_cast_bytes(shape, opts)
     return {"saved": saved + copies, "recompute": recompute, "workspace": workspace,
             "last_layer": layer + weight_copy + workspace}
+
+
+def kept_attention_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """train.recompute_attention = false under checkpointing: what each layer's checkpoint keeps from the forward
+    (train/kernels/keep_attention.py): the attention output [T, heads x head_dim] in the compute dtype and the
+    fp32 log-sum-exp [heads, T]. The checkpoint holds them in its own store, which activation_offload's
+    saved-tensor hooks never see: they stay on the GPU."""
+    if opts.recompute_attention or not opts.gradient_checkpointing:
+        return 0
+    return opts.sequence_tokens * (elem * shape.q_dim + 4 * shape.heads)
 
 
 def _layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int, tokens: int) -> int:

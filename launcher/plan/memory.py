@@ -82,6 +82,7 @@ class MemoryOptions:
     context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs
     activation_offload: bool = False  # train.activation_offload: the forward's saved activations on the host
     mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP's intermediate for this many tokens at a time
+    recompute_attention: bool = True  # train.recompute_attention: false = checkpointing keeps attention's outputs
 
     @property
     def spec(self) -> StrategySpec:

@@ -192,6 +192,7 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
     )
     breakdown.allocator_slack = _cached_not_reused(phases, state, peak, opts)
     ckpt = "per-layer checkpointing" if opts.gradient_checkpointing else "no checkpointing"
+    ckpt += " keeping attention outputs" if opts.gradient_checkpointing and not opts.recompute_attention else ""
     kernels = "".join(text for on, text in ((opts.compile, ", compiled"), (opts.fused_mlp, ", fused MLP")) if on)
     loss = "full logits" if opts.loss_chunk_tokens == 0 else (
         "fused CE" if opts.loss_backend == "fused" else "chunked CE")

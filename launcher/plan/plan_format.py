@@ -7,7 +7,7 @@ from __future__ import annotations
 from contract import gpus
 from contract.strategies import STRATEGIES
 from launcher.plan.memory import GIB, MemoryBreakdown
-from launcher.plan.planner import MAX_SUGGESTED_NODES, Plan, Suggestion
+from launcher.plan.planner import MAX_SUGGESTED_NODES, Plan, PlanInput, Suggestion
 
 GIB_F = float(GIB)
 GPU_ONLY_TERMS = ("allocator_slack", "cuda_context_nccl")  # CUDA's caching allocator, context and NCCL
@@ -104,6 +104,12 @@ def _preempt_lines(plan: Plan) -> list[str]:
     return [*lines, f"        --set train.save_steps={suggested} bounds it to ~{_duration(bound)}"]
 
 
+def _checkpointing(inp: PlanInput) -> str:
+    if not inp.gradient_checkpointing:
+        return "off"
+    return "on" if inp.recompute_attention else "on (attention outputs kept)"
+
+
 def format_plan(plan: Plan) -> str:
     """Compact human-readable table: memory breakdown, verdict + suggestions, time/cost, signal lead."""
     inp = plan.input
@@ -116,7 +122,7 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"Plan    {_count(plan.params_total)} params{trainable} · {strategy}"
         f"{' + CPU offload' if inp.cpu_offload else ''} · {devices} · "
-        f"{'fp8 linears + ' if inp.fp8 else ''}{inp.precision} · checkpointing {'on' if inp.gradient_checkpointing else 'off'} · "
+        f"{'fp8 linears + ' if inp.fp8 else ''}{inp.precision} · checkpointing {_checkpointing(inp)} · "
         f"micro-batch {inp.micro_batch_tokens} tok x GA {inp.gradient_accumulation_steps}"
         + (f" · context parallel {inp.context_parallel}" if inp.context_parallel > 1 else ""),
         *_memory_lines(plan),

@@ -54,6 +54,7 @@ class PlanInput:
     context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs (Ulysses)
     activation_offload: bool = False  # train.activation_offload: saved activations in pinned host memory
     mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP over chunks of this many tokens (0 = whole)
+    recompute_attention: bool = True  # train.recompute_attention: false = checkpointing keeps attention's outputs
     gradient_accumulation_steps: int = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: Fp8Linears = ""  # train.precision = "fp8": whose float8 linears the decoder layers run (contract.config.fp8_linears)

@@ -103,12 +103,14 @@ def memory_options(inp: PlanInput) -> MemoryOptions:
 
 
 def compute_seconds(shape: ModelShape, inp: PlanInput, per_token: float, tokens: float, peak: float) -> float:
-    """One micro-batch's FLOPs (forward again with per-layer checkpointing) at the achievable fraction of the
-    peak. LoRA's factor and FP8's speed-up are the linears': attention (6·L·a·s̄ of the count, its forward
+    """One micro-batch's FLOPs (forward again with per-layer checkpointing, attention's only with
+    train.recompute_attention) at the achievable fraction of the peak. LoRA's factor and FP8's speed-up are the linears': attention (6·L·a·s̄ of the count, its forward
     recomputed) runs in the same bf16 kernels either way, and at long documents it is most of the step."""
     recompute = 1 + forward_share(shape, inp, per_token) if inp.gradient_checkpointing else 1.0
-    attention = shape.attention_flops_per_token(_attended(inp)) * (4 / 3 if inp.gradient_checkpointing else 1.0)
-    linears = per_token * recompute - attention
+    counted = shape.attention_flops_per_token(_attended(inp)) * (4 / 3 if inp.gradient_checkpointing else 1.0)
+    linears = per_token * recompute - counted  # the rest of the step, its forward recomputed
+    # train.recompute_attention = false: the checkpoints keep attention's outputs, its forward runs once
+    attention = counted * (3 / 4 if inp.gradient_checkpointing and not inp.recompute_attention else 1.0)
     base = peak * EFFICIENCY.get(inp.gpu_type.lower(), FALLBACK_EFFICIENCY)
     speed = (LORA_EFFICIENCY if inp.lora else 1.0) * (FP8_SPEEDUP if inp.fp8 else 1.0)
     return tokens * (attention + linears / speed) / base

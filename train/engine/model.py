@@ -37,6 +37,7 @@ from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
 from contract.shape import EXPERT_LORA_TARGETS, rope_factor
 from train.kernels import float8, swiglu
+from train.kernels.keep_attention import checkpoint_kwargs
 from train.kernels.long_context import chunk_mlps
 from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import gpu_spec, mfu_peaks_line, peak_rss_mib
@@ -167,8 +168,12 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if experts := use_grouped_experts(model):
         logger.info("mixture of experts: %d experts modules as grouped GEMMs (train/moe/experts.py)", experts)
     if cfg.train.gradient_checkpointing:
-        # Non-reentrant: works with frozen inputs (LoRA), FSDP2 and keyword arguments (packing).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Non-reentrant (frozen inputs under LoRA, FSDP2, keyword arguments); train.recompute_attention = false
+        # keeps the attention kernels' outputs from the forward (train/kernels/keep_attention.py).
+        checkpointing = checkpoint_kwargs(cfg.train.recompute_attention)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing)
+        if not cfg.train.recompute_attention:
+            logger.info("checkpointing keeps the attention outputs (train.recompute_attention = false)")
     if cfg.train.fused_loss:  # no vocabulary-sized logits (train/kernels/loss.py)
         use_fused_loss(model, "auto" if cfg.train.fused_loss is True else cfg.train.fused_loss)
         logger.info("fused loss %r; its softmax/gradient pass here: %s", cfg.train.fused_loss,
