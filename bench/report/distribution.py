@@ -122,4 +122,4 @@ def ratio_cell(record: dict[str, Any]) -> str:
     if record.get("runs_per_side", 1) > 1:
         return (f"{record['ratio_median']:.2f}× (median of {record['runs_per_side']}, "
                 f"{record['ratio_min']:.2f}–{record['ratio_max']:.2f}×)")
-    return f"{record['ratio_vs_peer']:.2f}× (1 run a side)"
+    return f"{record.get('ratio_vs_peer', record.get('ratio_median')):.2f}× (1 run a side)"  # older files: ratio_vs_peer

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,7 @@ def ours_overrides(arch: dict, steps: int, checkpointing: bool) -> dict[str, dic
 
 def run_ours(name: str, out: Path, data: Path, arch: dict, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run left by an earlier call would be resumed and its metrics read
     toml = write_train_toml(run_dir, data, arch, args.budget,
                             ours_overrides(arch, args.steps, not args.no_checkpointing))
     log = run_dir / "train.log"
@@ -85,6 +87,7 @@ def run_ours(name: str, out: Path, data: Path, arch: dict, args: argparse.Namesp
 
 
 def run_peer(out: Path, data: Path, arch: dict, args: argparse.Namespace) -> dict[str, Any]:
+    shutil.rmtree(out, ignore_errors=True)  # nothing of an earlier call's run
     out.mkdir(parents=True, exist_ok=True)
     (out / "arch.json").write_text(json.dumps(arch))
     command = [sys.executable, "-m", "bench.peers.peer_trl_moe", "--data", str(data), "--arch", str(out / "arch.json"),
