@@ -11,6 +11,7 @@ are re-checked every time (faster than trusting a cache) and never leave a cache
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -20,10 +21,11 @@ from pathlib import Path
 
 from contract import protocol
 from contract.formats import NO_MAPPING, BadRowError, RowMapping, detect_format, parse_row
+from contract.overlap import HASH_BYTES, NO_HASH, row_hash
 from contract.readers import DEFAULT_SPLIT, RawRow, data_files, is_saved_dataset, iter_hub_rows, iter_rows, parse_jsonl_line
 from contract.schema import ConfigError
 
-CHECK_VERSION = 3  # bump when parse_row's rules change, so cached verdicts are not reused
+CHECK_VERSION = 4  # bump when parse_row's rules change, so cached verdicts are not reused
 MAX_LISTED = 5  # problems kept individually; the rest are only counted
 CACHE_MIN_BYTES = 1 << 20  # files below this are simply checked again
 PROGRESS_EVERY_BYTES = 16 << 20
@@ -50,6 +52,11 @@ class DataCheck:
     key: str = ""  # the flag or key that named it (--data, data.sources[1].path, ...)
     tool_rows: int = 0  # good rows whose conversation has tool calls or tool results
     first_tool_row: str = ""  # the location of the first of them (the template check renders it)
+    hashes: bytearray = field(default_factory=bytearray, repr=False)  # contract/overlap.py's row_hash of each
+    # row in order (NO_HASH for a bad one): eval rows are compared with every source's training rows
+
+    def row_hashes(self) -> list[bytes]:
+        return [bytes(self.hashes[i:i + HASH_BYTES]) for i in range(0, len(self.hashes), HASH_BYTES)]
 
     def describe(self, allow_bad_rows: bool) -> str:
         """The plan's one-line account: rows, format, bad rows and what happens to them."""
@@ -91,13 +98,15 @@ def check_data(path: Path | LocalData, fmt: str = "auto", text_field: str = "tex
         try:
             stored = json.loads(cache.read_text(encoding="utf-8"))
             if stored.get("key") == key:
-                return DataCheck(**stored["check"] | {"cached": True})
+                hashes = bytearray(base64.b64decode(stored["check"]["hashes"]))
+                return DataCheck(**stored["check"] | {"cached": True, "hashes": hashes})
         except (OSError, ValueError, TypeError, KeyError):
             pass  # absent or unreadable: check again
     result = _scan(data, fmt, text_field, progress, mapping)
     result.sha256 = content_sha256(path, data.files())
     if cache is not None:
-        _store(cache, {"key": key, "check": asdict(result)})
+        record = asdict(result) | {"hashes": base64.b64encode(result.hashes).decode()}
+        _store(cache, {"key": key, "check": record})
     return result
 
 
@@ -132,9 +141,11 @@ def _check_row(check: DataCheck, raw: RawRow, text_field: str, mapping: RowMappi
         example = parse_row(raw, check.format, text_field, mapping)
     except BadRowError as err:
         check.bad_rows += 1
+        check.hashes += NO_HASH
         if len(check.problems) < MAX_LISTED:
             check.problems.append(f"{raw.location}: {err}")
         return
+    check.hashes += row_hash(example)
     if example.has_tool_calls:
         check.tool_rows += 1
         check.first_tool_row = check.first_tool_row or raw.location
@@ -214,6 +225,7 @@ def _scan_parallel(path: Path, fmt: str, text_field: str, progress: Progress | N
         for (start, end), future in zip(chunks, futures):
             lines, part = future.result()
             check.rows, check.bad_rows = check.rows + part.rows, check.bad_rows + part.bad_rows
+            check.hashes += part.hashes
             room = MAX_LISTED - len(check.problems)
             check.problems += [_shift(problem, path, base) for problem in part.problems[:room]]
             if part.tool_rows:

@@ -22,6 +22,7 @@ from launcher.plan.datasize import DataEstimate, holding_length
 from launcher.plan.memory import GIB
 from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
+from launcher.resolve.eval_overlap import describe as describe_overlap
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
 from launcher.resolve.plan_sources import source_rows, source_table
 from launcher.resolve.presets import model_dir
@@ -165,7 +166,8 @@ def _own_rope_type(launch: Launch) -> str | None:
 def data_lines(launch: Launch) -> list[str]:
     """One line per checked data file (empty when launcher/resolve/preflight.py has not run)."""
     allow = launch.train.data.allow_bad_rows
-    return [f"{_checked_name(launch, check)}: {check.describe(allow)}" for check in launch.data_checks]
+    overlap = [describe_overlap(launch.eval_overlap)] if launch.eval_overlap else []
+    return [f"{_checked_name(launch, check)}: {check.describe(allow)}" for check in launch.data_checks] + overlap
 
 
 def _checked_name(launch: Launch, check: DataCheck) -> str:

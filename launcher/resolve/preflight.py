@@ -28,6 +28,7 @@ from contract.schema import ConfigError, to_dict
 from contract.sources import DataSource, looks_like_hub_id
 from launcher import runrecord
 from launcher.resolve.data_args import at_line
+from launcher.resolve.eval_overlap import check_eval_overlap
 from launcher.resolve.options import Launch
 from launcher.resolve.profile import read_cluster_file
 from launcher.resolve.presets import model_dir
@@ -40,6 +41,7 @@ def check_launch(launch: Launch) -> None:
     """All login-node checks of a resolved launch; the data verdicts are kept on `launch.data_checks`."""
     check_local_gpus(launch)
     launch.data_checks = check_launch_data(launch)
+    launch.eval_overlap = check_eval_overlap(launch.train, launch.data_checks, launch.profile.hf_home)
     check_model(launch)
     check_tool_templates(launch)
     check_container(launch)

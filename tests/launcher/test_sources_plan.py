@@ -86,7 +86,7 @@ def test_a_hub_dataset_is_read_from_the_profiles_hf_cache(tmp_path: Path) -> Non
     _cluster_with_hf_home(tmp_path)
     (tmp_path / "hub.toml").write_text('[[data.sources]]\npath = "sft-test/chats"\neval_split = "test"\n'
                                        '[[data.sources]]\npath = "chat.jsonl"\nweight = 2\n')
-    (tmp_path / "chat.jsonl").write_text("\n".join(SAMPLE[:20]) + "\n")
+    (tmp_path / "chat.jsonl").write_text("\n".join(SAMPLE[12:32]) + "\n")  # none of the hub's eval rows
     result = run_cli(["plan", "--cluster", "cluster.toml", "--model", "tiny", "--data", "hub.toml"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Checked chats sft-test/chats: 10 rows checked (sharegpt), from the HF cache" in result.stdout

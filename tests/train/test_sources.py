@@ -131,7 +131,9 @@ def test_mixture_epochs_pack_across_sources(tmp_path, tiny_tokenizer):
     paths = write_every_kind(tmp_path / "data", QA)
     chat = DataSource(str(Path(__file__).resolve().parents[2] / "train" / "assets" / "sample_chat.jsonl"),
                       eval_fraction=0.1)
-    qa = DataSource(paths["parquet"], name="qa", weight=0.5, eval_path=paths["csv"], **QA_SOURCE)
+    held = write_every_kind(tmp_path / "held", [{"question": f"What is {i} - 1?", "answer": str(i - 1)}
+                                                for i in range(12)])  # eval rows no source trains on
+    qa = DataSource(paths["parquet"], name="qa", weight=0.5, eval_path=held["csv"], **QA_SOURCE)
     bundle = build_datasets(sources_cfg(tmp_path, chat, qa), tiny_tokenizer)
     assert bundle.mixture.sizes == (270, 12) and bundle.mixture.takes == (270, 6)
     assert sorted(bundle.eval_parts) == ["qa", "sample_chat"] and len(bundle.eval_parts["qa"]) == 12
