@@ -22,7 +22,9 @@ from pathlib import Path
 from contract import protocol
 from contract.formats import NO_MAPPING, BadRowError, RowMapping, detect_format, parse_row
 from contract.overlap import HASH_BYTES, NO_HASH, row_hash
-from contract.readers import DEFAULT_SPLIT, RawRow, data_files, is_saved_dataset, iter_hub_rows, iter_rows, parse_jsonl_line
+from contract.readers import (
+    DEFAULT_SPLIT, RawRow, data_files, hidden_files, is_saved_dataset, iter_hub_rows, iter_rows, parse_jsonl_line,
+)
 from contract.schema import ConfigError
 
 CHECK_VERSION = 4  # bump when parse_row's rules change, so cached verdicts are not reused
@@ -52,6 +54,8 @@ class DataCheck:
     key: str = ""  # the flag or key that named it (--data, data.sources[1].path, ...)
     tool_rows: int = 0  # good rows whose conversation has tool calls or tool results
     first_tool_row: str = ""  # the location of the first of them (the template check renders it)
+    files: list[str] = field(default_factory=list)  # the files read, relative to the source (a file alone: [])
+    hidden: int = 0  # hidden files under a folder source, skipped
     hashes: bytearray = field(default_factory=bytearray, repr=False)  # contract/overlap.py's row_hash of each
     # row in order (NO_HASH for a bad one): eval rows are compared with every source's training rows
 
@@ -62,6 +66,12 @@ class DataCheck:
         """The plan's one-line account: rows, format, bad rows and what happens to them."""
         digest = f"sha256 {self.sha256[:12]}" if self.sha256 else "from the HF cache"
         text = f"{self.rows:,} rows checked ({self.format}), {digest}"
+        if self.files:
+            shown = ", ".join(self.files[:MAX_LISTED]) + (f", … ({len(self.files):,} files)"
+                                                          if len(self.files) > MAX_LISTED else "")
+            text += f"; read {shown}"
+        if self.hidden:
+            text += f"; {self.hidden:,} hidden file{'s' if self.hidden > 1 else ''} skipped"
         if self.bad_rows:
             action = "skipped (data.allow_bad_rows)" if allow_bad_rows else "refused"
             text += f"; {self.bad_rows:,} bad, {action}; first: {self.problems[0]}"
@@ -103,6 +113,7 @@ def check_data(path: Path | LocalData, fmt: str = "auto", text_field: str = "tex
         except (OSError, ValueError, TypeError, KeyError):
             pass  # absent or unreadable: check again
     result = _scan(data, fmt, text_field, progress, mapping)
+    result.files, result.hidden = _files_read(data), hidden_files(path)
     result.sha256 = content_sha256(path, data.files())
     if cache is not None:
         record = asdict(result) | {"hashes": base64.b64encode(result.hashes).decode()}
@@ -169,6 +180,15 @@ def _scan(data: LocalData, fmt: str, text_field: str, progress: Progress | None,
     if progress is not None and reported:
         progress(total, total)
     return check
+
+
+def _files_read(data: LocalData) -> list[str]:
+    """The files a local source's split was read from, relative to its folder ([]: the file named, alone)."""
+    if is_saved_dataset(data.path):
+        return []
+    files = data.files()
+    root = data.path if data.path.is_dir() else data.path.parent
+    return [] if files == [data.path] else [str(file.relative_to(root)) for file in files]
 
 
 def _workers() -> int:

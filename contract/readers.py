@@ -4,12 +4,18 @@
 Every row carries its location (`file:line` for JSON/JSONL/CSV; `file[row N]` for Parquet, saved
 `datasets` folders and hub datasets; both 1-based) so a bad row is reported where the user can find it.
 
-Splits of files and folders: a file's name says which split it holds (`split_of`): a shard
-`SPLIT-00000-of-00003.parquet` (the hub's layout, `data/train-*.parquet`), a folder `SPLIT/` on its
-way, or a name `SPLIT.jsonl` / `SPLIT-*.jsonl`, where SPLIT is a usual split name (train, test,
-validation, valid, val, dev, eval, or one of them + `_…`, as train_sft) or the split the source asks
-for. `data_files` picks a split's files; where the names say nothing, only the default split
-("train" = every row) exists, and asking for another is a one-line error, never ignored.
+Splits of files and folders (`split_of`, documented in docs/data.md#splits): a file's name says which
+split it holds, by these rules, the first that applies:
+  1. a shard `SPLIT-00000-of-00003.parquet` (the hub's layout, `data/train-*.parquet`): SPLIT, whatever it is;
+  2. a folder on its way that is the split asked for, or holds one split word (`train/part-0.jsonl`);
+  3. a name that is the split asked for (`train_sft.jsonl` for split = "train_sft");
+  4. a name holding one split word among its words (separated by `-`, `_`, `.`, spaces; trailing digits
+     ignored): `train.jsonl`, `chats_test.jsonl`, `train_synthetic.jsonl`, `dev-01.jsonl`; two different
+     split words (`train_test.jsonl`) are refused as ambiguous.
+Split words: train, test, validation, valid, val, dev, eval. `data_files` picks a split's files; where the
+names say nothing, only the default split ("train" = every row) exists, and asking for another is a
+one-line error, never ignored. Hidden files and folders (a name starting with `.`, at any depth: editor
+and notebook checkpoints, caches) are never data: skipped, and counted (`hidden_files`).
 Torch-free; JSONL is read line by line (a multi-GB file never sits in memory). `contract.formats`
 turns what these yield into examples; train and the launcher's check both read through here.
 """
@@ -48,10 +54,22 @@ def is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and any((path / name).is_file() for name in ("state.json", "dataset_dict.json"))
 
 
+def _is_hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def hidden_files(path: Path) -> int:
+    """Files under a folder source skipped because they or a folder on their way are hidden."""
+    if not path.is_dir() or is_saved_dataset(path):
+        return 0
+    return sum(1 for p in path.rglob("*") if p.is_file() and _is_hidden(p.relative_to(path)))
+
+
 def shard_files(path: Path, key: str = "data.path") -> list[Path]:
-    """The data files of a folder of shards, in name order (one format: the first file's suffix)."""
+    """The data files of a folder of shards, in name order (one format: the first file's suffix); hidden
+    files and folders are skipped at any depth."""
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES
-                   and not p.name.startswith("."))
+                   and not _is_hidden(p.relative_to(path)))
     if not files:
         raise ConfigError(f"{path}: no data files ({', '.join(DATA_SUFFIXES)}) in this folder", key)
     mixed = sorted({p.suffix for p in files})
@@ -60,18 +78,30 @@ def shard_files(path: Path, key: str = "data.path") -> list[Path]:
     return files
 
 
-def _is_split_name(name: str, asked: str) -> bool:
-    return name == asked or name in SPLIT_WORDS or name.split("_")[0] in SPLIT_WORDS
+def _split_words(stem: str) -> list[str]:
+    """The split words among a name's words (rule 4 of the module doc), in order, without repeats."""
+    words = [word.rstrip("0123456789") for word in re.split(r"[-_.\s]+", stem.lower())]
+    return list(dict.fromkeys(word for word in words if word in SPLIT_WORDS))
 
 
-def split_of(relative: Path, asked: str = "") -> str | None:
-    """The split a data file's name (relative to its source's folder) says it holds; None: it says none."""
+def split_of(relative: Path, asked: str = "", key: str = "data.path") -> str | None:
+    """The split a data file's name (relative to its source's folder) says it holds (the module doc's
+    rules); None: it says none."""
     stem = relative.name
     for suffix in DATA_SUFFIXES:
         stem = stem.removesuffix(suffix)
-    shard = _SHARD.match(stem)
-    names = [*relative.parent.parts, shard["split"] if shard else stem, stem.split("-")[0]]
-    return next((name for name in names if _is_split_name(name, asked)), None)
+    if shard := _SHARD.match(stem):
+        return shard["split"]
+    for part in relative.parent.parts:
+        if part == asked or len(words := _split_words(part)) == 1:
+            return asked if part == asked else words[0]
+    if stem == asked:
+        return asked
+    words = _split_words(stem)
+    if len(words) > 1:
+        raise ConfigError(f"{key}: {relative}: its name holds two split words ({', '.join(words)}); rename it so "
+                          "that it names one split", key)
+    return words[0] if words else None
 
 
 def data_files(path: Path, split: str = DEFAULT_SPLIT, key: str = "data.path", beside: bool = False) -> list[Path]:
@@ -80,12 +110,13 @@ def data_files(path: Path, split: str = DEFAULT_SPLIT, key: str = "data.path", b
     beside = beside and path.is_file()
     if path.is_dir():
         files = shard_files(path, key)
-        named = {file: split_of(file.relative_to(path), split) for file in files}
-    elif beside:  # never the file itself: that is the training data
-        files = sorted(p for p in path.parent.iterdir() if p.is_file() and p.suffix == path.suffix and p != path)
-        named = {file: split_of(Path(file.name), split) for file in files}
+        named = {file: split_of(file.relative_to(path), split, key) for file in files}
+    elif beside:  # never the file itself, nor a hidden file: that is the training data, this never data
+        files = sorted(p for p in path.parent.iterdir() if p.is_file() and p.suffix == path.suffix and p != path
+                       and not p.name.startswith("."))
+        named = {file: split_of(Path(file.name), split, key) for file in files}
     else:
-        files, named = [path], {path: split_of(Path(path.name), split)}
+        files, named = [path], {path: split_of(Path(path.name), split, key)}
     chosen = [file for file, name in named.items() if name == split]
     if chosen and (path.is_file() or None not in named.values()):
         return chosen
