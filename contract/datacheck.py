@@ -15,7 +15,7 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from contract.readers import (
     DEFAULT_SPLIT, RawRow, data_files, hidden_files, is_saved_dataset, iter_hub_rows, iter_rows, parse_jsonl_line,
 )
 from contract.schema import ConfigError
+from contract.sources import DataSource
 
 CHECK_VERSION = 4  # bump when parse_row's rules change, so cached verdicts are not reused
 MAX_LISTED = 5  # problems kept individually; the rest are only counted
@@ -56,6 +57,8 @@ class DataCheck:
     first_tool_row: str = ""  # the location of the first of them (the template check renders it)
     files: list[str] = field(default_factory=list)  # the files read, relative to the source (a file alone: [])
     hidden: int = 0  # hidden files under a folder source, skipped
+    unrenderable: int = 0  # good chat rows the model's template cannot render exactly (launcher/resolve/renders.py)
+    unrenderable_rows: list[str] = field(default_factory=list)  # the first MAX_LISTED of them, "location: reason"
     hashes: bytearray = field(default_factory=bytearray, repr=False)  # contract/overlap.py's row_hash of each
     # row in order (NO_HASH for a bad one): eval rows are compared with every source's training rows
 
@@ -72,6 +75,9 @@ class DataCheck:
             text += f"; read {shown}"
         if self.hidden:
             text += f"; {self.hidden:,} hidden file{'s' if self.hidden > 1 else ''} skipped"
+        if self.unrenderable:
+            text += (f"; {self.unrenderable:,} rows the chat template cannot render exactly, skipped "
+                     f"(data.skip_unrenderable): {'; '.join(self.unrenderable_rows)}")
         if self.bad_rows:
             action = "skipped (data.allow_bad_rows)" if allow_bad_rows else "refused"
             text += f"; {self.bad_rows:,} bad, {action}; first: {self.problems[0]}"
@@ -95,6 +101,15 @@ class LocalData:
         if is_saved_dataset(self.path):
             return _files(self.path)
         return data_files(self.path, self.split, self.key, self.beside)
+
+
+def check_rows(check: DataCheck, source: DataSource, hf_home: str) -> Iterator[RawRow]:
+    """The rows a check of `source` read again (its train split, or its eval data): file or hub id."""
+    split = (source.eval_split or DEFAULT_SPLIT) if check.eval else source.split
+    path = Path(check.path)
+    if path.exists():
+        return LocalData(path, split, beside=bool(check.eval and source.eval_split)).rows()
+    return iter_hub_rows(check.path, source.config, split, hf_home, check.key)
 
 
 def check_data(path: Path | LocalData, fmt: str = "auto", text_field: str = "text", progress: Progress | None = None,

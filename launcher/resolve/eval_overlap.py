@@ -7,14 +7,11 @@ verdict), so it reads nothing again unless it finds an overlap, and then only to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import islice
-from pathlib import Path
 
 from contract.config import TrainConfig
-from contract.datacheck import DataCheck, LocalData
+from contract.datacheck import DataCheck, check_rows
 from contract.overlap import Overlap, Part, eval_indices, find_overlap, refuse_overlap
-from contract.readers import RawRow, iter_hub_rows
 from contract.sources import DataSource
 
 
@@ -49,16 +46,8 @@ def check_eval_overlap(train: TrainConfig, checks: list[DataCheck], hf_home: str
 
 def _location(source: DataSource, check: DataCheck, ordinal: int, hf_home: str) -> str:
     """Where the row `ordinal` (0-based, every row counted) of a checked side is: file:line or id[row N]."""
-    row = next(islice(_rows(source, check, hf_home), ordinal, None), None)
+    row = next(islice(check_rows(check, source, hf_home), ordinal, None), None)
     return row.location if row is not None else f"#{ordinal + 1}"
-
-
-def _rows(source: DataSource, check: DataCheck, hf_home: str) -> Iterator[RawRow]:
-    split = source.eval_split if check.eval and source.eval_split else source.split if not check.eval else "train"
-    path = Path(check.path)
-    if path.exists():
-        return LocalData(path, split, beside=bool(check.eval and source.eval_split)).rows()
-    return iter_hub_rows(check.path, source.config, split, hf_home, check.key)
 
 
 def describe(overlap: Overlap | None) -> str:

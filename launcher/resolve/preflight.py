@@ -29,6 +29,7 @@ from contract.sources import DataSource, looks_like_hub_id
 from launcher import runrecord
 from launcher.resolve.data_args import at_line
 from launcher.resolve.eval_overlap import check_eval_overlap
+from launcher.resolve.renders import check_renders
 from launcher.resolve.options import Launch
 from launcher.resolve.profile import read_cluster_file
 from launcher.resolve.presets import model_dir
@@ -42,6 +43,7 @@ def check_launch(launch: Launch) -> None:
     check_local_gpus(launch)
     launch.data_checks = check_launch_data(launch)
     launch.eval_overlap = check_eval_overlap(launch.train, launch.data_checks, launch.profile.hf_home)
+    check_renders(launch)  # every chat row through the template (torch-free), before the sample mask check
     check_model(launch)
     check_tool_templates(launch)
     check_container(launch)
@@ -212,7 +214,8 @@ def mask_samples(launch: Launch) -> list[dict]:
         source = sources[check.name]
         samples.append({"path": check.path, "format": check.format, "text_field": source.text_field,
                         "split": source.split, "config": source.config, "hf_home": launch.profile.hf_home,
-                        "mapping": asdict(source.mapping), "tool_row": check.first_tool_row})
+                        "mapping": asdict(source.mapping), "tool_row": check.first_tool_row,
+                        "skip_unrenderable": launch.train.data.skip_unrenderable})
     return samples
 
 

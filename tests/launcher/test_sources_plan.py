@@ -129,8 +129,9 @@ def test_tool_calls_are_checked_against_a_cached_hub_models_template(tmp_path: P
     result = run_cli(["plan", "--cluster", "cluster.toml", "--model", "org/tool-less", "--data", "tools.jsonl"],
                      tmp_path, env=cli_env(HF_HOME=str(tmp_path / "hf_home")))
     assert result.returncode == 2
-    assert f"model.path: {snapshot}: {tmp_path / 'tools.jsonl'}:1: the chat template does not render tool calls " \
-           "(tool call 'get_weather' is missing from its output)" in result.stderr
+    assert f"error: {tmp_path / 'tools.jsonl'}:1: the chat template leaves out messages[1]: tool call 'get_weather' " \
+           f"(call 1 of that name) (1 of 1 rows of source 'tools' cannot be rendered exactly by {snapshot}'s chat " \
+           "template" in result.stderr
 
 
 def test_data_flags_resolve_by_contracts_hub_id_rule(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -139,7 +139,7 @@ def test_unmaskable_sample_is_skipped_and_reported(tmp_path, tiny_tokenizer):
     tokenizer.chat_template = "{% if messages|length > 2 %}{{ messages|length }}{% endif %}" + tokenizer.chat_template
     short = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}
     long = {"conversations": short["conversations"] * 2}
-    cfg = make_cfg(tmp_path, write_jsonl(tmp_path / "d.jsonl", [short, long, short]))
+    cfg = make_cfg(tmp_path, write_jsonl(tmp_path / "d.jsonl", [short, long, short]), skip_unrenderable=True)
     bundle = build_datasets(cfg, tokenizer)
     assert len(bundle.train) == 2
     assert bundle.stats["skipped_mask"] == bundle.stats["skipped"] == 1

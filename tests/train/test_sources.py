@@ -123,8 +123,8 @@ def test_a_template_that_drops_tool_calls_is_refused_before_training(tmp_path, t
     (tmp_path / "tools.jsonl").write_text(json.dumps(TOOL_ROW) + "\n")
     sample = {"path": str(tmp_path / "tools.jsonl"), "format": "messages", "tool_row": f"{tmp_path}/tools.jsonl:1"}
     reason = check(str(Path(tiny_tokenizer.name_or_path)), [sample])
-    assert reason.startswith(f"{tmp_path}/tools.jsonl:1: the chat template does not render tool calls "
-                             "(tool call 'get_weather' is missing")
+    assert reason.endswith(f"{tmp_path}/tools.jsonl: the chat template leaves out messages[1]: tool call "
+                           "'get_weather' (call 1 of that name)")
 
 
 def test_mixture_epochs_pack_across_sources(tmp_path, tiny_tokenizer):

@@ -267,6 +267,9 @@ class RowTokenizer:
             else:
                 input_ids, labels = tokenize_chat(tokenizer, example.messages, use_markers, example.tools)
         except MaskError as err:
+            if not cfg.data.skip_unrenderable:  # never dropped silently (the plan renders every row first)
+                raise ConfigError(f"{raw.location}: assistant mask: {err} (set data.skip_unrenderable = true to "
+                                  "skip such rows)") from None
             stats.skip("skipped_mask", index, raw.location, f"assistant mask: {err}")
             return None
         max_length = cfg.train.model_max_length
