@@ -10,7 +10,7 @@ again on the tokenized cache (each example keeps its row's hash) (train/dataset/
 one line naming the two sources and a row of each, unless `data.allow_eval_overlap = true`.
 
 Which rows `eval_fraction` holds out is `eval_indices` (seeded, on the source's usable rows; a held-out row
-that duplicates a kept one is left out of eval): one function for the plan's check and the training's
+that duplicates a kept one goes back to training): one function for the plan's check and the training's
 split. Torch-free.
 """
 
@@ -47,7 +47,7 @@ def eval_indices(size: int, fraction: float, seed: int, hashes: list[bytes] | No
                  ) -> tuple[list[int], list[int]]:
     """(train, eval) indices of `size` examples with `fraction` held out for eval, seeded; at least one each
     side (none held out for fraction 0 or fewer than 2 examples). With the examples' `hashes`, a held-out
-    row whose content a kept row has too (a duplicate within the source) is left out of eval: trained, so
+    row whose content a kept row has too (a duplicate within the source) goes back to training: trained, so
     not evaluated on."""
     if fraction <= 0 or size < 2:
         return list(range(size)), []
@@ -56,9 +56,10 @@ def eval_indices(size: int, fraction: float, seed: int, hashes: list[bytes] | No
     order = np.random.default_rng(seed).permutation(size)
     n_eval = min(max(1, round(size * fraction)), size - 1)
     train, held = sorted(order[n_eval:].tolist()), sorted(order[:n_eval].tolist())
-    if hashes is not None:
+    if hashes is not None:  # a held-out duplicate of a kept row is trained, as the data has it twice
         trained = {hashes[i] for i in train}
-        held = [i for i in held if hashes[i] not in trained]
+        duplicates = [i for i in held if hashes[i] in trained]
+        train, held = sorted(train + duplicates), [i for i in held if hashes[i] not in trained]
     return train, held
 
 

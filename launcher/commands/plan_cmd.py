@@ -23,6 +23,7 @@ from launcher.plan.memory import GIB
 from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
 from launcher.resolve.eval_overlap import describe as describe_overlap
+from launcher.resolve.fill import check_fills_one_step
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
 from launcher.resolve.plan_sources import source_rows, source_table
 from launcher.resolve.presets import model_dir
@@ -186,6 +187,7 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     plan = make_plan(plan_input_from_launch(launch, data))
     cluster = check_cluster(launch)  # the one `scontrol show partition` of the plan
     plan.warnings += _launch_warnings(launch, plan, cluster)
+    plan.warnings += check_fills_one_step(launch, plan)
     if (long := long_documents(plan, data, launch.train.train.model_max_length)) is not None:
         plan.warnings.append(long)
     if launch.micro_batch is not None and launch.micro_batch.source == "none":

