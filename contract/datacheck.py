@@ -57,7 +57,7 @@ class DataCheck:
     first_tool_row: str = ""  # the location of the first of them (the template check renders it)
     files: list[str] = field(default_factory=list)  # the files read, relative to the source (a file alone: [])
     hidden: int = 0  # hidden files under a folder source, skipped
-    unrenderable: int = 0  # good chat rows the model's template cannot render exactly (launcher/resolve/renders.py)
+    unrenderable: int = 0  # good chat rows the model's template cannot render exactly (launcher/resolve/datarules.py)
     unrenderable_rows: list[str] = field(default_factory=list)  # the first MAX_LISTED of them, "location: reason"
     hashes: bytearray = field(default_factory=bytearray, repr=False)  # contract/overlap.py's row_hash of each
     # row in order (NO_HASH for a bad one): eval rows are compared with every source's training rows

@@ -1,6 +1,6 @@
 """Best-fit-decreasing packing of document lengths into micro-batches of at most `budget` tokens: the one
 rule the training's packing plan (train/dataset/packing.py, which then shuffles the bins by seed and epoch)
-and the plan's "does the data fill one optimizer step" check (launcher/resolve/fill.py) share. Torch-free."""
+and the plan's "does the data fill one optimizer step" check (launcher/resolve/datarules.py) share. Torch-free."""
 
 from __future__ import annotations
 

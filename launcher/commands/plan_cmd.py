@@ -22,8 +22,7 @@ from launcher.plan.datasize import DataEstimate, holding_length
 from launcher.plan.memory import GIB
 from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
-from launcher.resolve.eval_overlap import describe as describe_overlap
-from launcher.resolve.fill import check_fills_one_step
+from launcher.resolve.datarules import check_fills_one_step, describe as describe_overlap
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
 from launcher.resolve.plan_sources import source_rows, source_table
 from launcher.resolve.presets import model_dir

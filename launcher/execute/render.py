@@ -226,7 +226,7 @@ def record_fields(launch: Launch) -> dict[str, Any]:
         "micro_batch": launch.micro_batch.record() if launch.micro_batch else None,
         # launcher/resolve/max_length.py: what model_max_length = "auto" resolved to (None: the length was a number)
         "model_max_length_auto": launch.auto_length.record() if launch.auto_length else None,
-        # launcher/resolve/eval_overlap.py: eval rows also trained, allowed by data.allow_eval_overlap (None: none)
+        # launcher/resolve/datarules.py: eval rows also trained, allowed by data.allow_eval_overlap (None: none)
         "eval_overlap": asdict(launch.eval_overlap) if launch.eval_overlap else None,
     }
 

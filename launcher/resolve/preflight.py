@@ -28,8 +28,7 @@ from contract.schema import ConfigError, to_dict
 from contract.sources import DataSource, looks_like_hub_id
 from launcher import runrecord
 from launcher.resolve.data_args import at_line
-from launcher.resolve.eval_overlap import check_eval_overlap
-from launcher.resolve.renders import check_renders
+from launcher.resolve.datarules import check_eval_overlap, check_renders
 from launcher.resolve.options import Launch
 from launcher.resolve.profile import read_cluster_file
 from launcher.resolve.presets import model_dir

@@ -1,5 +1,5 @@
 """Eval rows are never training rows, whichever declaration brings them (contract/overlap.py): the plan
-refuses an overlap in one line naming both sources and a row of each (launcher/resolve/eval_overlap.py),
+refuses an overlap in one line naming both sources and a row of each (launcher/resolve/datarules.py),
 data.allow_eval_overlap lets it through knowingly (plan line, run.json), and the training refuses it again
 on the tokenized cache's row hashes (train/dataset/load.py)."""
 

@@ -1,5 +1,5 @@
 """Data that cannot fill one optimizer step on the ranks asked for is refused by the plan in one line, before
-the queue (launcher/resolve/fill.py, the training's packing rule from contract/packing.py); a run of only a
+the queue (launcher/resolve/datarules.py, the training's packing rule from contract/packing.py); a run of only a
 few steps is a warning."""
 
 from __future__ import annotations

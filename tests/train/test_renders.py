@@ -1,4 +1,4 @@
-"""Every chat row through the model's template before the queue (launcher/resolve/renders.py, contract/
+"""Every chat row through the model's template before the queue (launcher/resolve/datarules.py, contract/
 rendercheck.py): rows a template refuses or trims are refused by location, or skipped and listed under
 data.skip_unrenderable, and the training skips exactly those rows (train/dataset/chat.py, same rule)."""
 
@@ -52,7 +52,8 @@ def test_rows_the_template_trims_or_refuses_are_refused_by_row_before_the_queue(
 def test_skipped_unrenderable_rows_are_listed_in_the_plan_and_skipped_by_training_alike(tmp_path, family_tokenizers):
     tokenizer = family_tokenizers["llama-3.2"]
     rows = [PLAIN, TEXT_BESIDE_CALL, PARALLEL_CALLS, PLAIN]
-    data, result = _plan(tmp_path, tokenizer, rows, "--set", "data.skip_unrenderable=true")
+    data, result = _plan(tmp_path, tokenizer, rows, "--set", "data.skip_unrenderable=true",
+                         "--set", "data.tokens_per_micro_batch=64")  # two small rows left: a micro-batch per rank
     assert result.returncode == 0, result.stderr
     checked = next(line for line in result.stdout.splitlines() if line.startswith("Checked "))
     assert (f"; 2 rows the chat template cannot render exactly, skipped (data.skip_unrenderable): {data}:2: the chat "

@@ -79,7 +79,7 @@ def check_source(tokenizer: Any, sample: dict[str, Any]) -> str | None:
             tokenize_chat(tokenizer, example.messages, markers, example.tools)
         except Exception as err:  # jinja's raise_exception, MaskError
             if sample.get("skip_unrenderable"):
-                continue  # skipped and counted (launcher/resolve/renders.py)
+                continue  # skipped and counted (launcher/resolve/datarules.py)
             return f"{location}: the chat template cannot render this conversation with tool calls: {err}"
         missing = unrendered_part(rendered, example.messages, example.tools)
         if missing and not sample.get("skip_unrenderable"):
