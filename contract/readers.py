@@ -251,8 +251,26 @@ def _iter_parquet(path: Path) -> Iterator[RawRow]:
     index = 1
     for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
         for row in batch.to_pylist():
-            yield RawRow(f"{path}[row {index}]", row)
+            yield RawRow(f"{path}[row {index}]", without_struct_nulls(row))
             index += 1
+
+
+def without_struct_nulls(row: Any) -> Any:
+    """An Arrow row as the JSON it was written from: a struct column has the union of every row's keys, so a
+    key one row lacks reads as null (tool arguments `{"location": "Osaka", "amount": null, "to": null}`).
+    Nested objects lose their null keys; the row's own columns keep theirs (a null column is an absent one
+    to contract/formats.py either way)."""
+    if isinstance(row, dict):
+        return {key: _strip(value) for key, value in row.items()}
+    return row
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _strip(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_strip(item) for item in value]
+    return value
 
 
 def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:
@@ -277,7 +295,7 @@ def _iter_saved_dataset(path: Path, split: str, key: str) -> Iterator[RawRow]:
     except FileNotFoundError:
         raise ConfigError(f"{path}: not a saved datasets directory (no dataset_info.json/state.json)", key) from None
     for index, row in enumerate(_pick_split(loaded, split, str(path), key), start=1):
-        yield RawRow(f"{path}[row {index}]", row)
+        yield RawRow(f"{path}[row {index}]", without_struct_nulls(row))
 
 
 def hub_datasets_cache(hf_home: str) -> Path:
@@ -333,4 +351,4 @@ def open_hub_dataset(repo_id: str, config: str, split: str, hf_home: str, key: s
 
 def iter_hub_rows(repo_id: str, config: str, split: str, hf_home: str, key: str) -> Iterator[RawRow]:
     for index, row in enumerate(open_hub_dataset(repo_id, config, split, hf_home, key), start=1):
-        yield RawRow(f"{repo_id}[row {index}]", row)
+        yield RawRow(f"{repo_id}[row {index}]", without_struct_nulls(row))
