@@ -174,7 +174,7 @@ def check_model(launch: Launch) -> None:
         if key == "model.path" and not (directory / "config.json").is_file():
             raise ConfigError(f"{key}: {directory}/config.json missing (not a Hugging Face model directory)", key)
     check_hub_model(launch)
-    tokenizer_dir = _local_dir(model.tokenizer or model.path)
+    tokenizer_dir = _local_dir(model.tokenizer or model.path) or _cached_dir(launch)
     if tokenizer_dir is None:
         return
     key = "model.tokenizer" if model.tokenizer else "model.path"
@@ -194,8 +194,9 @@ def check_tool_templates(launch: Launch) -> None:
     `tiny`, or an HF id's in profile.hf_home's cache): can its template render them?"""
     model = launch.train.model
     source = model.tokenizer or model.path
-    if not any(check.tool_rows for check in launch.data_checks) or _local_dir(source) is not None:
-        return  # no tool calls, or a local tokenizer: check_model rendered them
+    if not any(check.tool_rows for check in launch.data_checks) or _local_dir(source) is not None \
+            or _cached_dir(launch) is not None:
+        return  # no tool calls, or a local tokenizer or cached snapshot: check_model rendered them
     tokenizer_dir = SHIPPED_TOKENIZER if not source else \
         model_dir(source, launch.profile.hf_home) if launch.profile.hf_home else None
     if tokenizer_dir is not None:
@@ -241,6 +242,16 @@ def check_hub_model(launch: Launch) -> None:
     if model_dir(model_id, hf_home) is None:
         raise ConfigError(f"model.path {model_id}: not in profile.hf_home's cache ({hub}); the compute nodes load "
                           f"local files only: HF_HOME={hf_home} huggingface-cli download {model_id}", "model.path")
+
+
+def _cached_dir(launch: Launch) -> Path | None:
+    """The cached hub snapshot model.tokenizer (else model.path) names in profile.hf_home's cache; None: a
+    local folder, no HF id, or not cached here."""
+    model = launch.train.model
+    value = model.tokenizer or model.path
+    if not value or _local_dir(value) is not None or not launch.profile.hf_home:
+        return None
+    return model_dir(value, launch.profile.hf_home)
 
 
 def _local_dir(value: str) -> Path | None:
