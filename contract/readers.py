@@ -39,6 +39,9 @@ DEFAULT_SPLIT = "train"  # of data that names no splits: all of it
 SPLIT_WORDS = ("train", "test", "validation", "valid", "val", "dev", "eval")
 _SHARD = re.compile(r"^(?P<split>.+?)-\d+-of-\d+")  # train_sft-00000-of-00001[-hash]
 BINARY_SNIFF_BYTES = 8192  # the head of a JSON file searched for NUL bytes
+SPLIT_HINT = "set the source's split (--data PATH:split=NAME, or split in a [[data.sources]] table)"
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark (Windows editors write one): not part of the data
+OBJECT_SNIFF_MAX_BYTES = 256 << 20  # .json files up to this size starting with `{` are tried as one object
 
 
 @dataclass
@@ -133,7 +136,7 @@ def data_files(path: Path, split: str = DEFAULT_SPLIT, key: str = "data.path", b
     suffix = path.suffix or (files[0].suffix if files else ".jsonl")
     has = f"has {', '.join(splits)}" if splits else \
         f"no file names a split, as {split}-00000-of-00001{suffix}, {split}{suffix} or a {split}/ folder would"
-    hint = "; set the source's split" if split == DEFAULT_SPLIT else "; or use eval_path / eval_fraction" if beside else ""
+    hint = f"; {SPLIT_HINT}" if split == DEFAULT_SPLIT else "; or use eval_path / eval_fraction" if beside else ""
     raise ConfigError(f"{key}: {where}: no split {split!r} ({has}){hint}", key)
 
 
@@ -158,10 +161,13 @@ def _iter_file(path: Path, key: str) -> Iterator[RawRow]:
         with path.open("rb") as handle:
             head = handle.read(BINARY_SNIFF_BYTES)
             _refuse_binary(path, head, key)
-            handle.seek(0)
-            if head.lstrip()[:1] == b"[":
+            handle.seek(len(BOM) if head.startswith(BOM) else 0)
+            first = head.removeprefix(BOM).lstrip()[:1]
+            if first == b"[":
                 yield from _iter_json_array(path, handle.read(), key)
             else:
+                if first == b"{" and path.suffix == ".json":
+                    _refuse_wrapped_rows(path, key)
                 yield from _iter_jsonl(path, handle)
     else:
         raise ConfigError(f"{path}: unsupported data file (use .jsonl, .json, .parquet, .csv, a folder of them "
@@ -175,12 +181,29 @@ def _refuse_binary(path: Path, head: bytes, key: str) -> None:
         raise ConfigError(f"{path}:{line}: binary data (NUL byte), not JSON text; is this the right file?", key)
 
 
+def _refuse_wrapped_rows(path: Path, key: str) -> None:
+    """A .json file that is one object holding the rows under a key ({"version": 1, "data": [...]}) is
+    refused naming that key, instead of a line-by-line "invalid JSON" (JSONL in a .json file reads on)."""
+    if path.stat().st_size > OBJECT_SNIFF_MAX_BYTES:
+        return
+    try:
+        whole = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return  # JSONL (several objects), or broken: read on, row by row
+    rows = [name for name, value in whole.items() if isinstance(value, list) and value
+            and all(isinstance(item, dict) for item in value)] if isinstance(whole, dict) else []
+    if rows:
+        raise ConfigError(f"{path}: one JSON object (keys {', '.join(sorted(whole))}) whose rows are the list under "
+                          f"{rows[0]!r}: save that list as a JSON array or JSONL (e.g. python -c \"import json; "
+                          f"json.dump(json.load(open('{path.name}'))['{rows[0]}'], open('rows.json', 'w'))\")", key)
+
+
 def parse_jsonl_line(location: str, line: bytes, offset: int = 0) -> RawRow | None:
     """One JSONL line decoded (None for a blank line); undecodable lines carry their error."""
     if not line.strip():
         return None
     try:
-        text = line.rstrip(b"\r\n").decode("utf-8")
+        text = line.rstrip(b"\r\n").decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         return RawRow(location, error=f"not valid UTF-8 (byte {err.start})", offset=offset)
     try:
@@ -201,7 +224,7 @@ def _iter_jsonl(path: Path, handle: BinaryIO) -> Iterator[RawRow]:
 def _iter_json_array(path: Path, raw: bytes, key: str) -> Iterator[RawRow]:
     """A JSON array of objects, decoded one element at a time so each row keeps its line number."""
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         raise ConfigError(f"{path}:{line}: not valid UTF-8 (a JSON array cannot skip one row)", key) from None
@@ -282,7 +305,7 @@ def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:
                               "or use eval_path / eval_fraction)", key)
         return loaded
     if split not in loaded:
-        raise ConfigError(f"{key}: {where}: no split {split!r} (has {', '.join(sorted(loaded))}); set the source's split",
+        raise ConfigError(f"{key}: {where}: no split {split!r} (has {', '.join(sorted(loaded))}); {SPLIT_HINT}",
                           key)
     return loaded[split]
 

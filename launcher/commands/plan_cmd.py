@@ -173,6 +173,8 @@ def data_lines(launch: Launch) -> list[str]:
 def _checked_name(launch: Launch, check: DataCheck) -> str:
     """The file's name; with several sources, which source (and whether its eval data) it is."""
     shown = Path(check.path).name if Path(check.path).is_absolute() else check.path  # a hub id in full
+    if check.eval and Path(check.path).is_file() and check.files:  # a file's eval_split: the files beside it
+        shown = ", ".join(check.files)
     if not launch.train.data.sources:
         return shown
     label = f"{check.name}{' (eval)' if check.eval else ''}"

@@ -188,7 +188,7 @@ def test_splits_named_by_files_are_honoured_and_never_overlap(tmp_path, tiny_tok
         bundle = build_datasets(sources_cfg(tmp_path / f"run-{name}", source), tiny_tokenizer)
         trained, evaluated = set(map(tuple, bundle.train["input_ids"])), set(map(tuple, bundle.eval["input_ids"]))
         assert (len(trained), len(evaluated), len(trained & evaluated)) == (8, 4, 0), name
-    with pytest.raises(ConfigError, match=r"ultra: no split 'train' \(has test_sft, train_sft\); set the source's split"):
+    with pytest.raises(ConfigError, match=r"ultra: no split 'train' \(has test_sft, train_sft\); set the source's split \(--data PATH:split="):
         build_datasets(sources_cfg(tmp_path / "run-default", DataSource(str(tmp_path / "ultra"), **QA_SOURCE)),
                        tiny_tokenizer)
     plain = tmp_path / "plain" / "qa.parquet"

@@ -106,7 +106,10 @@ class SourceInput:
 
     @property
     def where(self) -> str:
-        return str(self.path) if self.path is not None else f"{self.source.path}[{self.split}]"
+        """What the log and stats.json name: the files read (a file's eval_split: the ones beside it)."""
+        if self.path is None:
+            return f"{self.source.path}[{self.split}]"
+        return ", ".join(str(file) for file in self.local.files()) if self.beside else str(self.path)
 
     @property
     def local(self) -> LocalData:
