@@ -26,17 +26,23 @@ only a few steps is a warning.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import asdict
 from itertools import islice
+from pathlib import Path
 
+from contract import protocol
 from contract.config import TrainConfig
-from contract.datacheck import DataCheck, check_rows
+from contract.datacheck import DataCheck, LocalData, cache_file, check_rows
 from contract.formats import CHAT_FORMATS
 from contract.overlap import Overlap, Part, eval_indices, find_overlap, refuse_overlap
 from contract.packing import pack_bins
+from contract.readers import DEFAULT_SPLIT
 from contract.schema import ConfigError
 from contract.sources import DataSource, Mixture, epoch_examples
 from launcher.plan.planner import Plan
-from launcher.plan.tokencount import CountingTokenizer, check_rendering
+from launcher.plan.tokencount import CountingTokenizer, RenderCheck, check_rendering
 from launcher.resolve.options import Launch
 from launcher.resolve.plan_sources import counted_rows, tokenizer_dir
 
@@ -106,8 +112,7 @@ def check_renders(launch: Launch) -> None:
     data, sources = launch.train.data, {source.label: source for source in launch.train.data.source_list()}
     for check in checks:
         source = sources[check.name]
-        rows = check_rows(check, source, launch.profile.hf_home)
-        result = check_rendering(rows, check.format, source.text_field, source.mapping, tokenizer)
+        result = _rendered(check, source, tokenizer, launch.profile.hf_home)
         check.unrenderable, check.unrenderable_rows = result.unrenderable, result.problems
         if result.unrenderable and not data.skip_unrenderable:
             raise ConfigError(f"{result.problems[0]} ({result.unrenderable:,} of {result.rows:,} rows of source "
@@ -115,6 +120,30 @@ def check_renders(launch: Launch) -> None:
                               f"training would skip or change them; mend them, use another template "
                               f"(model.tokenizer), or set {SKIP_KEY} = true to skip them, counted in the plan)",
                               SKIP_KEY)
+
+
+def _rendered(check: DataCheck, source: DataSource, tokenizer: CountingTokenizer, hf_home: str) -> RenderCheck:
+    """`check_rendering` of a checked side, cached beside large local data (keyed by the content's SHA-256,
+    the template, the special tokens and the mapping) so a second plan does not render it again."""
+    cache = None
+    if check.sha256 and Path(check.path).exists():
+        split = (source.eval_split or DEFAULT_SPLIT) if check.eval else source.split
+        cache = cache_file(LocalData(Path(check.path), split, beside=bool(check.eval and source.eval_split)),
+                           kind="renders")
+    parts = [check.sha256, tokenizer.template, tokenizer.specials, check.format, source.text_field,
+             asdict(source.mapping)]
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    try:
+        stored = json.loads(cache.read_text(encoding="utf-8")) if cache is not None else {}
+        if stored.get("key") == key:
+            return RenderCheck(**stored["check"])
+    except (OSError, ValueError, TypeError, KeyError):
+        pass  # absent or unreadable: render again
+    rows = check_rows(check, source, hf_home)
+    result = check_rendering(rows, check.format, source.text_field, source.mapping, tokenizer)
+    if cache is not None:
+        protocol.write_json_atomically(cache, {"key": key, "check": asdict(result)})
+    return result
 
 
 def epoch_micro_batches(launch: Launch, budget: int) -> int | None:

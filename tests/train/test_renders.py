@@ -68,3 +68,20 @@ def test_roles_a_template_requires_to_alternate_are_refused_by_row(tmp_path, fam
     data, result = _plan(tmp_path, family_tokenizers["llama-2"], [PLAIN, NOT_ALTERNATING])
     assert result.returncode == 2
     assert f"error: {data}:2: the chat template refuses it: Conversation roles must alternate" in result.stderr
+
+
+def test_the_render_pass_over_large_data_is_cached_beside_it(tmp_path):
+    from contract.datacheck import CACHE_MIN_BYTES
+
+    sample = (Path(__file__).resolve().parents[2] / "train" / "assets" / "sample_chat.jsonl").read_text().splitlines()
+    lines = (sample * (CACHE_MIN_BYTES // sum(len(line) for line in sample) + 1))
+    (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
+    args = ["plan", "--executor", "local", "--model", "tiny", "--data", "big.jsonl"]
+    assert run_cli(args, tmp_path).returncode == 0
+    cache = tmp_path / ".big.jsonl.renders.json"
+    assert json.loads(cache.read_text())["check"] == {"rows": len(lines), "unrenderable": 0, "problems": []}
+    stored = json.loads(cache.read_text())
+    stored["check"]["unrenderable"], stored["check"]["problems"] = 1, ["big.jsonl:1: planted"]
+    cache.write_text(json.dumps(stored))  # the second plan reads the verdict, not the rows
+    again = run_cli(args, tmp_path)
+    assert again.returncode == 2 and "big.jsonl:1: planted" in again.stderr
