@@ -84,6 +84,8 @@ class Overlap:
 
 def find_overlap(train: list[Part], evals: list[Part]) -> Overlap | None:
     """The eval rows whose content a training row has (None: none)."""
+    if not any(part.hashes for part in evals):
+        return None  # nothing evaluated: no need to index the training rows
     seen: dict[bytes, tuple[str, int]] = {}
     for part in train:
         for ordinal in _taken(part):
