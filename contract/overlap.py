@@ -3,11 +3,12 @@
 Two sources can hold the same rows under different names: one file declared twice (once with
 `eval_fraction`), an `eval_path` that is another source's training file, hub slices
 (`train_sft[:100]` and `train_sft[90:]`) that share a range. So each row is reduced to a short hash of
-its content (`row_hash`: the conversation's turns, whitespace-trimmed, with their tool calls and
-the template's tools left out; a text row's text; a pre-tokenized row's ids), and every eval row's hash is looked up among the training rows' of the whole
-mixture. The login node does it on the parsed rows (launcher/resolve/preflight.py), the training side
-again on the tokenized cache (each example keeps its row's hash) (train/dataset/load.py), and both refuse an overlap in
-one line naming the two sources and a row of each, unless `data.allow_eval_overlap = true`.
+its content (`row_hash`: the conversation's turns, whitespace-trimmed, with their tool calls, the tool
+definitions left out; a text row's text; a pre-tokenized row's ids), and every eval row's hash is looked
+up among the training rows' of the whole mixture. The login node does it on the parsed rows
+(launcher/resolve/datarules.py), the training side again on the tokenized cache, where each example keeps
+its row's hash (train/dataset/load.py); both refuse an overlap in one line naming the two sources and a
+row of each, unless `data.allow_eval_overlap = true`.
 
 Which rows `eval_fraction` holds out is `eval_indices` (seeded, on the source's usable rows; a held-out row
 that duplicates a kept one goes back to training): one function for the plan's check and the training's
