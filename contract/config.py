@@ -77,6 +77,8 @@ class DataSection:
     eval_fraction: float = 0.0  # split off this share of `path` for eval when eval_path is empty
     cache_dir: str = ""  # tokenized cache; "" = <run_dir>/cache
     allow_bad_rows: bool = False  # skip and count bad rows instead of failing with file:line
+    skip_unrenderable: bool = False  # skip (and count in the plan) chat rows the template cannot render exactly
+    allow_eval_overlap: bool = False  # train on rows some source also evaluates on (contract/overlap.py), knowingly
     packing: bool = True  # padding-free packing; false = padded batches (for comparison)
     tokens_per_micro_batch: int = 0  # packed budget; 0 = per_device_train_batch_size * model_max_length
     num_workers: int = 0

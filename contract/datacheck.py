@@ -11,19 +11,24 @@ are re-checked every time (faster than trusting a cache) and never leave a cache
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from contract import protocol
 from contract.formats import NO_MAPPING, BadRowError, RowMapping, detect_format, parse_row
-from contract.readers import DEFAULT_SPLIT, RawRow, data_files, is_saved_dataset, iter_hub_rows, iter_rows, parse_jsonl_line
+from contract.overlap import HASH_BYTES, NO_HASH, row_hash
+from contract.readers import (
+    DEFAULT_SPLIT, RawRow, data_files, hidden_files, is_saved_dataset, iter_hub_rows, iter_rows, parse_jsonl_line,
+)
 from contract.schema import ConfigError
+from contract.sources import DataSource
 
-CHECK_VERSION = 3  # bump when parse_row's rules change, so cached verdicts are not reused
+CHECK_VERSION = 4  # bump when parse_row's rules change, so cached verdicts are not reused
 MAX_LISTED = 5  # problems kept individually; the rest are only counted
 CACHE_MIN_BYTES = 1 << 20  # files below this are simply checked again
 PROGRESS_EVERY_BYTES = 16 << 20
@@ -50,11 +55,29 @@ class DataCheck:
     key: str = ""  # the flag or key that named it (--data, data.sources[1].path, ...)
     tool_rows: int = 0  # good rows whose conversation has tool calls or tool results
     first_tool_row: str = ""  # the location of the first of them (the template check renders it)
+    files: list[str] = field(default_factory=list)  # the files read, relative to the source (a file alone: [])
+    hidden: int = 0  # hidden files under a folder source, skipped
+    unrenderable: int = 0  # good chat rows the model's template cannot render exactly (launcher/resolve/datarules.py)
+    unrenderable_rows: list[str] = field(default_factory=list)  # the first MAX_LISTED of them, "location: reason"
+    hashes: bytearray = field(default_factory=bytearray, repr=False)  # contract/overlap.py's row_hash of each
+    # row in order (NO_HASH for a bad one): eval rows are compared with every source's training rows
+
+    def row_hashes(self) -> list[bytes]:
+        return [bytes(self.hashes[i:i + HASH_BYTES]) for i in range(0, len(self.hashes), HASH_BYTES)]
 
     def describe(self, allow_bad_rows: bool) -> str:
         """The plan's one-line account: rows, format, bad rows and what happens to them."""
         digest = f"sha256 {self.sha256[:12]}" if self.sha256 else "from the HF cache"
         text = f"{self.rows:,} rows checked ({self.format}), {digest}"
+        if self.files:
+            shown = ", ".join(self.files[:MAX_LISTED]) + (f", … ({len(self.files):,} files)"
+                                                          if len(self.files) > MAX_LISTED else "")
+            text += f"; read {shown}"
+        if self.hidden:
+            text += f"; {self.hidden:,} hidden file{'s' if self.hidden > 1 else ''} skipped"
+        if self.unrenderable:
+            text += (f"; {self.unrenderable:,} rows the chat template cannot render exactly, skipped "
+                     f"(data.skip_unrenderable): {'; '.join(self.unrenderable_rows)}")
         if self.bad_rows:
             action = "skipped (data.allow_bad_rows)" if allow_bad_rows else "refused"
             text += f"; {self.bad_rows:,} bad, {action}; first: {self.problems[0]}"
@@ -80,6 +103,15 @@ class LocalData:
         return data_files(self.path, self.split, self.key, self.beside)
 
 
+def check_rows(check: DataCheck, source: DataSource, hf_home: str) -> Iterator[RawRow]:
+    """The rows a check of `source` read again (its train split, or its eval data): file or hub id."""
+    split = (source.eval_split or DEFAULT_SPLIT) if check.eval else source.split
+    path = Path(check.path)
+    if path.exists():
+        return LocalData(path, split, beside=bool(check.eval and source.eval_split)).rows()
+    return iter_hub_rows(check.path, source.config, split, hf_home, check.key)
+
+
 def check_data(path: Path | LocalData, fmt: str = "auto", text_field: str = "text", progress: Progress | None = None,
                mapping: RowMapping = NO_MAPPING) -> DataCheck:
     """Check every row of `path` (cached by size/mtime); format errors raise ConfigError."""
@@ -91,13 +123,16 @@ def check_data(path: Path | LocalData, fmt: str = "auto", text_field: str = "tex
         try:
             stored = json.loads(cache.read_text(encoding="utf-8"))
             if stored.get("key") == key:
-                return DataCheck(**stored["check"] | {"cached": True})
+                hashes = bytearray(base64.b64decode(stored["check"]["hashes"]))
+                return DataCheck(**stored["check"] | {"cached": True, "hashes": hashes})
         except (OSError, ValueError, TypeError, KeyError):
             pass  # absent or unreadable: check again
     result = _scan(data, fmt, text_field, progress, mapping)
+    result.files, result.hidden = _files_read(data), hidden_files(path)
     result.sha256 = content_sha256(path, data.files())
     if cache is not None:
-        _store(cache, {"key": key, "check": asdict(result)})
+        record = asdict(result) | {"hashes": base64.b64encode(result.hashes).decode()}
+        _store(cache, {"key": key, "check": record})
     return result
 
 
@@ -132,9 +167,11 @@ def _check_row(check: DataCheck, raw: RawRow, text_field: str, mapping: RowMappi
         example = parse_row(raw, check.format, text_field, mapping)
     except BadRowError as err:
         check.bad_rows += 1
+        check.hashes += NO_HASH
         if len(check.problems) < MAX_LISTED:
             check.problems.append(f"{raw.location}: {err}")
         return
+    check.hashes += row_hash(example)
     if example.has_tool_calls:
         check.tool_rows += 1
         check.first_tool_row = check.first_tool_row or raw.location
@@ -158,6 +195,15 @@ def _scan(data: LocalData, fmt: str, text_field: str, progress: Progress | None,
     if progress is not None and reported:
         progress(total, total)
     return check
+
+
+def _files_read(data: LocalData) -> list[str]:
+    """The files a local source's split was read from, relative to its folder ([]: the file named, alone)."""
+    if is_saved_dataset(data.path):
+        return []
+    files = data.files()
+    root = data.path if data.path.is_dir() else data.path.parent
+    return [] if files == [data.path] else [str(file.relative_to(root)) for file in files]
 
 
 def _workers() -> int:
@@ -214,6 +260,7 @@ def _scan_parallel(path: Path, fmt: str, text_field: str, progress: Progress | N
         for (start, end), future in zip(chunks, futures):
             lines, part = future.result()
             check.rows, check.bad_rows = check.rows + part.rows, check.bad_rows + part.bad_rows
+            check.hashes += part.hashes
             room = MAX_LISTED - len(check.problems)
             check.problems += [_shift(problem, path, base) for problem in part.problems[:room]]
             if part.tool_rows:

@@ -222,7 +222,7 @@ def _turn(turn: dict, role: str, content_key: str, where: str) -> dict[str, Any]
     reasoning = {key: _required_text(turn, key, allow_empty=True) for key in REASONING_KEYS
                  if role == "assistant" and turn.get(key) is not None}
     calls = turn.get("tool_calls") if role == "assistant" else None
-    if calls is not None:
+    if calls is not None and calls != []:  # `tool_calls: []` (as many exports write it): no call
         message: dict[str, Any] = {"role": role, "tool_calls": _tool_calls(calls, where)}
         message["content"] = _required_text(turn, content_key, allow_empty=True) if turn.get(content_key) else ""
         return message | reasoning

@@ -4,12 +4,18 @@
 Every row carries its location (`file:line` for JSON/JSONL/CSV; `file[row N]` for Parquet, saved
 `datasets` folders and hub datasets; both 1-based) so a bad row is reported where the user can find it.
 
-Splits of files and folders: a file's name says which split it holds (`split_of`): a shard
-`SPLIT-00000-of-00003.parquet` (the hub's layout, `data/train-*.parquet`), a folder `SPLIT/` on its
-way, or a name `SPLIT.jsonl` / `SPLIT-*.jsonl`, where SPLIT is a usual split name (train, test,
-validation, valid, val, dev, eval, or one of them + `_…`, as train_sft) or the split the source asks
-for. `data_files` picks a split's files; where the names say nothing, only the default split
-("train" = every row) exists, and asking for another is a one-line error, never ignored.
+Splits of files and folders (`split_of`, documented in docs/data.md#splits): a file's name says which
+split it holds, by these rules, the first that applies:
+  1. a shard `SPLIT-00000-of-00003.parquet` (the hub's layout, `data/train-*.parquet`): SPLIT, whatever it is;
+  2. a folder on its way that is the split asked for, or holds one split word (`train/part-0.jsonl`);
+  3. a name that is the split asked for (`train_sft.jsonl` for split = "train_sft");
+  4. a name holding one split word among its words (separated by `-`, `_`, `.`, spaces; trailing digits
+     ignored): `train.jsonl`, `chats_test.jsonl`, `train_synthetic.jsonl`, `dev-01.jsonl`; two different
+     split words (`train_test.jsonl`) are refused as ambiguous.
+Split words: train, test, validation, valid, val, dev, eval. `data_files` picks a split's files; where the
+names say nothing, only the default split ("train" = every row) exists, and asking for another is a
+one-line error, never ignored. Hidden files and folders (a name starting with `.`, at any depth: editor
+and notebook checkpoints, caches) are never data: skipped, and counted (`hidden_files`).
 Torch-free; JSONL is read line by line (a multi-GB file never sits in memory). `contract.formats`
 turns what these yield into examples; train and the launcher's check both read through here.
 """
@@ -33,6 +39,9 @@ DEFAULT_SPLIT = "train"  # of data that names no splits: all of it
 SPLIT_WORDS = ("train", "test", "validation", "valid", "val", "dev", "eval")
 _SHARD = re.compile(r"^(?P<split>.+?)-\d+-of-\d+")  # train_sft-00000-of-00001[-hash]
 BINARY_SNIFF_BYTES = 8192  # the head of a JSON file searched for NUL bytes
+SPLIT_HINT = "set the source's split (--data PATH:split=NAME, or split in a [[data.sources]] table)"
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark (Windows editors write one): not part of the data
+OBJECT_SNIFF_MAX_BYTES = 256 << 20  # .json files up to this size starting with `{` are tried as one object
 
 
 @dataclass
@@ -48,10 +57,22 @@ def is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and any((path / name).is_file() for name in ("state.json", "dataset_dict.json"))
 
 
+def _is_hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def hidden_files(path: Path) -> int:
+    """Files under a folder source skipped because they or a folder on their way are hidden."""
+    if not path.is_dir() or is_saved_dataset(path):
+        return 0
+    return sum(1 for p in path.rglob("*") if p.is_file() and _is_hidden(p.relative_to(path)))
+
+
 def shard_files(path: Path, key: str = "data.path") -> list[Path]:
-    """The data files of a folder of shards, in name order (one format: the first file's suffix)."""
+    """The data files of a folder of shards, in name order (one format: the first file's suffix); hidden
+    files and folders are skipped at any depth."""
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES
-                   and not p.name.startswith("."))
+                   and not _is_hidden(p.relative_to(path)))
     if not files:
         raise ConfigError(f"{path}: no data files ({', '.join(DATA_SUFFIXES)}) in this folder", key)
     mixed = sorted({p.suffix for p in files})
@@ -60,18 +81,30 @@ def shard_files(path: Path, key: str = "data.path") -> list[Path]:
     return files
 
 
-def _is_split_name(name: str, asked: str) -> bool:
-    return name == asked or name in SPLIT_WORDS or name.split("_")[0] in SPLIT_WORDS
+def _split_words(stem: str) -> list[str]:
+    """The split words among a name's words (rule 4 of the module doc), in order, without repeats."""
+    words = [word.rstrip("0123456789") for word in re.split(r"[-_.\s]+", stem.lower())]
+    return list(dict.fromkeys(word for word in words if word in SPLIT_WORDS))
 
 
-def split_of(relative: Path, asked: str = "") -> str | None:
-    """The split a data file's name (relative to its source's folder) says it holds; None: it says none."""
+def split_of(relative: Path, asked: str = "", key: str = "data.path") -> str | None:
+    """The split a data file's name (relative to its source's folder) says it holds (the module doc's
+    rules); None: it says none."""
     stem = relative.name
     for suffix in DATA_SUFFIXES:
         stem = stem.removesuffix(suffix)
-    shard = _SHARD.match(stem)
-    names = [*relative.parent.parts, shard["split"] if shard else stem, stem.split("-")[0]]
-    return next((name for name in names if _is_split_name(name, asked)), None)
+    if shard := _SHARD.match(stem):
+        return shard["split"]
+    for part in relative.parent.parts:
+        if part == asked or len(words := _split_words(part)) == 1:
+            return asked if part == asked else words[0]
+    if stem == asked:
+        return asked
+    words = _split_words(stem)
+    if len(words) > 1:
+        raise ConfigError(f"{key}: {relative}: its name holds two split words ({', '.join(words)}); rename it so "
+                          "that it names one split", key)
+    return words[0] if words else None
 
 
 def data_files(path: Path, split: str = DEFAULT_SPLIT, key: str = "data.path", beside: bool = False) -> list[Path]:
@@ -80,12 +113,13 @@ def data_files(path: Path, split: str = DEFAULT_SPLIT, key: str = "data.path", b
     beside = beside and path.is_file()
     if path.is_dir():
         files = shard_files(path, key)
-        named = {file: split_of(file.relative_to(path), split) for file in files}
-    elif beside:  # never the file itself: that is the training data
-        files = sorted(p for p in path.parent.iterdir() if p.is_file() and p.suffix == path.suffix and p != path)
-        named = {file: split_of(Path(file.name), split) for file in files}
+        named = {file: split_of(file.relative_to(path), split, key) for file in files}
+    elif beside:  # never the file itself, nor a hidden file: that is the training data, this never data
+        files = sorted(p for p in path.parent.iterdir() if p.is_file() and p.suffix == path.suffix and p != path
+                       and not p.name.startswith("."))
+        named = {file: split_of(Path(file.name), split, key) for file in files}
     else:
-        files, named = [path], {path: split_of(Path(path.name), split)}
+        files, named = [path], {path: split_of(Path(path.name), split, key)}
     chosen = [file for file, name in named.items() if name == split]
     if chosen and (path.is_file() or None not in named.values()):
         return chosen
@@ -102,7 +136,7 @@ def data_files(path: Path, split: str = DEFAULT_SPLIT, key: str = "data.path", b
     suffix = path.suffix or (files[0].suffix if files else ".jsonl")
     has = f"has {', '.join(splits)}" if splits else \
         f"no file names a split, as {split}-00000-of-00001{suffix}, {split}{suffix} or a {split}/ folder would"
-    hint = "; set the source's split" if split == DEFAULT_SPLIT else "; or use eval_path / eval_fraction" if beside else ""
+    hint = f"; {SPLIT_HINT}" if split == DEFAULT_SPLIT else "; or use eval_path / eval_fraction" if beside else ""
     raise ConfigError(f"{key}: {where}: no split {split!r} ({has}){hint}", key)
 
 
@@ -127,10 +161,13 @@ def _iter_file(path: Path, key: str) -> Iterator[RawRow]:
         with path.open("rb") as handle:
             head = handle.read(BINARY_SNIFF_BYTES)
             _refuse_binary(path, head, key)
-            handle.seek(0)
-            if head.lstrip()[:1] == b"[":
+            handle.seek(len(BOM) if head.startswith(BOM) else 0)
+            first = head.removeprefix(BOM).lstrip()[:1]
+            if first == b"[":
                 yield from _iter_json_array(path, handle.read(), key)
             else:
+                if first == b"{" and path.suffix == ".json":
+                    _refuse_wrapped_rows(path, key)
                 yield from _iter_jsonl(path, handle)
     else:
         raise ConfigError(f"{path}: unsupported data file (use .jsonl, .json, .parquet, .csv, a folder of them "
@@ -144,12 +181,29 @@ def _refuse_binary(path: Path, head: bytes, key: str) -> None:
         raise ConfigError(f"{path}:{line}: binary data (NUL byte), not JSON text; is this the right file?", key)
 
 
+def _refuse_wrapped_rows(path: Path, key: str) -> None:
+    """A .json file that is one object holding the rows under a key ({"version": 1, "data": [...]}) is
+    refused naming that key, instead of a line-by-line "invalid JSON" (JSONL in a .json file reads on)."""
+    if path.stat().st_size > OBJECT_SNIFF_MAX_BYTES:
+        return
+    try:
+        whole = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return  # JSONL (several objects), or broken: read on, row by row
+    rows = [name for name, value in whole.items() if isinstance(value, list) and value
+            and all(isinstance(item, dict) for item in value)] if isinstance(whole, dict) else []
+    if rows:
+        raise ConfigError(f"{path}: one JSON object (keys {', '.join(sorted(whole))}) whose rows are the list under "
+                          f"{rows[0]!r}: save that list as a JSON array or JSONL (e.g. python -c \"import json; "
+                          f"json.dump(json.load(open('{path.name}'))['{rows[0]}'], open('rows.json', 'w'))\")", key)
+
+
 def parse_jsonl_line(location: str, line: bytes, offset: int = 0) -> RawRow | None:
     """One JSONL line decoded (None for a blank line); undecodable lines carry their error."""
     if not line.strip():
         return None
     try:
-        text = line.rstrip(b"\r\n").decode("utf-8")
+        text = line.rstrip(b"\r\n").decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         return RawRow(location, error=f"not valid UTF-8 (byte {err.start})", offset=offset)
     try:
@@ -170,7 +224,7 @@ def _iter_jsonl(path: Path, handle: BinaryIO) -> Iterator[RawRow]:
 def _iter_json_array(path: Path, raw: bytes, key: str) -> Iterator[RawRow]:
     """A JSON array of objects, decoded one element at a time so each row keeps its line number."""
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         raise ConfigError(f"{path}:{line}: not valid UTF-8 (a JSON array cannot skip one row)", key) from None
@@ -220,8 +274,26 @@ def _iter_parquet(path: Path) -> Iterator[RawRow]:
     index = 1
     for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
         for row in batch.to_pylist():
-            yield RawRow(f"{path}[row {index}]", row)
+            yield RawRow(f"{path}[row {index}]", without_struct_nulls(row))
             index += 1
+
+
+def without_struct_nulls(row: Any) -> Any:
+    """An Arrow row as the JSON it was written from: a struct column has the union of every row's keys, so a
+    key one row lacks reads as null (tool arguments `{"location": "Osaka", "amount": null, "to": null}`).
+    Nested objects lose their null keys; the row's own columns keep theirs (a null column is an absent one
+    to contract/formats.py either way)."""
+    if isinstance(row, dict):
+        return {key: _strip(value) for key, value in row.items()}
+    return row
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _strip(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_strip(item) for item in value]
+    return value
 
 
 def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:
@@ -233,7 +305,7 @@ def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:
                               "or use eval_path / eval_fraction)", key)
         return loaded
     if split not in loaded:
-        raise ConfigError(f"{key}: {where}: no split {split!r} (has {', '.join(sorted(loaded))}); set the source's split",
+        raise ConfigError(f"{key}: {where}: no split {split!r} (has {', '.join(sorted(loaded))}); {SPLIT_HINT}",
                           key)
     return loaded[split]
 
@@ -246,7 +318,7 @@ def _iter_saved_dataset(path: Path, split: str, key: str) -> Iterator[RawRow]:
     except FileNotFoundError:
         raise ConfigError(f"{path}: not a saved datasets directory (no dataset_info.json/state.json)", key) from None
     for index, row in enumerate(_pick_split(loaded, split, str(path), key), start=1):
-        yield RawRow(f"{path}[row {index}]", row)
+        yield RawRow(f"{path}[row {index}]", without_struct_nulls(row))
 
 
 def hub_datasets_cache(hf_home: str) -> Path:
@@ -302,4 +374,4 @@ def open_hub_dataset(repo_id: str, config: str, split: str, hf_home: str, key: s
 
 def iter_hub_rows(repo_id: str, config: str, split: str, hf_home: str, key: str) -> Iterator[RawRow]:
     for index, row in enumerate(open_hub_dataset(repo_id, config, split, hf_home, key), start=1):
-        yield RawRow(f"{repo_id}[row {index}]", row)
+        yield RawRow(f"{repo_id}[row {index}]", without_struct_nulls(row))

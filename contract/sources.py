@@ -143,6 +143,18 @@ def check_unique_names(sources: list[DataSource], key: str = "data.sources") -> 
         seen[source.label] = index
 
 
+_SPLIT_OPTION = re.compile(r"^(?P<rest>.+?):split=(?P<split>.+)$")
+
+
+def split_option(value: str) -> tuple[str, str | None]:
+    """`--data PATH[:WEIGHT]:split=NAME` -> (PATH[:WEIGHT], NAME); (value, None) without one (or for a path
+    that exists as given)."""
+    match = _SPLIT_OPTION.match(value)
+    if match is None or Path(value).expanduser().exists():
+        return value, None
+    return match["rest"], match["split"]
+
+
 def parse_data_flag(value: str) -> tuple[str, float | None]:
     """`--data PATH[:WEIGHT]` -> (path, weight or None); a path that exists as given keeps its colon."""
     path, sep, tail = value.rpartition(":")

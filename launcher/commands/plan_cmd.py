@@ -22,6 +22,7 @@ from launcher.plan.datasize import DataEstimate, holding_length
 from launcher.plan.memory import GIB
 from launcher.ops.partition import ClusterCheck, check_cluster
 from launcher.plan.plan_format import format_plan, suggestion_flags
+from launcher.resolve.datarules import check_fills_one_step, describe as describe_overlap
 from launcher.resolve.plan_input import data_estimate, plan_input_from_launch
 from launcher.resolve.plan_sources import source_rows, source_table
 from launcher.resolve.presets import model_dir
@@ -165,12 +166,15 @@ def _own_rope_type(launch: Launch) -> str | None:
 def data_lines(launch: Launch) -> list[str]:
     """One line per checked data file (empty when launcher/resolve/preflight.py has not run)."""
     allow = launch.train.data.allow_bad_rows
-    return [f"{_checked_name(launch, check)}: {check.describe(allow)}" for check in launch.data_checks]
+    overlap = [describe_overlap(launch.eval_overlap)] if launch.eval_overlap else []
+    return [f"{_checked_name(launch, check)}: {check.describe(allow)}" for check in launch.data_checks] + overlap
 
 
 def _checked_name(launch: Launch, check: DataCheck) -> str:
     """The file's name; with several sources, which source (and whether its eval data) it is."""
     shown = Path(check.path).name if Path(check.path).is_absolute() else check.path  # a hub id in full
+    if check.eval and Path(check.path).is_file() and check.files:  # a file's eval_split: the files beside it
+        shown = ", ".join(check.files)
     if not launch.train.data.sources:
         return shown
     label = f"{check.name}{' (eval)' if check.eval else ''}"
@@ -184,6 +188,7 @@ def plan_launch(launch: Launch) -> LaunchPlan:
     plan = make_plan(plan_input_from_launch(launch, data))
     cluster = check_cluster(launch)  # the one `scontrol show partition` of the plan
     plan.warnings += _launch_warnings(launch, plan, cluster)
+    plan.warnings += check_fills_one_step(launch, plan)
     if (long := long_documents(plan, data, launch.train.train.model_max_length)) is not None:
         plan.warnings.append(long)
     if launch.micro_batch is not None and launch.micro_batch.source == "none":

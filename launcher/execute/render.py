@@ -11,6 +11,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,8 @@ def record_fields(launch: Launch) -> dict[str, Any]:
         "micro_batch": launch.micro_batch.record() if launch.micro_batch else None,
         # launcher/resolve/max_length.py: what model_max_length = "auto" resolved to (None: the length was a number)
         "model_max_length_auto": launch.auto_length.record() if launch.auto_length else None,
+        # launcher/resolve/datarules.py: eval rows also trained, allowed by data.allow_eval_overlap (None: none)
+        "eval_overlap": asdict(launch.eval_overlap) if launch.eval_overlap else None,
     }
 
 

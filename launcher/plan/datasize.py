@@ -124,7 +124,7 @@ def _estimate_json(path: Path, size: int, max_length: int) -> DataEstimate | Non
     with path.open("rb") as handle:
         raw = handle.read(SAMPLE_BYTES)
     complete = size <= SAMPLE_BYTES
-    text = raw.decode("utf-8", errors="ignore")
+    text = raw.decode("utf-8", errors="ignore").removeprefix("\ufeff")
     counts = [row_tokens(row, None) for row in _json_rows(text, complete)]
     if not counts:
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 
 from contract.formats import BadRowError, Example, RowMapping, detect_format, parse_row
 from contract.readers import RawRow
+from contract.rendercheck import unrendered_part
 
 SAMPLE_ROWS = 1000  # rows counted per source (the first ones); the rest are assumed alike
 ENCODE_BATCH = 256
@@ -98,6 +99,20 @@ class CountingTokenizer:
         except Exception:  # the template refuses the row: the training skips it too (the mask check says why)
             return None
 
+    def render_problem(self, example: Example) -> str | None:
+        """Why the template cannot render a chat example exactly (contract/rendercheck.py); None: it can."""
+        if example.messages is None:
+            return None
+        try:
+            rendered = self._compiled.render(messages=example.messages, tools=example.tools,
+                                             add_generation_prompt=False,
+                                             **{k: v for k, v in self.specials.items() if v is not None})
+        except Exception as err:  # jinja's raise_exception ("roles must alternate", "only one tool call")
+            reason = str(err).strip().splitlines()[0].strip("'\"") if str(err).strip() else repr(err)
+            return f"the chat template refuses it: {reason}"
+        missing = unrendered_part(rendered, example.messages, example.tools)
+        return f"the chat template leaves out {missing}" if missing else None
+
     def count(self, examples: list[Example]) -> list[int]:
         """Tokens of each example as the training would have them, before the cut to model_max_length."""
         texts = [self._text(example) for example in examples]
@@ -132,6 +147,38 @@ def count_rows(rows: Iterable[RawRow], fmt: str, text_field: str, mapping: RowMa
     counts = [n for start in range(0, len(examples), ENCODE_BATCH)
               for n in tokenizer.count(examples[start:start + ENCODE_BATCH])]
     return TokenCount(counts, complete)
+
+
+@dataclass
+class RenderCheck:
+    """Every good chat row of a source rendered by the model's template: the rows it cannot render exactly."""
+
+    rows: int = 0  # good rows rendered
+    unrenderable: int = 0
+    problems: list[str] = field(default_factory=list)  # the first MAX_LISTED_PROBLEMS, "location: reason"
+
+
+MAX_LISTED_PROBLEMS = 5
+
+
+def check_rendering(rows: Iterable[RawRow], fmt: str, text_field: str, mapping: RowMapping,
+                    tokenizer: CountingTokenizer) -> RenderCheck:
+    """Render every good row (bad rows are the data check's business) and keep the ones the template cannot
+    render exactly, by location: the training would skip or trim them."""
+    check = RenderCheck()
+    for raw in rows:
+        if fmt == "auto" and not raw.error:
+            fmt = detect_format(raw.data, text_field, raw.location, mapping)
+        try:
+            example = parse_row(raw, fmt, text_field, mapping)
+        except BadRowError:
+            continue
+        check.rows += 1
+        if (problem := tokenizer.render_problem(example)) is not None:
+            check.unrenderable += 1
+            if len(check.problems) < MAX_LISTED_PROBLEMS:
+                check.problems.append(f"{raw.location}: {problem}")
+    return check
 
 
 def _json(path: Path) -> dict[str, Any]:

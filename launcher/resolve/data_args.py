@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.schema import ConfigError, read_utf8
-from contract.sources import default_name, looks_like_hub_id, parse_data_flag
+from contract.sources import default_name, looks_like_hub_id, parse_data_flag, split_option
 from launcher.resolve.profile import line_of_key
 
 _SOURCE_KEY = re.compile(r"^data\.sources\[(\d+)\]\.?(\w*)")
@@ -41,14 +41,17 @@ def data_table(flags: list[str]) -> dict[str, Any]:
         if len(flags) > 1:
             raise ConfigError("--data FILE.toml: give the data file alone (list every source in it)", "--data")
         return _read_data_toml(Path(flags[0]).expanduser())
-    parsed = [parse_data_flag(flag) for flag in flags]
-    if len(parsed) == 1 and parsed[0][1] is None:
+    splits = [split_option(flag) for flag in flags]  # PATH[:WEIGHT][:split=NAME]
+    parsed = [(*parse_data_flag(flag), split) for flag, split in splits]
+    if len(parsed) == 1 and parsed[0][1] is None and parsed[0][2] is None:
         return {"path": resolve_data_path(parsed[0][0])}  # one file: today's data.path
     sources, names = [], set()
-    for path, weight in parsed:
+    for path, weight, split in parsed:
         source: dict[str, Any] = {"path": resolve_data_path(path)}
         if weight is not None:
             source["weight"] = weight
+        if split is not None:
+            source["split"] = split
         name = default_name(path)
         if name in names:  # two shards both called train.jsonl: number them
             name = f"{name}-{len(sources)}"

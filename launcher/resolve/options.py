@@ -35,6 +35,7 @@ from launcher.resolve.profile import (
 
 if TYPE_CHECKING:
     from contract.datacheck import DataCheck
+    from contract.overlap import Overlap
 
 TRAIN_NAMESPACES = ("model", "data", "train", "lora", "parallel", "run")
 DEFAULT_CLUSTER_FILE = "cluster.toml"
@@ -81,6 +82,7 @@ class Launch:
     data_checks: list[DataCheck] = field(default_factory=list)  # launcher/resolve/preflight.py's verdicts on the data
     data_file: Path | None = None  # `--data FILE.toml`: its errors are named FILE:LINE (data_args.at_line)
     auto_length: AutoLength | None = None  # what model_max_length = "auto" resolved to (launcher/resolve/max_length.py)
+    eval_overlap: Overlap | None = None  # eval rows that are training rows, allowed by data.allow_eval_overlap
 
     @property
     def world_size(self) -> int:

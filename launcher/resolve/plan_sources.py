@@ -20,6 +20,7 @@ from typing import Protocol
 from contract import protocol
 from contract.config import SHIPPED_TOKENIZER, TrainConfig
 from contract.datacheck import DataCheck, LocalData, cache_file
+from contract.overlap import eval_indices
 from contract.readers import hub_cache_folder, iter_hub_rows
 from contract.schema import ConfigError
 from contract.sources import DataSource, epoch_examples, looks_like_hub_id
@@ -74,7 +75,7 @@ def source_rows(launch: SourcesView) -> list[SourceRow]:
         check = checks.get(source.label)
         total = check.rows if check else (estimate.rows if estimate else 0)
         dropped = check.bad_rows if check and data.allow_bad_rows else 0
-        held_out = round((total - dropped) * source.eval_fraction) if source.eval_fraction else 0
+        held_out = _held_out(check, total - dropped, source.eval_fraction, launch.train.train.seed)
         usable = total - dropped - held_out
         tokens = round(estimate.tokens * usable / estimate.rows) if estimate and estimate.rows else \
             (estimate.tokens if estimate else None)
@@ -84,6 +85,17 @@ def source_rows(launch: SourcesView) -> list[SourceRow]:
                               held_out or own_eval.get(source.label, 0), dropped, estimate.method if estimate else "",
                               longer, estimate.longest if estimate else 0, estimate.lengths if estimate else ""))
     return rows
+
+
+def _held_out(check: DataCheck | None, good: int, fraction: float, seed: int) -> int:
+    """Rows eval_fraction holds out: contract/overlap.py's eval_indices on the check's row hashes (a held-out
+    duplicate of a kept row is trained), else the fraction's share."""
+    if not fraction:
+        return 0
+    hashes = [h for h in check.row_hashes() if any(h)] if check else []
+    if len(hashes) != good:
+        return round(good * fraction)
+    return len(eval_indices(good, fraction, seed, hashes)[1])
 
 
 def estimate_source(launch: SourcesView, source: DataSource) -> DataEstimate | None:
@@ -118,6 +130,15 @@ def tokenizer_dir(train: TrainConfig, hf_home: str) -> Path | None:
     value = train.model.tokenizer or train.model.path
     directory = model_dir(value, hf_home) if value else SHIPPED_TOKENIZER
     return directory if directory is not None and (directory / "tokenizer.json").is_file() else None
+
+
+def counted_rows(launch: SourcesView, source: DataSource) -> TokenCount | None:
+    """A source's training rows counted with the model's tokenizer (None: no tokenizer.json here, or unreadable)."""
+    path = Path(source.path).expanduser()
+    tokenizer = tokenizer_dir(launch.train, launch.profile.hf_home)
+    if tokenizer is None or not (path.exists() or looks_like_hub_id(source.path)):
+        return None
+    return _count(source, tokenizer, launch.profile.hf_home)
 
 
 def _count(source: DataSource, tokenizer: Path, hf_home: str) -> TokenCount | None:

@@ -29,6 +29,7 @@ from contract.schema import ConfigError, to_dict
 from contract.sources import DataSource, looks_like_hub_id
 from launcher import runrecord
 from launcher.resolve.data_args import at_line
+from launcher.resolve.datarules import check_eval_overlap, check_renders
 from launcher.resolve.options import Launch
 from launcher.resolve.profile import read_cluster_file
 from launcher.resolve.presets import model_dir
@@ -41,6 +42,8 @@ def check_launch(launch: Launch) -> None:
     """All login-node checks of a resolved launch; the data verdicts are kept on `launch.data_checks`."""
     check_local_gpus(launch)
     launch.data_checks = check_launch_data(launch)
+    launch.eval_overlap = check_eval_overlap(launch.train, launch.data_checks, launch.profile.hf_home)
+    check_renders(launch)  # every chat row through the template (torch-free), before the sample mask check
     check_model(launch)
     check_tool_templates(launch)
     check_container(launch)
@@ -173,7 +176,7 @@ def check_model(launch: Launch) -> None:
             raise ConfigError(f"{key}: {directory}/config.json missing (not a Hugging Face model directory)", key)
     check_hub_model(launch)
     check_attention_features(launch)
-    tokenizer_dir = _local_dir(model.tokenizer or model.path)
+    tokenizer_dir = _local_dir(model.tokenizer or model.path) or _cached_dir(launch)
     if tokenizer_dir is None:
         return
     key = "model.tokenizer" if model.tokenizer else "model.path"
@@ -193,8 +196,9 @@ def check_tool_templates(launch: Launch) -> None:
     `tiny`, or an HF id's in profile.hf_home's cache): can its template render them?"""
     model = launch.train.model
     source = model.tokenizer or model.path
-    if not any(check.tool_rows for check in launch.data_checks) or _local_dir(source) is not None:
-        return  # no tool calls, or a local tokenizer: check_model rendered them
+    if not any(check.tool_rows for check in launch.data_checks) or _local_dir(source) is not None \
+            or _cached_dir(launch) is not None:
+        return  # no tool calls, or a local tokenizer or cached snapshot: check_model rendered them
     tokenizer_dir = SHIPPED_TOKENIZER if not source else \
         model_dir(source, launch.profile.hf_home) if launch.profile.hf_home else None
     if tokenizer_dir is not None:
@@ -212,7 +216,8 @@ def mask_samples(launch: Launch) -> list[dict]:
         source = sources[check.name]
         samples.append({"path": check.path, "format": check.format, "text_field": source.text_field,
                         "split": source.split, "config": source.config, "hf_home": launch.profile.hf_home,
-                        "mapping": asdict(source.mapping), "tool_row": check.first_tool_row})
+                        "mapping": asdict(source.mapping), "tool_row": check.first_tool_row,
+                        "skip_unrenderable": launch.train.data.skip_unrenderable})
     return samples
 
 
@@ -255,6 +260,16 @@ def check_attention_features(launch: Launch) -> None:
     features = AttentionFeatures.from_config(config or {}, length if isinstance(length, int) else None)
     if blocker := feature_blocker(model.attn_implementation, features):
         raise ConfigError(f"model.attn_implementation: {blocker}", "model.attn_implementation")
+
+
+def _cached_dir(launch: Launch) -> Path | None:
+    """The cached hub snapshot model.tokenizer (else model.path) names in profile.hf_home's cache; None: a
+    local folder, no HF id, or not cached here."""
+    model = launch.train.model
+    value = model.tokenizer or model.path
+    if not value or _local_dir(value) is not None or not launch.profile.hf_home:
+        return None
+    return model_dir(value, launch.profile.hf_home)
 
 
 def _local_dir(value: str) -> Path | None:

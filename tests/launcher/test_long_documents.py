@@ -94,12 +94,14 @@ def _local(tmp_path: Path, rows: list[dict], *flags: str) -> SimpleNamespace:
 
 def test_auto_follows_the_longest_document_into_the_plan_train_toml_and_run_json(tmp_path: Path) -> None:
     """The longest document counted with the tokenizer, rounded up to a power of two: past tiny's 2048
-    positions, so RoPE is stretched, as train/engine/model.py will; train.toml holds the number."""
-    run = _local(tmp_path, ROWS)
+    positions, so RoPE is stretched, as train/engine/model.py will; train.toml holds the number. One sequence
+    per micro-batch and a second 300-word document: else the rows pack into one micro-batch, too few for
+    one step on two ranks (refused)."""
+    run = _local(tmp_path, [*ROWS, LONG[1]], "train.per_device_train_batch_size=1")
     auto, length = run.launch.auto_length, run.launch.train.train.model_max_length
     assert auto is not None and length == auto.tokens == datasize.holding_length(auto.longest) and length > 2048
     assert (f"Length  model_max_length auto: {length}, the longest document ~{auto.longest:,} tokens (counted with "
-            "tiny-tokenizer's tokenizer on all 43 rows)") in run.text.splitlines()
+            "tiny-tokenizer's tokenizer on all 44 rows)") in run.text.splitlines()
     assert f"RoPE    stretched x{length // 2048} (linear): the model's 2,048 positions -> model_max_length " \
            f"{length:,}" in run.text.splitlines()
     assert "longer than model_max_length" not in run.text

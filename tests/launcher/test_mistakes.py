@@ -224,7 +224,7 @@ MISTAKES: list[tuple[str, list[str], str]] = [
      "training data itself"),
     ("source-names-clash", [*D, "same_name.toml"],
      "same_name.toml:6: data.sources[1].name: 'chat' is also the name of data.sources[0]"),
-    ("template-without-tools", [*D, "tool_calls.toml"], "tools.jsonl:1: the chat template does not render tool calls"),
+    ("template-without-tools", [*D, "tool_calls.toml"], "tools.jsonl:1: the chat template leaves out messages[1]: tool call 'get_weather'"),
     ("missing-eval-file", [*D, "good.jsonl", "--set", "data.eval_path=missing.jsonl"],
      "data.eval_path missing.jsonl: no such file"),
     ("bad-eval-row", [*D, "good.jsonl", "--set", "data.eval_path=wizard.jsonl"], "wizard.jsonl:7: conversations[1]"),

@@ -86,7 +86,7 @@ def test_a_hub_dataset_is_read_from_the_profiles_hf_cache(tmp_path: Path) -> Non
     _cluster_with_hf_home(tmp_path)
     (tmp_path / "hub.toml").write_text('[[data.sources]]\npath = "sft-test/chats"\neval_split = "test"\n'
                                        '[[data.sources]]\npath = "chat.jsonl"\nweight = 2\n')
-    (tmp_path / "chat.jsonl").write_text("\n".join(SAMPLE[:20]) + "\n")
+    (tmp_path / "chat.jsonl").write_text("\n".join(SAMPLE[12:32]) + "\n")  # none of the hub's eval rows
     result = run_cli(["plan", "--cluster", "cluster.toml", "--model", "tiny", "--data", "hub.toml"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Checked chats sft-test/chats: 10 rows checked (sharegpt), from the HF cache" in result.stdout
@@ -129,8 +129,9 @@ def test_tool_calls_are_checked_against_a_cached_hub_models_template(tmp_path: P
     result = run_cli(["plan", "--cluster", "cluster.toml", "--model", "org/tool-less", "--data", "tools.jsonl"],
                      tmp_path, env=cli_env(HF_HOME=str(tmp_path / "hf_home")))
     assert result.returncode == 2
-    assert f"model.path: {snapshot}: {tmp_path / 'tools.jsonl'}:1: the chat template does not render tool calls " \
-           "(tool call 'get_weather' is missing from its output)" in result.stderr
+    assert f"error: {tmp_path / 'tools.jsonl'}:1: the chat template leaves out messages[1]: tool call 'get_weather' " \
+           f"(call 1 of that name) (1 of 1 rows of source 'tools' cannot be rendered exactly by {snapshot}'s chat " \
+           "template" in result.stderr
 
 
 def test_data_flags_resolve_by_contracts_hub_id_rule(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -195,3 +196,29 @@ def test_a_large_sources_count_is_sampled_said_and_cached(tmp_path: Path) -> Non
     assert first.rows == 3000 and (tmp_path / ".big.jsonl.tokens.json").is_file()
     plan_sources._COUNTED.clear()  # as a new process would: from the file beside the data
     assert plan_sources.estimate_source(launch, cfg.data.sources[0]) == first
+
+
+def test_a_cached_hub_models_tokenizer_without_a_chat_template_is_refused_for_chat_data(tmp_path: Path) -> None:
+    """Its snapshot's tokenizer.json counts the tokens (no chars/3.5 fallback), and chat data needs a template."""
+    tokenizer = REPO / "train" / "assets" / "tiny-tokenizer"
+    snapshot = tmp_path / "hf_home" / "hub" / "models--org--base" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 512}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (snapshot / name).write_bytes((tokenizer / name).read_bytes())
+    _cluster_with_hf_home(tmp_path)
+    (tmp_path / "chat.jsonl").write_text("\n".join(SAMPLE[:40]) + "\n")
+    (tmp_path / "notes.jsonl").write_text("".join(json.dumps({"text": f"note {i} " * 40}) + "\n" for i in range(40)))
+    env = cli_env(HF_HOME=str(tmp_path / "hf_home"))
+    result = run_cli(["plan", "--cluster", "cluster.toml", "--model", "org/base", "--data", "chat.jsonl"], tmp_path,
+                     env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"sft-launch: error: model.path: the tokenizer in {snapshot} has no chat template, "
+                                     "but the data is chat (use an instruct model's tokenizer via model.tokenizer, or "
+                                     'data.format = "text")')
+    text = run_cli(["plan", "--cluster", "cluster.toml", "--model", "org/base", "--data", "notes.jsonl"], tmp_path,
+                   env=env)
+    assert text.returncode == 0, text.stderr
+    assert any(line.startswith("Data ") and "counted with abc123's tokenizer" in line for line in text.stdout.splitlines())

@@ -222,10 +222,13 @@ ASSISTANT_FIRST = [{"role": "assistant", "content": A1}, {"role": "user", "conte
 
 @pytest.mark.parametrize("family", ["llama-2", "mistral"])
 def test_conversation_the_template_rejects_is_skipped_and_counted(tmp_path, family_tokenizers, family):
-    """Llama-2 and Mistral raise on non-alternating roles: the row is skipped with the template's reason."""
+    """Llama-2 and Mistral raise on non-alternating roles: the row is refused by its location, or with
+    data.skip_unrenderable skipped with the template's reason."""
     rows = [{"messages": m} for m in (ALTERNATING, NOT_ALTERNATING, ALTERNATING, ASSISTANT_FIRST)]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    bundle = build_datasets(make_cfg(tmp_path, path), family_tokenizers[family])
+    with pytest.raises(ConfigError, match=rf"^{path}:2: assistant mask: chat template failed: .*roles must alternate"):
+        build_datasets(make_cfg(tmp_path, path), family_tokenizers[family])
+    bundle = build_datasets(make_cfg(tmp_path, path, skip_unrenderable=True), family_tokenizers[family])
     assert len(bundle.train) == 2
     assert bundle.stats["skipped_mask"] == bundle.stats["skipped"] == 2
     assert [line.split(": ", 1)[0] for line in bundle.stats["skipped_examples"]] == [
@@ -250,11 +253,11 @@ def test_prefix_inconsistent_template_is_skipped_with_reason(tmp_path, family_to
         reply, f"({emptied} if message.role == 'assistant' and not loop.last else {reply})"
     )
     path = write_jsonl(tmp_path / "d.jsonl", [{"messages": ALTERNATING}, {"messages": CONVERSATION}])
-    bundle = build_datasets(make_cfg(tmp_path, path), tokenizer)
+    bundle = build_datasets(make_cfg(tmp_path, path, skip_unrenderable=True), tokenizer)
     assert len(bundle.train) == 1
     assert bundle.stats["skipped_mask"] == 1
-    assert bundle.stats["skipped_examples"] == [
-        f"row 1 ({path}:2): assistant mask: turn 2: the template renders a prefix differently from the whole"]
+    assert bundle.stats["skipped_examples"] == [  # the earlier reply is not in the training text
+        f"row 1 ({path}:2): assistant mask: the chat template leaves out messages[2]: assistant text {A1!r}"]
 
 
 def test_all_rows_unmaskable_fails_with_the_reason(tmp_path, tiny_tokenizer):
@@ -262,6 +265,8 @@ def test_all_rows_unmaskable_fails_with_the_reason(tmp_path, tiny_tokenizer):
     tokenizer = copy.deepcopy(tiny_tokenizer)
     tokenizer.chat_template = None
     path = write_jsonl(tmp_path / "d.jsonl", [{"messages": ALTERNATING}] * 2)
+    with pytest.raises(ConfigError, match=rf"^{path}:1: assistant mask: the tokenizer has no chat template"):
+        build_datasets(make_cfg(tmp_path, path), tokenizer)
     with pytest.raises(ConfigError, match=rf"^{path}: no usable examples \(2 rows, 2 skipped; first: row 0 "
                                           rf"\({path}:1\): assistant mask: the tokenizer has no chat template\)$"):
-        build_datasets(make_cfg(tmp_path, path), tokenizer)
+        build_datasets(make_cfg(tmp_path, path, skip_unrenderable=True), tokenizer)

@@ -139,7 +139,7 @@ def test_unmaskable_sample_is_skipped_and_reported(tmp_path, tiny_tokenizer):
     tokenizer.chat_template = "{% if messages|length > 2 %}{{ messages|length }}{% endif %}" + tokenizer.chat_template
     short = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}
     long = {"conversations": short["conversations"] * 2}
-    cfg = make_cfg(tmp_path, write_jsonl(tmp_path / "d.jsonl", [short, long, short]))
+    cfg = make_cfg(tmp_path, write_jsonl(tmp_path / "d.jsonl", [short, long, short]), skip_unrenderable=True)
     bundle = build_datasets(cfg, tokenizer)
     assert len(bundle.train) == 2
     assert bundle.stats["skipped_mask"] == bundle.stats["skipped"] == 1
@@ -245,7 +245,9 @@ def test_truncation_is_counted_and_logged_with_the_longest_the_plan_counted(tmp_
 def test_eval_fraction_is_deterministic_and_disjoint(tmp_path, tiny_tokenizer):
     cfg = make_cfg(tmp_path, eval_fraction=0.1)
     a, b = build_datasets(cfg, tiny_tokenizer), build_datasets(cfg, tiny_tokenizer)
-    assert len(a.eval) == 30 and len(a.train) == 270
+    # 30 held out, 10 of which the sample also has among the 270 kept (duplicates): trained, so not evaluated on
+    assert len(a.eval) == 20 and len(a.train) == 280 and a.stats["eval_examples"] == 20
+    assert not {tuple(ids) for ids in a.eval["input_ids"]} & {tuple(ids) for ids in a.train["input_ids"]}
     assert a.eval["input_ids"] == b.eval["input_ids"]
     cfg.train.seed += 1
     assert build_datasets(cfg, tiny_tokenizer).eval["input_ids"] != a.eval["input_ids"]

@@ -123,25 +123,28 @@ def test_a_template_that_drops_tool_calls_is_refused_before_training(tmp_path, t
     (tmp_path / "tools.jsonl").write_text(json.dumps(TOOL_ROW) + "\n")
     sample = {"path": str(tmp_path / "tools.jsonl"), "format": "messages", "tool_row": f"{tmp_path}/tools.jsonl:1"}
     reason = check(str(Path(tiny_tokenizer.name_or_path)), [sample])
-    assert reason.startswith(f"{tmp_path}/tools.jsonl:1: the chat template does not render tool calls "
-                             "(tool call 'get_weather' is missing")
+    assert reason.endswith(f"{tmp_path}/tools.jsonl: the chat template leaves out messages[1]: tool call "
+                           "'get_weather' (call 1 of that name)")
 
 
 def test_mixture_epochs_pack_across_sources(tmp_path, tiny_tokenizer):
     paths = write_every_kind(tmp_path / "data", QA)
     chat = DataSource(str(Path(__file__).resolve().parents[2] / "train" / "assets" / "sample_chat.jsonl"),
                       eval_fraction=0.1)
-    qa = DataSource(paths["parquet"], name="qa", weight=0.5, eval_path=paths["csv"], **QA_SOURCE)
+    held = write_every_kind(tmp_path / "held", [{"question": f"What is {i} - 1?", "answer": str(i - 1)}
+                                                for i in range(12)])  # eval rows no source trains on
+    qa = DataSource(paths["parquet"], name="qa", weight=0.5, eval_path=held["csv"], **QA_SOURCE)
     bundle = build_datasets(sources_cfg(tmp_path, chat, qa), tiny_tokenizer)
-    assert bundle.mixture.sizes == (270, 12) and bundle.mixture.takes == (270, 6)
+    # 30 of the sample held out, 10 of which duplicate kept rows: trained (contract/overlap.py's eval_indices)
+    assert bundle.mixture.sizes == (280, 12) and bundle.mixture.takes == (280, 6)
     assert sorted(bundle.eval_parts) == ["qa", "sample_chat"] and len(bundle.eval_parts["qa"]) == 12
     assert [s["name"] for s in bundle.stats["sources"]] == ["sample_chat", "qa"]
     batches = Batches(bundle.train, list(bundle.train["length"]), 512, 7, True, 0, bundle.mixture)
     epochs = [[i for micro_batch in batches.plan(epoch) for i in micro_batch] for epoch in (0, 1)]
     for chosen in epochs:
-        assert len(chosen) == 276 and sum(i >= 270 for i in chosen) == 6
-    assert {i for i in epochs[0] if i >= 270} != {i for i in epochs[1] if i >= 270}  # another half each epoch
-    assert any(min(mb) < 270 <= max(mb) for mb in batches.plan(0))  # documents of both in one micro-batch
+        assert len(chosen) == 286 and sum(i >= 280 for i in chosen) == 6
+    assert {i for i in epochs[0] if i >= 280} != {i for i in epochs[1] if i >= 280}  # another half each epoch
+    assert any(min(mb) < 280 <= max(mb) for mb in batches.plan(0))  # documents of both in one micro-batch
 
 
 def test_one_source_plans_exactly_as_before(tmp_path, tiny_tokenizer):
@@ -185,7 +188,7 @@ def test_splits_named_by_files_are_honoured_and_never_overlap(tmp_path, tiny_tok
         bundle = build_datasets(sources_cfg(tmp_path / f"run-{name}", source), tiny_tokenizer)
         trained, evaluated = set(map(tuple, bundle.train["input_ids"])), set(map(tuple, bundle.eval["input_ids"]))
         assert (len(trained), len(evaluated), len(trained & evaluated)) == (8, 4, 0), name
-    with pytest.raises(ConfigError, match=r"ultra: no split 'train' \(has test_sft, train_sft\); set the source's split"):
+    with pytest.raises(ConfigError, match=r"ultra: no split 'train' \(has test_sft, train_sft\); set the source's split \(--data PATH:split="):
         build_datasets(sources_cfg(tmp_path / "run-default", DataSource(str(tmp_path / "ultra"), **QA_SOURCE)),
                        tiny_tokenizer)
     plain = tmp_path / "plain" / "qa.parquet"

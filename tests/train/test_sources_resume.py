@@ -39,7 +39,7 @@ def test_a_mixture_resumes_bitwise_and_reports_eval_loss_per_source(tmp_path):
     reference = write_run(tmp_path / "reference", mixture(tmp_path))
     assert run_training(reference) == 0, read_log(reference)
     log = read_log(reference)
-    assert "source chat: 270 examples (300 rows, 0 skipped), 135 per epoch, 30 eval" in log
+    assert "source chat: 285 examples (300 rows, 0 skipped), 142 per epoch, 15 eval" in log
     assert "source qa: 60 examples (60 rows, 0 skipped), 120 per epoch, 10 eval" in log
     records = metrics(reference)
     epochs = {r["epoch"] for r in records if "loss" in r}

@@ -25,6 +25,8 @@ import re
 
 from transformers import PreTrainedTokenizerBase
 
+from contract.rendercheck import unrendered_part
+
 IGNORE_INDEX = -100  # label value that transformers' causal-LM loss ignores
 _GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
 
@@ -49,6 +51,7 @@ def tokenize_chat(
     if not tokenizer.chat_template:
         raise MaskError("the tokenizer has no chat template")
     if use_generation_markers:
+        _require_exact(_render(tokenizer, messages, prompt=False, tools=tools), messages, tools)
         input_ids, mask = _mask_from_generation_markers(tokenizer, messages, tools)
     else:
         input_ids, mask = _mask_turn_by_turn(tokenizer, messages, tools)
@@ -71,6 +74,12 @@ def tokenize_text(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[i
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     # The chat template already writes BOS; apply_chat_template also tokenizes this way.
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _require_exact(rendered: str, messages: list[dict[str, str]], tools: list[dict] | None) -> None:
+    """Every turn's text and tool call is in the rendering (contract/rendercheck.py, the plan's rule too)."""
+    if missing := unrendered_part(rendered, messages, tools):
+        raise MaskError(f"the chat template leaves out {missing}")
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], prompt: bool,
@@ -116,6 +125,7 @@ def _mask_turn_by_turn(
     character offsets, and a token straddling a prompt/reply boundary makes the mask unreliable.
     """
     full_text = _render(tokenizer, messages, prompt=False, tools=tools)
+    _require_exact(full_text, messages, tools)
     if not getattr(tokenizer, "is_fast", False):
         raise MaskError("turn-by-turn masks need a fast tokenizer (character offsets)")
     encoded = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)

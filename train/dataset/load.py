@@ -38,13 +38,14 @@ from contract.config import SHIPPED_TOKENIZER, TrainConfig
 from contract.failure import PeerFailedError
 from contract.datacheck import LocalData
 from contract.readers import DEFAULT_SPLIT, RawRow, hub_cache_folder, iter_hub_rows
+from contract.overlap import HASH_BYTES, Part, eval_indices, find_overlap, refuse_overlap
 from contract.schema import ConfigError
 from contract.sources import DataSource, Mixture, epoch_examples, looks_like_hub_id
 from train.dataset.tokenize import MAX_LISTED_SKIPS, SplitStats, combined, tokenize_input
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 4  # bump when tokenization/masking changes so old caches are not reused
+CACHE_VERSION = 5  # bump when tokenization/masking changes so old caches are not reused
 
 
 @dataclass
@@ -105,7 +106,10 @@ class SourceInput:
 
     @property
     def where(self) -> str:
-        return str(self.path) if self.path is not None else f"{self.source.path}[{self.split}]"
+        """What the log and stats.json name: the files read (a file's eval_split: the ones beside it)."""
+        if self.path is None:
+            return f"{self.source.path}[{self.split}]"
+        return ", ".join(str(file) for file in self.local.files()) if self.beside else str(self.path)
 
     @property
     def local(self) -> LocalData:
@@ -187,6 +191,7 @@ def _bundle(cfg: TrainConfig, sources: list[DataSource],
         stats = {**asdict(train_stats), "eval": asdict(eval_stats) if eval_stats else None}
         per_source.append(stats | {"name": source.label, "eval_examples": len(eval_set) if eval_set else 0,
                                    "train_examples": len(train)})
+    check_no_eval_overlap(cfg, {s.label: t for s, t in zip(sources, trains)}, evals)
     mixture = Mixture(tuple(len(t) for t in trains),
                       tuple(epoch_examples(s, len(t)) for s, t in zip(sources, trains)))
     train = trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
@@ -213,12 +218,28 @@ def split_eval(
     """A deterministic (by seed) eval split of `fraction` of the examples; at least one each side."""
     if fraction <= 0 or len(dataset) < 2:
         return dataset, None
-    import numpy as np
-
-    order = np.random.default_rng(seed).permutation(len(dataset))
-    n_eval = min(max(1, round(len(dataset) * fraction)), len(dataset) - 1)
-    eval_idx, train_idx = sorted(order[:n_eval].tolist()), sorted(order[n_eval:].tolist())
+    # the plan's check holds out the same rows; a duplicate of a kept row is not evaluated on
+    hashes = _row_hashes(dataset) if "row_hash" in dataset.column_names else None
+    train_idx, eval_idx = eval_indices(len(dataset), fraction, seed, hashes)
     return dataset.select(train_idx), dataset.select(eval_idx)
+
+
+def check_no_eval_overlap(cfg: TrainConfig, trains: dict[str, datasets.Dataset],
+                          evals: dict[str, datasets.Dataset]) -> None:
+    """No eval example's content is a training example's, across all sources (contract/overlap.py's row hash,
+    kept with each tokenized example): the login node checked the rows, this checks what the cache holds."""
+    if not evals or cfg.data.allow_eval_overlap:
+        return
+    train_parts = [Part(name, _row_hashes(data)) for name, data in trains.items()]
+    eval_parts = [Part(name, _row_hashes(data)) for name, data in evals.items()]
+    overlap = find_overlap(train_parts, eval_parts)
+    if overlap is not None:
+        raise refuse_overlap(overlap, f"#{overlap.eval_at[1] + 1} (of its examples)", f"#{overlap.train_at[1] + 1}")
+
+
+def _row_hashes(dataset: datasets.Dataset) -> list[bytes]:
+    """Each example's row_hash column (its row's content hash, as the plan's check has it)."""
+    return [value.to_bytes(HASH_BYTES, "little", signed=True) for value in dataset["row_hash"]]
 
 
 def cache_key(item: SourceInput, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig) -> str:

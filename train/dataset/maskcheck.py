@@ -2,7 +2,7 @@
 
     python -m train.dataset.maskcheck TOKENIZER_DIR SOURCES_JSON
 SOURCES_JSON lists each chat source: {path, format, text_field, split, config, hf_home, mapping,
-tool_row}. Exits 0 when the tokenizer loads, `train.dataset.chat.tokenize_chat` (the training code) finds
+tool_row, skip_unrenderable}. Exits 0 when the tokenizer loads, `train.dataset.chat.tokenize_chat` (the training code) finds
 the assistant tokens of at least one of each source's first SAMPLES good rows, and a template asked
 to render tool calls shows every call and every tool result; else 2 with one line naming why.
 A separate process: transformers imports torch (seconds), and the launcher itself never does.
@@ -19,6 +19,7 @@ from typing import Any
 from contract.formats import BadRowError, Example, RowMapping, detect_format, parse_row
 from contract.protocol import EXIT_OK, EXIT_USAGE
 from contract.readers import RawRow, iter_hub_rows, iter_rows
+from contract.rendercheck import unrendered_part
 from contract.schema import ConfigError
 
 SAMPLES = 8  # good chat rows tried before the tokenizer is declared unable to mask
@@ -56,30 +57,6 @@ def first_chat_examples(sample: dict[str, Any], count: int) -> tuple[list[Exampl
     return examples, tools
 
 
-def unrendered_tool_part(rendered: str, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str | None:
-    """The first tool definition, tool call name or tool result the rendering lacks (None when all are there).
-    A result may be rendered as it is or serialised (Llama 3.1-3.3 write it through `tojson`)."""
-    for tool in tools or []:
-        if tool["function"]["name"] not in rendered:
-            return f"tool definition {tool['function']['name']!r}"
-    for message in messages:
-        for call in message.get("tool_calls") or []:
-            if call["function"]["name"] not in rendered:
-                return f"tool call {call['function']['name']!r}"
-        if message["role"] == "tool" and not any(form in rendered for form in _renderings(message["content"].strip())):
-            return f"tool result {message['content'][:40]!r}"
-    return None
-
-
-def _renderings(content: str) -> list[str]:
-    """How a template may write a tool result: as it is, or as a JSON string (`tojson`, whose HTML-safe form
-    escapes <, >, &, ')."""
-    quoted = [json.dumps(content, ensure_ascii=False), json.dumps(content)]
-    safe = [q.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
-            for q in quoted]
-    return [content, *quoted, *safe]
-
-
 def check_source(tokenizer: Any, sample: dict[str, Any]) -> str | None:
     """None when a sample masks and every tool call renders; else the reason, one line."""
     from train.dataset.chat import MaskError, has_generation_markers, tokenize_chat
@@ -101,9 +78,11 @@ def check_source(tokenizer: Any, sample: dict[str, Any]) -> str | None:
             rendered = tokenizer.apply_chat_template(example.messages, tools=example.tools, tokenize=False)
             tokenize_chat(tokenizer, example.messages, markers, example.tools)
         except Exception as err:  # jinja's raise_exception, MaskError
+            if sample.get("skip_unrenderable"):
+                continue  # skipped and counted (launcher/resolve/datarules.py)
             return f"{location}: the chat template cannot render this conversation with tool calls: {err}"
-        missing = unrendered_tool_part(rendered, example.messages, example.tools)
-        if missing:
+        missing = unrendered_part(rendered, example.messages, example.tools)
+        if missing and not sample.get("skip_unrenderable"):
             return (f"{location}: the chat template does not render tool calls ({missing} is missing from its "
                     "output); use a tool-calling model's tokenizer (model.tokenizer) or drop the tool rows")
     return None

@@ -23,12 +23,13 @@ is wasted compute, never a real token: throughput, MFU and packing efficiency co
 
 from __future__ import annotations
 
-import bisect
 import random
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from contract.packing import pack_bins
 
 IGNORE_INDEX = -100
 
@@ -39,23 +40,7 @@ def plan_micro_batches(lengths: Sequence[int], budget: int, seed: int, epoch: in
     An example longer than `budget` gets a bin of its own (collate_packed truncates it; see
     `count_over_budget`). The result depends only on the arguments, so every rank agrees.
     """
-    if budget < 1:
-        raise ValueError(f"packing budget must be >= 1 token, got {budget}")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))  # longest first, ties by index
-    bins: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (remaining capacity, bin id), sorted: smallest fitting gap first
-    for index in order:
-        size = min(lengths[index], budget)
-        slot = bisect.bisect_left(free, (size, -1))
-        if slot == len(free):  # no open bin has room: open a new one
-            bins.append([index])
-            bin_id, remaining = len(bins) - 1, budget - size
-        else:
-            remaining, bin_id = free.pop(slot)
-            bins[bin_id].append(index)
-            remaining -= size
-        if remaining > 0:
-            bisect.insort(free, (remaining, bin_id))
+    bins = pack_bins(lengths, budget)  # contract/packing.py: the plan counts micro-batches with it too
     # Seeded by integers only (not hash()), so the order is identical in every process.
     random.Random(seed * 1_000_003 + epoch).shuffle(bins)
     return bins

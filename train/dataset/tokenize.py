@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from contract.config import TrainConfig
 from contract.formats import BadRowError, detect_format, parse_row
+from contract.overlap import row_hash
 from contract.readers import RawRow
 from contract.schema import ConfigError
 from contract.sources import DataSource
@@ -41,6 +42,7 @@ FEATURES = datasets.Features(
         "input_ids": datasets.List(datasets.Value("int32")),
         "labels": datasets.List(datasets.Value("int32")),
         "length": datasets.Value("int32"),
+        "row_hash": datasets.Value("int64"),  # contract/overlap.py's row_hash of its row: eval never trained
     }
 )
 Block = list[tuple[int, RawRow]]  # (row index in the source, the row)
@@ -235,7 +237,7 @@ class RowTokenizer:
     def block(self, block: Block, fmt: str) -> tuple[Columns, SplitStats]:
         """The columns of a block's usable rows and what happened to its rows."""
         stats = SplitStats()
-        columns: Columns = {"input_ids": [], "labels": [], "length": []}
+        columns: Columns = {"input_ids": [], "labels": [], "length": [], "row_hash": []}
         for index, raw in block:
             stats.rows += 1
             tokenized = self.row(raw, index, fmt, stats)
@@ -243,10 +245,12 @@ class RowTokenizer:
                 columns["input_ids"].append(tokenized[0])
                 columns["labels"].append(tokenized[1])
                 columns["length"].append(len(tokenized[0]))
+                columns["row_hash"].append(tokenized[2])
         return columns, stats
 
-    def row(self, raw: RawRow, index: int, fmt: str, stats: SplitStats) -> tuple[list[int], list[int]] | None:
-        """(input_ids, labels) of one row, truncated; None when the row is skipped (and counted)."""
+    def row(self, raw: RawRow, index: int, fmt: str, stats: SplitStats) -> tuple[list[int], list[int], int] | None:
+        """(input_ids, labels, its content's hash) of one row, truncated; None when the row is skipped (and
+        counted)."""
         tokenizer, cfg, source, use_markers = self.tokenizer, self.cfg, self.source, self.use_markers
         try:
             example = parse_row(raw, fmt, source.text_field, source.mapping)
@@ -263,6 +267,9 @@ class RowTokenizer:
             else:
                 input_ids, labels = tokenize_chat(tokenizer, example.messages, use_markers, example.tools)
         except MaskError as err:
+            if not cfg.data.skip_unrenderable:  # never dropped silently (the plan renders every row first)
+                raise ConfigError(f"{raw.location}: assistant mask: {err} (set data.skip_unrenderable = true to "
+                                  "skip such rows)") from None
             stats.skip("skipped_mask", index, raw.location, f"assistant mask: {err}")
             return None
         max_length = cfg.train.model_max_length
@@ -277,4 +284,4 @@ class RowTokenizer:
         stats.examples += 1
         stats.tokens += len(input_ids)
         stats.loss_tokens += n_loss
-        return input_ids, labels
+        return input_ids, labels, int.from_bytes(row_hash(example), "little", signed=True)
