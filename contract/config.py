@@ -255,9 +255,13 @@ class ParallelSection:
     # Context parallelism: each packed micro-batch (data.tokens_per_micro_batch tokens) is split across
     # `context` consecutive ranks, which read the same micro-batch (Ulysses: attention heads all-to-all).
     context: int = 1
+    # Expert parallelism: the experts of every MoE layer split over `expert` ranks, tokens sent to their
+    # expert's rank and back by all-to-all (train/kernels/expert_parallel.py); FSDP2 shards the rest.
+    expert: int = 1
 
     def validate(self) -> None:
         require(self.context >= 1, "parallel.context", "must be >= 1 (1 = off)")
+        require(self.expert >= 1, "parallel.expert", "must be >= 1 (1 = off)")
 
 
 def context_blocker(context: int, world: int, heads: int | None, kv_heads: int | None) -> str | None:
@@ -271,6 +275,21 @@ def context_blocker(context: int, world: int, heads: int | None, kv_heads: int |
         return f"{context} does not divide the model's {heads} attention heads (each rank attends for a group of them)"
     if kv_heads and kv_heads % context and context % kv_heads:
         return f"{context} and the model's {kv_heads} key/value heads: neither divides the other"
+    return None
+
+
+def expert_blocker(expert: int, world: int, experts: int | None) -> str | None:
+    """Why parallel.expert = `expert` cannot split `world` ranks and a model of `experts` experts per MoE
+    layer (None: it can; `experts` None: a dense model). Each rank holds experts / `expert` whole experts,
+    FSDP2's shard of the fused expert tensors over every rank (train/kernels/expert_parallel.py)."""
+    if expert <= 1:
+        return None
+    if not experts:
+        return "the model has no mixture-of-experts layers"
+    if experts % expert:
+        return f"{expert} does not divide the model's {experts} experts"
+    if expert != world:
+        return f"{expert} must equal the {world} ranks (experts split over every rank; fewer is not supported yet)"
     return None
 
 

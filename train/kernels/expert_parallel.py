@@ -1,0 +1,188 @@
+"""Expert parallelism (parallel.expert = N): the experts of every MoE layer split over the N ranks, each
+token sent to the rank that holds its expert and back by two all-to-alls.
+
+Layout (N = the whole world, the only one for now: contract.config.expert_blocker refuses the rest).
+FSDP2 already stores every parameter as a DTensor sharded on dim 0 over the world; an MoE layer's fused
+expert tensors (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) have the experts on dim 0, so when N
+divides E, FSDP's shard on rank r IS experts [r E/N, (r+1) E/N). We give each layer's experts module an
+FSDP group of its own (`wrap_experts_apart`) and never call that module, so FSDP never all-gathers it:
+the MoE block's forward (`_block_forward`) reads the local shard (`to_local()`) directly. Everything
+FSDP does with parameters stays as it is: the rank-0 load and broadcast (cpu_ram_efficient_loading),
+the DCP checkpoint and resume, the export's full state dict, the optimizer and the clip, all see the
+full [E, ...] tensors, sharded as any other weight.
+
+Dispatch, per MoE layer, on each rank: the router (replicated, FSDP-sharded like any weight) routes this
+rank's tokens (transformers' own TopKRouter: fp32 softmax, top-k, optional renorm); the token copies are
+sorted by expert; the per-expert counts are exchanged (all_to_all_single), then the hidden states with
+those split sizes; the received tokens are grouped by local expert, run through the local experts, sent
+back by the inverse all-to-all, unsorted, weighted by the router scores and summed over the k choices,
+as transformers' Qwen3MoeExperts does. An expert that gets no token still takes part (an empty matmul):
+its gradient is zero, not missing, so every rank's gradients and norms line up, and no rank waits.
+
+Gradients. The training loss of each rank is scaled for FSDP's average over the W ranks
+(train/engine/loop.py); an expert shard's gradient here is the SUM over every rank's tokens, W times the
+average, and FSDP does not reduce it (its group never ran): `_scale_grad` divides it by W.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from contract.config import expert_blocker
+from contract.schema import ConfigError
+
+logger = logging.getLogger(__name__)
+
+KEY = "parallel.expert"
+# MoE blocks whose router and experts this module computes as transformers does (the forward it replaces).
+SUPPORTED_BLOCKS = ("Qwen3MoeSparseMoeBlock",)
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """This rank's place among the `size` ranks that split the experts (size 1: off)."""
+
+    size: int = 1
+    rank: int = 0
+    group: Any = None  # the ProcessGroup of the EP ranks; None when off
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 1
+
+
+def setup(size: int, world: int, rank: int, experts: int | None) -> ExpertParallel:
+    """EP over `size` ranks; a ConfigError (exit 2) when it cannot split these ranks or experts."""
+    if size <= 1:
+        return ExpertParallel()
+    if blocker := expert_blocker(size, world, experts):
+        raise ConfigError(f"{KEY}: {blocker}", KEY)
+    logger.info("expert parallel: %d experts per MoE layer over %d ranks, %d each; rank %d holds experts %d-%d",
+                experts, size, experts // size, rank, rank * experts // size, (rank + 1) * experts // size - 1)
+    return ExpertParallel(size, rank, dist.group.WORLD)
+
+
+def moe_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's MoE blocks (a `gate` router and fused `experts`), of whatever family."""
+    return [m for m in model.modules() if hasattr(m, "experts") and hasattr(m, "gate")
+            and getattr(getattr(m, "experts"), "gate_up_proj", None) is not None]
+
+
+def apply(model: torch.nn.Module, ep: ExpertParallel) -> int:
+    """Route every MoE block of `model` through the EP dispatch; returns how many. A ConfigError when
+    the model has a kind of MoE block this module does not compute as transformers does, or none."""
+    blocks = moe_blocks(model)
+    if not blocks:
+        raise ConfigError(f"{KEY}: the model has no mixture-of-experts layer to split", KEY)
+    if kinds := {type(b).__name__ for b in blocks} - set(SUPPORTED_BLOCKS):
+        raise ConfigError(f"{KEY}: MoE block {sorted(kinds)[0]} is not supported (supported: "
+                          f"{', '.join(SUPPORTED_BLOCKS)})", KEY)
+    for block in blocks:
+        block.forward = _block_forward(block, ep)
+    return len(blocks)
+
+
+def wrap_experts_apart(accelerator: Any, model: torch.nn.Module) -> None:
+    """Give every experts module an FSDP2 group of its own (Accelerate wraps the classes named in the
+    plugin bottom-up, so the experts before their decoder layer), which EP never unshards."""
+    plugin = accelerator.state.fsdp_plugin
+    names = list(plugin.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
+    for block in moe_blocks(model):
+        if (name := type(block.experts).__name__) not in names:
+            names.append(name)
+    plugin.transformer_cls_names_to_wrap = names
+
+
+def _block_forward(block: torch.nn.Module, ep: ExpertParallel) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MoE block's forward with its experts split over the EP ranks (transformers' routing)."""
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        batch, length, hidden = hidden_states.shape
+        flat = hidden_states.reshape(-1, hidden)
+        _, weights, indices = block.gate(flat)
+        out = dispatch_combine(flat, indices, weights, block.experts, ep)
+        return out.reshape(batch, length, hidden)
+
+    return forward
+
+
+def local_shard(param: torch.Tensor, ep: ExpertParallel) -> torch.Tensor:
+    """This rank's experts of a fused [E, ...] expert tensor, its gradient divided by the EP size (see
+    the module doc). Sharded by FSDP2 (a DTensor): its local shard; a whole tensor: the rows of this rank."""
+    if hasattr(param, "to_local"):
+        local = param.to_local()
+    else:
+        per_rank = param.shape[0] // ep.size
+        local = param[ep.rank * per_rank:(ep.rank + 1) * per_rank]
+    return _scale_grad(local, 1.0 / ep.size)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times `factor`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+def _scale_grad(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return _ScaleGrad.apply(x, factor) if x.requires_grad else x
+
+
+def all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group: Any) -> torch.Tensor:
+    """Rows input_splits[j] of `x` go to rank j; the result is the rows received, in source-rank order.
+    Autograd-aware (its backward is the inverse all-to-all); gloo and NCCL."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    out = all_to_all_single_autograd(x.contiguous(), output_splits, input_splits, group)
+    return out.wait() if hasattr(out, "wait") else out
+
+
+def dispatch_combine(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, experts: torch.nn.Module,
+                     ep: ExpertParallel) -> torch.Tensor:
+    """[T, H] tokens, their top-k experts [T, k] and router weights [T, k] -> the experts' weighted sum
+    [T, H], each expert computed on the rank that holds it."""
+    tokens, top_k = indices.shape
+    per_rank = experts.num_experts // ep.size
+    flat = indices.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # token copies sorted by expert, so by destination rank
+    counts = torch.bincount(flat, minlength=experts.num_experts)
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=ep.group)  # [source rank, my local expert] counts
+    counts, received = counts.view(ep.size, per_rank), received.view(ep.size, per_rank)
+    send_splits, recv_splits = counts.sum(1).tolist(), received.sum(1).tolist()
+    arrived = all_to_all(x[order // top_k], recv_splits, send_splits, ep.group)
+    # Arrived rows are by source rank, then local expert: group them by local expert for the experts.
+    segment = torch.arange(ep.size * per_rank, device=x.device).repeat_interleave(received.reshape(-1))
+    by_expert = torch.argsort(segment % per_rank, stable=True)
+    gate_up, down = local_shard(experts.gate_up_proj, ep), local_shard(experts.down_proj, ep)
+    # ---- seam: the local experts (train.moe.experts' grouped function can take this call's place) ----
+    computed = local_experts(arrived[by_expert], received.sum(0).tolist(), gate_up, down, experts.act_fn)
+    # ----
+    returned = all_to_all(computed[torch.argsort(by_expert)], send_splits, recv_splits, ep.group)
+    per_copy = returned[torch.argsort(order)].view(tokens, top_k, -1)
+    return (per_copy * weights.unsqueeze(-1).to(per_copy.dtype)).sum(1).to(x.dtype)
+
+
+def local_experts(x: torch.Tensor, tokens_per_expert: list[int], gate_up: torch.Tensor, down: torch.Tensor,
+                  act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """[T, H] tokens grouped by expert (tokens_per_expert[e] rows for local expert e) through their
+    experts' SwiGLU MLPs, as transformers' Qwen3MoeExperts computes one expert. Every expert runs, an
+    idle one on no row: its gradient is then zeros (see the module doc)."""
+    gate_up, down = gate_up.to(x.dtype), down.to(x.dtype)
+    outputs = []
+    for e, rows in enumerate(x.split(tokens_per_expert)):
+        gate, up = torch.nn.functional.linear(rows, gate_up[e]).chunk(2, dim=-1)
+        outputs.append(torch.nn.functional.linear(act(gate) * up, down[e]))
+    return torch.cat(outputs)
