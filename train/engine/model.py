@@ -85,6 +85,12 @@ def attention_heads(cfg: TrainConfig) -> tuple[int, int]:
     return heads, getattr(config, "num_key_value_heads", None) or heads
 
 
+def moe_experts(cfg: TrainConfig) -> int | None:
+    """Experts per MoE layer of the model to build (what expert parallelism splits); None: a dense model."""
+    config = build_config(cfg)
+    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+
+
 def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
     """Linear RoPE interpolation by ceil(max_length / context) when training past the context (FastChat)."""
     context = getattr(config, "max_position_embeddings", None)

@@ -16,8 +16,9 @@ rank's tokens (transformers' own TopKRouter: fp32 softmax, top-k, optional renor
 sorted by expert; the per-expert counts are exchanged (all_to_all_single), then the hidden states with
 those split sizes; the received tokens are grouped by local expert, run through the local experts, sent
 back by the inverse all-to-all, unsorted, weighted by the router scores and summed over the k choices,
-as transformers' Qwen3MoeExperts does. An expert that gets no token still takes part (an empty matmul):
-its gradient is zero, not missing, so every rank's gradients and norms line up, and no rank waits.
+as transformers' Qwen3MoeExperts does. The local experts are train/moe/experts.py's grouped MLP (one
+grouped GEMM per projection on GPUs). A rank whose experts get no token at all still takes part in both
+all-to-alls' backward, and its expert shards get zero gradients, not none (`_keep_in_graph`).
 
 Gradients. The training loss of each rank is scaled for FSDP's average over the W ranks
 (train/engine/loop.py); an expert shard's gradient here is the SUM over every rank's tokens, W times the
@@ -36,6 +37,7 @@ import torch.distributed as dist
 
 from contract.config import expert_blocker
 from contract.schema import ConfigError
+from train.moe.experts import grouped_expert_mlp
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,20 @@ def apply(model: torch.nn.Module, ep: ExpertParallel) -> int:
     for block in blocks:
         block.forward = _block_forward(block, ep)
     return len(blocks)
+
+
+def split_experts(accelerator: Any, model: torch.nn.Module, ep: ExpertParallel) -> None:
+    """Before `prepare`: every MoE block of `model` through the EP dispatch, every experts module an FSDP2
+    group of its own. A ConfigError (exit 2) without FSDP2, which holds the experts' shards."""
+    if not ep.enabled:
+        return
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type != DistributedType.FSDP or not accelerator.is_fsdp2:
+        raise ConfigError(f"{KEY}: needs FSDP2 (--strategy fsdp), which holds each rank's experts", KEY)
+    count = apply(model, ep)
+    wrap_experts_apart(accelerator, model)
+    logger.info("expert parallel: %d MoE layers dispatch their tokens by all-to-all over %d ranks", count, ep.size)
 
 
 def wrap_experts_apart(accelerator: Any, model: torch.nn.Module) -> None:
@@ -167,22 +183,16 @@ def dispatch_combine(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tens
     segment = torch.arange(ep.size * per_rank, device=x.device).repeat_interleave(received.reshape(-1))
     by_expert = torch.argsort(segment % per_rank, stable=True)
     gate_up, down = local_shard(experts.gate_up_proj, ep), local_shard(experts.down_proj, ep)
-    # ---- seam: the local experts (train.moe.experts' grouped function can take this call's place) ----
-    computed = local_experts(arrived[by_expert], received.sum(0).tolist(), gate_up, down, experts.act_fn)
-    # ----
+    computed = grouped_expert_mlp(arrived[by_expert], received.sum(0), gate_up.to(x.dtype), down.to(x.dtype))
+    if not sum(recv_splits):  # no token for any of this rank's experts: see `_keep_in_graph`
+        computed = _keep_in_graph(computed, arrived, gate_up, down)
     returned = all_to_all(computed[torch.argsort(by_expert)], send_splits, recv_splits, ep.group)
     per_copy = returned[torch.argsort(order)].view(tokens, top_k, -1)
     return (per_copy * weights.unsqueeze(-1).to(per_copy.dtype)).sum(1).to(x.dtype)
 
 
-def local_experts(x: torch.Tensor, tokens_per_expert: list[int], gate_up: torch.Tensor, down: torch.Tensor,
-                  act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """[T, H] tokens grouped by expert (tokens_per_expert[e] rows for local expert e) through their
-    experts' SwiGLU MLPs, as transformers' Qwen3MoeExperts computes one expert. Every expert runs, an
-    idle one on no row: its gradient is then zeros (see the module doc)."""
-    gate_up, down = gate_up.to(x.dtype), down.to(x.dtype)
-    outputs = []
-    for e, rows in enumerate(x.split(tokens_per_expert)):
-        gate, up = torch.nn.functional.linear(rows, gate_up[e]).chunk(2, dim=-1)
-        outputs.append(torch.nn.functional.linear(act(gate) * up, down[e]))
-    return torch.cat(outputs)
+def _keep_in_graph(computed: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """`computed` (no rows) tied to `inputs` by a zero term. A rank whose experts get no token must still
+    run the backward of both all-to-alls (the other ranks' backward waits for it) and give its expert shards
+    a gradient (zeros: the clip's norm and the optimizer see the same tensors on every rank)."""
+    return computed + sum(t.sum() for t in inputs) * 0
