@@ -256,7 +256,7 @@ class ParallelSection:
     # `context` consecutive ranks, which read the same micro-batch (Ulysses: attention heads all-to-all).
     context: int = 1
     # Expert parallelism: the experts of every MoE layer split over `expert` ranks, tokens sent to their
-    # expert's rank and back by all-to-all (train/kernels/expert_parallel.py); FSDP2 shards the rest.
+    # expert's rank and back by all-to-all (train/moe/expert_parallel.py); FSDP2 shards the rest.
     expert: int = 1
 
     def validate(self) -> None:
@@ -281,7 +281,7 @@ def context_blocker(context: int, world: int, heads: int | None, kv_heads: int |
 def expert_blocker(expert: int, world: int, experts: int | None) -> str | None:
     """Why parallel.expert = `expert` cannot split `world` ranks and a model of `experts` experts per MoE
     layer (None: it can; `experts` None: a dense model). Each rank holds experts / `expert` whole experts,
-    FSDP2's shard of the fused expert tensors over every rank (train/kernels/expert_parallel.py)."""
+    FSDP2's shard of the fused expert tensors over every rank (train/moe/expert_parallel.py)."""
     if expert <= 1:
         return None
     if not experts:

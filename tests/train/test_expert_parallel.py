@@ -1,4 +1,4 @@
-"""Expert parallelism (parallel.expert, train/kernels/expert_parallel.py) on CPU over gloo.
+"""Expert parallelism (parallel.expert, train/moe/expert_parallel.py) on CPU over gloo.
 
 - a tiny Qwen3-MoE (8 experts, top-2) with its experts split over 2 and over 4 ranks (FSDP2 as training
   shards it) equals the same model on one rank with transformers' own MoE forward (EP 1): loss 1e-5,

@@ -36,7 +36,7 @@ from train.kernels import float8
 from train.kernels.attention import setup_attention
 from train.kernels.context_parallel import ContextParallel, label_tokens, register_attention
 from train.kernels.context_parallel import setup as setup_context_parallel
-from train.kernels import expert_parallel
+from train.moe import expert_parallel
 from train.kernels.long_context import ActivationOffload
 from train.engine.checkpoint import Checkpointer, TrainState, latest_checkpoint, load_checkpoint, remove_stale
 from train.dataset.load import build_datasets, load_tokenizer, pad_id

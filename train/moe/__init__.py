@@ -1,1 +1,2 @@
-"""Mixture-of-experts training: grouped-GEMM experts (experts.py), LoRA on the experts, the router's loss."""
+"""moe: mixture of experts: grouped-GEMM experts (experts.py), expert parallelism (expert_parallel.py).
+May import contract only; never another train folder."""

@@ -1,5 +1,5 @@
 """Worker for test_expert_parallel: a tiny Qwen3-MoE (8 experts, top-2) with its experts split over every
-rank (train/kernels/expert_parallel.py), sharded as training shards it (FSDP2: each experts module a group
+rank (train/moe/expert_parallel.py), sharded as training shards it (FSDP2: each experts module a group
 of its own, then the decoder layers, then the root), against the same model on one rank with transformers'
 own MoE forward (EP 1). Run under torchrun with 2 or 4 gloo ranks.
 
@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from train.kernels import expert_parallel
+from train.moe import expert_parallel
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
