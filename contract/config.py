@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from contract import protocol
 from contract.schema import ConfigError, build, documented, read_utf8, require
-from contract.shape import LORA_TARGETS, misspelt_arch_key
+from contract.shape import VALID_LORA_TARGETS, misspelt_arch_key
 from contract.sources import DataFormat, DataSource, check_unique_names
 
 AttnImpl = Literal["auto", "fa4", "flash_attn", "varlen", "sdpa", "eager"]
@@ -240,10 +240,10 @@ class LoraSection:
         require(self.r >= 1, "lora.r", "must be >= 1")
         require(self.alpha > 0, "lora.alpha", "must be > 0")
         require(0 <= self.dropout < 1, "lora.dropout", "must be in [0, 1)")
-        require(bool(self.target_modules), "lora.target_modules", f"name at least one of {', '.join(LORA_TARGETS)}")
-        unknown = [name for name in self.target_modules if name not in LORA_TARGETS]
+        require(bool(self.target_modules), "lora.target_modules", f"name at least one of {', '.join(VALID_LORA_TARGETS)}")
+        unknown = [name for name in self.target_modules if name not in VALID_LORA_TARGETS]
         require(not unknown, "lora.target_modules",
-                f"unknown module {unknown[0] if unknown else ''!r}; valid: {', '.join(LORA_TARGETS)}")
+                f"unknown module {unknown[0] if unknown else ''!r}; valid: {', '.join(VALID_LORA_TARGETS)}")
         require(self.quant == "none" or self.enabled, "lora.quant",
                 f"{self.quant!r} quantizes the frozen base of a LoRA run: set lora.enabled = true (or use --qlora)")
 

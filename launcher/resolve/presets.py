@@ -1,6 +1,9 @@
 """Model presets and `--model` resolution (preset name, local directory, or HF id in the local cache).
 
-Architecture numbers use Hugging Face `LlamaConfig` key names (the planner and train's MFU read them).
+Architecture numbers are config.json facts under Hugging Face's key names (model_type, num_experts,
+layer_types, ...): contract/shape.py reads them for the planner and train's MFU. The presets' numbers are
+copied from each model's public config.json (no weights); tests/launcher/test_shape_meta.py builds each on
+the meta device with transformers' own class and checks the planner's parameter count against it.
 Never touches the network: an HF id that is not a preset must already be in the HF cache.
 """
 
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.schema import ConfigError, closest
+from contract.shape import KNOWN_ARCH_KEYS, ModelShape, text_config
 
 ARCH_KEYS = (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
@@ -30,19 +34,28 @@ class Preset:
 
     @property
     def num_params(self) -> int:
-        """Parameter count from the architecture numbers (embeddings + layers + norm + lm_head)."""
-        a = self.arch
-        hidden, heads, kv = a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"]
-        head_dim = hidden // heads
-        attention = hidden * head_dim * (2 * heads + 2 * kv)
-        mlp = 3 * hidden * a["intermediate_size"]
-        per_layer = attention + mlp + 2 * hidden
-        embeddings = a["vocab_size"] * hidden * (1 if a["tie_word_embeddings"] else 2)
-        return a["num_hidden_layers"] * per_layer + embeddings + hidden
+        """Every parameter of the model (contract/shape.py: all experts, biases, norms; tied embeddings once)."""
+        return ModelShape.from_arch(self.arch).total_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (top-k routed experts); = num_params for a dense model."""
+        return ModelShape.from_arch(self.arch).active_params
 
 
 def _arch(layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, ctx: int, tied: bool) -> dict[str, Any]:
     return dict(zip(ARCH_KEYS, (layers, hidden, heads, kv, inter, vocab, tied, ctx)))
+
+
+def _hf(model_type: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, ctx: int,
+        tied: bool, **extra: Any) -> dict[str, Any]:
+    """A config.json's architecture facts (the keys contract/shape.py reads)."""
+    return {"model_type": model_type, **_arch(layers, hidden, heads, kv, inter, vocab, ctx, tied), **extra}
+
+
+def _alternating(layers: int, every: int) -> list[str]:
+    """layer_types with a full-attention layer every `every`-th, sliding-window layers between."""
+    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
 
 
 def _llama2(ctx_defaults: dict[str, Any], **kw: Any) -> Preset:
@@ -71,14 +84,48 @@ PRESETS: dict[str, Preset] = {
                layer_class="MistralDecoderLayer", train_defaults={"model_max_length": 8192}),
         Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B", _arch(28, 3584, 28, 4, 18944, 152064, 131072, False),
                layer_class="Qwen2DecoderLayer", train_defaults={"model_max_length": 8192}),
+        # What people fine-tune now; config.json facts of each hf id (no weights).
+        Preset("llama3.1-8b", "meta-llama/Llama-3.1-8B",
+               _hf("llama", 32, 4096, 32, 8, 14336, 128256, 131072, False),
+               train_defaults={"model_max_length": 8192}),
+        Preset("llama3.3-70b", "meta-llama/Llama-3.3-70B-Instruct",
+               _hf("llama", 80, 8192, 64, 8, 28672, 128256, 131072, False),
+               train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
+        Preset("qwen3-8b", "Qwen/Qwen3-8B", _hf("qwen3", 36, 4096, 32, 8, 12288, 151936, 40960, False, head_dim=128),
+               layer_class="Qwen3DecoderLayer", train_defaults={"model_max_length": 8192}),
+        Preset("qwen3-32b", "Qwen/Qwen3-32B", _hf("qwen3", 64, 5120, 64, 8, 25600, 151936, 40960, False, head_dim=128),
+               layer_class="Qwen3DecoderLayer", train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
+        Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B",
+               _hf("qwen3_moe", 48, 2048, 32, 4, 6144, 151936, 40960, False, head_dim=128, num_experts=128,
+                   num_experts_per_tok=8, moe_intermediate_size=768, decoder_sparse_step=1, mlp_only_layers=[]),
+               layer_class="Qwen3MoeDecoderLayer", train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
+        Preset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B",
+               _hf("qwen3_moe", 94, 4096, 64, 4, 12288, 151936, 40960, False, head_dim=128, num_experts=128,
+                   num_experts_per_tok=8, moe_intermediate_size=1536, decoder_sparse_step=1, mlp_only_layers=[]),
+               layer_class="Qwen3MoeDecoderLayer", train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
+        Preset("gpt-oss-20b", "openai/gpt-oss-20b",
+               _hf("gpt_oss", 24, 2880, 64, 8, 2880, 201088, 131072, False, head_dim=64, num_local_experts=32,
+                   num_experts_per_tok=4, sliding_window=128, attention_bias=True, layer_types=_alternating(24, 2)),
+               layer_class="GptOssDecoderLayer", train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
+        Preset("gpt-oss-120b", "openai/gpt-oss-120b",
+               _hf("gpt_oss", 36, 2880, 64, 8, 2880, 201088, 131072, False, head_dim=64, num_local_experts=128,
+                   num_experts_per_tok=4, sliding_window=128, attention_bias=True, layer_types=_alternating(36, 2)),
+               layer_class="GptOssDecoderLayer", train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
+        # The language model of the multimodal checkpoint (its text_config; vocab_size is transformers'
+        # Gemma3TextConfig default, which the checkpoint's config.json leaves unset).
+        Preset("gemma3-27b", "google/gemma-3-27b-pt",
+               _hf("gemma3_text", 62, 5376, 32, 16, 21504, 262208, 131072, True, head_dim=128, sliding_window=1024,
+                   query_pre_attn_scalar=168, layer_types=_alternating(62, 6)),
+               layer_class="Gemma3DecoderLayer", train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
     ]
 }
 
 
 def _layer_class(config: dict[str, Any]) -> str:
-    """'LlamaForCausalLM' -> 'LlamaDecoderLayer' (the naming every HF decoder-only model follows)."""
+    """'LlamaForCausalLM' -> 'LlamaDecoderLayer' (the naming every HF decoder-only model follows;
+    'Gemma3ForConditionalGeneration' -> 'Gemma3DecoderLayer')."""
     architectures = config.get("architectures") or ["LlamaForCausalLM"]
-    return architectures[0].replace("ForCausalLM", "DecoderLayer")
+    return architectures[0].replace("ForCausalLM", "DecoderLayer").replace("ForConditionalGeneration", "DecoderLayer")
 
 
 def preset_from_config_json(path: Path, name: str, hf_id: str) -> Preset:
@@ -86,12 +133,17 @@ def preset_from_config_json(path: Path, name: str, hf_id: str) -> Preset:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"--model {name}: cannot read {path}: {err}") from None
-    missing = [k for k in ARCH_KEYS if k not in config and k not in ("num_key_value_heads", "tie_word_embeddings")]
+    text = text_config(config)
+    missing = [k for k in ARCH_KEYS if k not in text and k not in ("num_key_value_heads", "tie_word_embeddings")]
     if missing:
         raise ConfigError(f"--model {name}: {path} lacks {', '.join(missing)} (not a decoder-only LM config?)")
-    arch = {k: config.get(k) for k in ARCH_KEYS}
-    arch["num_key_value_heads"] = arch["num_key_value_heads"] or arch["num_attention_heads"]
-    arch["tie_word_embeddings"] = bool(arch["tie_word_embeddings"])
+    arch = {k: text[k] for k in KNOWN_ARCH_KEYS if k in text}
+    arch["num_key_value_heads"] = arch.get("num_key_value_heads") or arch["num_attention_heads"]
+    try:
+        shape = ModelShape.from_arch(arch)
+    except ConfigError as err:
+        raise ConfigError(f"--model {name}: {path}: {err}") from None
+    arch["tie_word_embeddings"] = shape.tied
     return Preset(name, hf_id, arch, layer_class=_layer_class(config))
 
 
@@ -137,14 +189,20 @@ def resolve_model(spec: str) -> Preset:
     raise ConfigError(f"--model {spec}: unknown model{closest(spec, PRESETS)}; presets: {', '.join(PRESETS)}")
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n > 1e8 else f"{n / 1e6:.2f}M"
+
+
 def format_presets() -> str:
-    """The `sft-launch models` table."""
-    rows = [("name", "hf id", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "tied", "layer class")]
+    """The `sft-launch models` table (params: every parameter; active: those one token uses)."""
+    rows = [("name", "hf id", "params", "active", "layers", "hidden", "heads/kv", "ffn", "experts", "vocab", "tied",
+             "layer class")]
     for p in PRESETS.values():
-        a = p.arch
-        rows.append((p.name, p.hf_id or "(random init)", f"{p.num_params / 1e9:.2f}B" if p.num_params > 1e8
-                     else f"{p.num_params / 1e6:.2f}M", str(a["num_hidden_layers"]), str(a["hidden_size"]),
-                     f"{a['num_attention_heads']}/{a['num_key_value_heads']}", str(a["intermediate_size"]),
-                     str(a["vocab_size"]), "yes" if a["tie_word_embeddings"] else "no", p.layer_class))
+        a, shape = p.arch, ModelShape.from_arch(p.arch)
+        experts = f"{shape.experts_per_token}/{shape.experts}x{shape.expert_intermediate}" if shape.is_moe else "-"
+        rows.append((p.name, p.hf_id or "(random init)", _count(shape.total_params), _count(shape.active_params),
+                     str(a["num_hidden_layers"]), str(a["hidden_size"]),
+                     f"{a['num_attention_heads']}/{a['num_key_value_heads']}", str(a["intermediate_size"]), experts,
+                     str(a["vocab_size"]), "yes" if shape.tied else "no", p.layer_class))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
