@@ -49,30 +49,39 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: boo
     Fused SwiGLU MLP (train/kernels/swiglu.py, eager or compiled): only its input and the gate/up
     pre-activation [T, 2I] are kept (elem d + 2 elem I); the interleaved weight copy it saves is per
     layer, not per token (`fused_mlp_weight_bytes`).
+    A mixture-of-experts layer counts I as k·I_expert (+ a shared expert's width), plus `_routing_bytes`.
     Checked against the 4 x H100 runs (tests/launcher/test_planner_calibration.py, GPU_RUNS): 8B full
     fine-tuning compiled with the fused MLP peaked at 65.7 GiB allocated where the eager count predicted
     ~82; FP8 at 54.7; LoRA on 2 GPUs at 49.9.
     """
     d, q, heads = shape.hidden, shape.q_dim, shape.heads
+    routing = _routing_bytes(shape, elem)
     if not compiled:
         norms = 2 * (4 + elem) * d
         attention = elem * d + elem * (q + 2 * shape.kv_dim) + elem * q + 4 * heads + elem * q
-        mlp = elem * d + (2 if fused_mlp else 4) * elem * shape.intermediate
-        return norms + attention + mlp
+        mlp = elem * d + (2 if fused_mlp else 4) * elem * shape.mlp_width
+        return norms + attention + mlp + routing
     attention = elem * 3 * q + elem * q + 4 * heads  # q, K and V (query width), output, log-sum-exp
     rstd = 2 * 4
     if fp8:  # layer input and the residual after attention; the bf16 matmul inputs are recomputed
-        float8_inputs = 2 * d + q + shape.intermediate if fp8 == "ours" else 0  # 1-byte transposed copies
-        return 2 * elem * d + attention + rstd + 2 * elem * shape.intermediate + float8_inputs
+        float8_inputs = 2 * d + q + shape.mlp_width if fp8 == "ours" else 0  # 1-byte transposed copies
+        return 2 * elem * d + attention + rstd + 2 * elem * shape.mlp_width + float8_inputs + routing
     inputs = elem * (3 * d + q)  # layer input, q/k/v input, MLP input, o_proj input
-    mlp = (2 if fused_mlp else 3) * elem * shape.intermediate
-    return inputs + attention + rstd + mlp
+    mlp = (2 if fused_mlp else 3) * elem * shape.mlp_width
+    return inputs + attention + rstd + mlp + routing
+
+
+def _routing_bytes(shape: ModelShape, elem: int) -> int:
+    """A mixture-of-experts layer's extra per token: the k copies of its input the routed experts take
+    (elem·d each) and the fp32 router logits (4 B per expert). The MLP terms above count its per-token
+    width as k·I_expert (ModelShape.mlp_width)."""
+    return shape.experts_per_token * elem * shape.hidden + 4 * shape.experts if shape.is_moe else 0
 
 
 def fused_mlp_weight_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
     """The fused MLP stacks gate and up into one interleaved [2I, d] weight per call and saves it for
     the backward (train/kernels/swiglu.py): a per-layer copy (224 MiB at 8B), kept like an activation."""
-    return 2 * elem * shape.intermediate * shape.hidden if opts.fused_mlp else 0
+    return 2 * elem * shape.mlp_width * shape.hidden if opts.fused_mlp else 0
 
 
 def lora_path_bytes_per_token(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
@@ -87,7 +96,7 @@ def lora_path_bytes_per_token(shape: ModelShape, opts: MemoryOptions, elem: int)
         per_input, per_rank = a, a
     else:
         return 0
-    in_features = {"down_proj": shape.intermediate, "o_proj": shape.q_dim}
+    in_features = {"down_proj": shape.mlp_width, "o_proj": shape.q_dim}
     per_layer = sum(per_input * in_features.get(t, shape.hidden) + per_rank * r for t in opts.lora_target_modules)
     return shape.layers * per_layer
 
@@ -115,7 +124,7 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
         saved = tokens * head + (0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True))
         recompute = 0
     mlp_rows = min(tokens, opts.mlp_chunk_tokens or tokens)
-    workspace = elem * 3 * (mlp_rows * shape.intermediate + tokens * d) + float8_cast_bytes(shape, opts)
+    workspace = elem * 3 * (mlp_rows * shape.mlp_width + tokens * d) + float8_cast_bytes(shape, opts)
     return {"saved": saved + copies, "recompute": recompute, "workspace": workspace,
             "last_layer": layer + weight_copy + workspace}
 
@@ -150,7 +159,7 @@ def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
     if not opts.fp8:
         return 0
     weights = sum(n_in * n_out for n_in, n_out in shape.linear_dims(list(LORA_TARGETS)))
-    return 2 * weights + 2 * opts.sequence_tokens * (shape.hidden + shape.intermediate)
+    return 2 * weights + 2 * opts.sequence_tokens * (shape.hidden + shape.mlp_width)
 
 
 def all_to_all_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contract.config import Fp8Linears
-from contract.shape import LORA_TARGETS, NF4_BLOCK_SIZE, NF4_QUANT_UNIT, ModelShape
+from contract.shape import NF4_BLOCK_SIZE, NF4_QUANT_UNIT, ModelShape
 from contract.strategies import STRATEGIES, StrategySpec
 
 GIB = 1024**3
@@ -168,14 +168,11 @@ def trainable_params(shape: ModelShape, opts: MemoryOptions) -> int:
 
 
 def trainable_tensor_sizes(shape: ModelShape, opts: MemoryOptions) -> list[int]:
-    """Elements of every trainable tensor (ZeRO buckets gradients one tensor at a time): each linear,
-    norm and embedding of the model, or LoRA's A (r x in) and B (out x r) of each adapted linear."""
+    """Elements of every trainable tensor (ZeRO buckets gradients one tensor at a time): each weight of
+    the model (an expert projection is one [E, ., .] tensor), or LoRA's A and B of each adapted weight."""
     if opts.lora:
-        dims = shape.linear_dims(opts.lora_target_modules)
-        return [opts.lora_r * n for n_in, n_out in dims for n in (n_in, n_out)] * shape.layers
-    layer = [n_in * n_out for n_in, n_out in shape.linear_dims(list(LORA_TARGETS))] + [shape.hidden] * 2
-    embeddings = [shape.vocab * shape.hidden] * (1 if shape.tied else 2)
-    return layer * shape.layers + embeddings + [shape.hidden]
+        return shape.lora_tensor_sizes(opts.lora_r, opts.lora_target_modules)
+    return shape.parameter_tensor_sizes()
 
 
 def low_bytes(opts: MemoryOptions) -> int:

@@ -70,7 +70,7 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
                 "layers_backward": max(2 * layer, live) + layer_grad + buckets}
     if spec.zero_stage == 2:
         return {"forward": 0, "head_backward": lm_grad + buckets, "layers_backward": layer_grad + buckets}
-    cast_cache = 0 if low == 4 else low * shape.matmul_params
+    cast_cache = 0 if low == 4 else low * shape.all_matmul_params
     ddp_bucket = 4 * shape.total_params if (opts.world_size > 1 and not opts.lora) else 0
     return {"forward": cast_cache, "head_backward": cast_cache + ddp_bucket,
             "layers_backward": cast_cache + ddp_bucket}

@@ -278,7 +278,7 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
 def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
     """contract/shape.py's formula at the planned mean document length (a document longer than a
     micro-batch is cut to it). LoRA skips the frozen weights' gradients: 4N instead of 6N."""
-    adapters = shape.lora_params(inp.lora_r, inp.lora_target_modules) if inp.lora else None
+    adapters = shape.active_lora_params(inp.lora_r, inp.lora_target_modules) if inp.lora else None
     return shape.flops_per_token(min(inp.mean_doc_tokens, inp.micro_batch_tokens), lora_params=adapters)
 
 

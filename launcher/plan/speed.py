@@ -107,7 +107,7 @@ def compute_seconds(shape: ModelShape, inp: PlanInput, per_token: float, tokens:
     peak. LoRA's factor and FP8's speed-up are the linears': attention (6·L·a·s̄ of the count, its forward
     recomputed) runs in the same bf16 kernels either way, and at long documents it is most of the step."""
     recompute = 1 + forward_share(shape, inp, per_token) if inp.gradient_checkpointing else 1.0
-    attention = 6 * shape.layers * shape.q_dim * _attended(inp) * (4 / 3 if inp.gradient_checkpointing else 1.0)
+    attention = shape.attention_flops_per_token(_attended(inp)) * (4 / 3 if inp.gradient_checkpointing else 1.0)
     linears = per_token * recompute - attention
     base = peak * EFFICIENCY.get(inp.gpu_type.lower(), FALLBACK_EFFICIENCY)
     speed = (LORA_EFFICIENCY if inp.lora else 1.0) * (FP8_SPEEDUP if inp.fp8 else 1.0)
@@ -119,7 +119,7 @@ def forward_share(shape: ModelShape, inp: PlanInput, per_token: float) -> float:
     of contract/shape.py's 6·N + 6·L·a·s̄ (4·N + 6·N_lora + ...): 1/3 for full weights, ~1/2 for LoRA."""
     forward = shape.flops_per_token(_attended(inp), None) / 3
     if inp.lora:
-        forward += 2 * shape.lora_params(inp.lora_r, inp.lora_target_modules)
+        forward += 2 * shape.active_lora_params(inp.lora_r, inp.lora_target_modules)
     return forward / per_token
 
 

@@ -80,9 +80,10 @@ PRESETS: dict[str, Preset] = {
                train_defaults={"model_max_length": 8192, "learning_rate": 1e-5}),
         Preset("llama3.2-1b", "meta-llama/Llama-3.2-1B", _arch(16, 2048, 32, 8, 8192, 128256, 131072, True),
                train_defaults={"model_max_length": 8192, "per_device_train_batch_size": 8}),
-        Preset("mistral-7b", "mistralai/Mistral-7B-v0.1", _arch(32, 4096, 32, 8, 14336, 32000, 32768, False),
+        Preset("mistral-7b", "mistralai/Mistral-7B-v0.1",
+               _hf("mistral", 32, 4096, 32, 8, 14336, 32000, 32768, False, sliding_window=4096),
                layer_class="MistralDecoderLayer", train_defaults={"model_max_length": 8192}),
-        Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B", _arch(28, 3584, 28, 4, 18944, 152064, 131072, False),
+        Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B", _hf("qwen2", 28, 3584, 28, 4, 18944, 152064, 131072, False),
                layer_class="Qwen2DecoderLayer", train_defaults={"model_max_length": 8192}),
         # What people fine-tune now; config.json facts of each hf id (no weights).
         Preset("llama3.1-8b", "meta-llama/Llama-3.1-8B",

@@ -2,7 +2,9 @@
 
 FLOPs per trained token are contract/shape.py's (the planner's own count, so a plan's predicted MFU
 and a run's measured one share N): 6·N + 6·L·a·s̄, with s̄ the token-weighted mean *document*
-length of the step (packed documents do not attend to each other).
+length of the step (packed documents do not attend to each other). For a mixture-of-experts model N is
+the active parameters (the top-k routed experts, router, shared experts, attention, lm_head), and
+sliding-window layers attend at most their window.
 
 MFU = flops_per_token · tokens_per_s_per_gpu / peak_flops_per_gpu, with the peak (dense bf16) from
 ``contract.gpus``, looked up from ``torch.cuda.get_device_name()`` and falling back to
@@ -37,10 +39,11 @@ def flops_per_token(arch: dict[str, Any], mean_doc_len: float, lora_params: int 
 
 
 def lora_params(arch: dict[str, Any], cfg: TrainConfig) -> int | None:
-    """The adapters' parameter count when cfg trains LoRA adapters, else None (full fine-tuning)."""
+    """The adapters a token passes through when cfg trains LoRA adapters (an expert's only for its top-k
+    experts; all of them for a dense model), else None (full fine-tuning)."""
     if not cfg.lora.enabled:
         return None
-    return ModelShape.from_arch(arch).lora_params(cfg.lora.r, cfg.lora.target_modules)
+    return ModelShape.from_arch(arch).active_lora_params(cfg.lora.r, cfg.lora.target_modules)
 
 
 def attended_length(doc_lengths: list[int]) -> float:
