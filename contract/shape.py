@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from contract.families import FAMILIES, Family, layer_windows, moe_layers, text_config
 from contract.schema import ConfigError
 
 REQUIRED_ARCH_KEYS = (
@@ -113,73 +114,6 @@ def _positive_int(arch: dict[str, Any], key: str) -> int:
 
 
 @dataclass(frozen=True)
-class Family:
-    """What a `model_type` builds beyond the Llama layer (transformers' modeling_<family>.py)."""
-
-    qkv_bias: bool | None = None  # None: config `attention_bias` decides q, k, v and o together
-    o_bias: bool | None = None
-    qk_norm: bool = False  # q_norm and k_norm, head_dim wide
-    norms_per_layer: int = 2
-    sinks: bool = False  # one learned attention sink per head
-    moe: bool = False
-    expert_bias: bool = False  # gpt-oss: gate_up_proj_bias [E, 2I], down_proj_bias [E, d]
-    router_bias: bool = False
-    tied_default: bool = False
-    attention_bias_default: bool = False
-    all_sliding: bool = False  # Mistral: `sliding_window` applies to every layer
-    sliding_every: int = 0  # gpt-oss 2 (sliding, full, ...); Gemma 3 6 (5 sliding, 1 full)
-
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family(),
-    "mistral": Family(qkv_bias=False, o_bias=False, all_sliding=True),
-    "qwen2": Family(qkv_bias=True, o_bias=False),
-    "qwen2_moe": Family(qkv_bias=True, o_bias=False, moe=True),
-    "qwen3": Family(qk_norm=True),
-    "qwen3_moe": Family(qk_norm=True, moe=True),
-    "gpt_oss": Family(sinks=True, moe=True, expert_bias=True, router_bias=True, attention_bias_default=True,
-                      sliding_every=2),
-    "gemma3_text": Family(qk_norm=True, norms_per_layer=4, tied_default=True, sliding_every=6),
-}
-
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's config: a multimodal config's `text_config` (Gemma 3), else the config itself."""
-    text = config.get("text_config")
-    if isinstance(text, dict) and "num_hidden_layers" not in config:
-        return {"model_type": f"{config.get('model_type', '')}_text", **text}
-    return config
-
-
-def _layer_windows(arch: dict[str, Any], family: Family, layers: int) -> tuple[int | None, ...]:
-    """The attention window of each layer (None = full causal attention), as transformers resolves it."""
-    window = arch.get("sliding_window")
-    types = arch.get("layer_types")
-    if not window:
-        return (None,) * layers
-    if isinstance(types, list) and len(types) == layers:
-        return tuple(window if t == "sliding_attention" else None for t in types)
-    if family.all_sliding:
-        return (window,) * layers
-    every = arch.get("sliding_window_pattern") or family.sliding_every
-    if every:
-        return tuple(None if (i + 1) % every == 0 else window for i in range(layers))
-    if arch.get("use_sliding_window"):  # Qwen2/3: the layers from max_window_layers on slide
-        first = arch.get("max_window_layers", layers)
-        return tuple(window if i >= first else None for i in range(layers))
-    return (None,) * layers
-
-
-def _moe_layers(arch: dict[str, Any], layers: int, experts: int) -> tuple[bool, ...]:
-    """Which layers hold routed experts: every `decoder_sparse_step`-th, less `mlp_only_layers` (Qwen-MoE)."""
-    if not experts:
-        return (False,) * layers
-    step = int(arch.get("decoder_sparse_step") or 1)
-    dense = set(arch.get("mlp_only_layers") or ())
-    return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
-
-
-@dataclass(frozen=True)
 class Linear:
     """One adapted (or quantized) weight kind: `count` instances in the model of (in, out) each; an expert
     target's instances are its experts (count = MoE layers × experts)."""
@@ -244,7 +178,7 @@ class ModelShape:
             experts_per_token=int(arch.get("num_experts_per_tok") or 0) if experts else 0,
             expert_intermediate=int(expert_width) if experts else 0,
             shared_intermediate=int(arch.get("shared_expert_intermediate_size") or 0) if experts else 0,
-            moe_layers=_moe_layers(arch, layers, experts), windows=_layer_windows(arch, family, layers),
+            moe_layers=moe_layers(arch, layers, experts), windows=layer_windows(arch, family, layers),
         )
 
     @property

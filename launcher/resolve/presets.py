@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from contract.schema import ConfigError, closest
-from contract.shape import KNOWN_ARCH_KEYS, ModelShape, text_config
+from contract.families import text_config
+from contract.shape import KNOWN_ARCH_KEYS, ModelShape
 
 ARCH_KEYS = (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
