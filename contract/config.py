@@ -278,14 +278,21 @@ def context_blocker(context: int, world: int, heads: int | None, kv_heads: int |
     return None
 
 
-def expert_blocker(expert: int, world: int, experts: int | None) -> str | None:
+# The model types whose MoE blocks train/moe/expert_parallel.py computes as transformers does.
+EXPERT_PARALLEL_FAMILIES = ("qwen3_moe",)
+
+
+def expert_blocker(expert: int, world: int, experts: int | None, model_type: str | None = None) -> str | None:
     """Why parallel.expert = `expert` cannot split `world` ranks and a model of `experts` experts per MoE
-    layer (None: it can; `experts` None: a dense model). Each rank holds experts / `expert` whole experts,
-    FSDP2's shard of the fused expert tensors over every rank (train/moe/expert_parallel.py)."""
+    layer (None: it can; `experts` None: a dense model; `model_type` None: not known here). Each rank holds
+    experts / `expert` whole experts, FSDP2's shard of the fused expert tensors over every rank
+    (train/moe/expert_parallel.py)."""
     if expert <= 1:
         return None
     if not experts:
         return "the model has no mixture-of-experts layers"
+    if model_type and model_type not in EXPERT_PARALLEL_FAMILIES:
+        return f"{model_type} models are not supported yet (supported: {', '.join(EXPERT_PARALLEL_FAMILIES)})"
     if experts % expert:
         return f"{expert} does not divide the model's {experts} experts"
     if expert != world:

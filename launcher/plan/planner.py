@@ -120,7 +120,8 @@ class PlanInput:
         if self.expert_parallel > 1 and self.device == "gpu" and not (self.spec.engine == "fsdp" and self.spec.shards == "world"
                                              and self.spec.fsdp_version != 1):
             return f"needs strategy fsdp (FSDP2 over every GPU holds each GPU's experts), not {self.strategy}"
-        return expert_blocker(self.expert_parallel, self.world_size, ModelShape.from_arch(self.arch).experts)
+        return expert_blocker(self.expert_parallel, self.world_size, ModelShape.from_arch(self.arch).experts,
+                              self.arch.get("model_type"))
 
     @property
     def world_size(self) -> int:

@@ -320,8 +320,8 @@ def check_expert_parallel(launch: Launch) -> None:
         return
     if launch.strategy_spec.fsdp_version != 2 or launch.strategy_spec.shards != "world":
         raise ConfigError(f"{flag}: needs --strategy fsdp (FSDP2 over every GPU), not {launch.strategy}", "parallel.expert")
-    shape = ModelShape.from_arch(launch.train.model.arch or launch.preset.arch)
-    if blocker := expert_blocker(expert, launch.world_size, shape.experts):
+    arch = launch.train.model.arch or launch.preset.arch
+    if blocker := expert_blocker(expert, launch.world_size, ModelShape.from_arch(arch).experts, arch.get("model_type")):
         raise ConfigError(f"{flag}: {blocker}", "parallel.expert")
     if launch.train.lora.enabled and set(launch.train.lora.target_modules) & set(EXPERT_LORA_TARGETS):
         raise ConfigError(f"{flag}: LoRA on the experts or the router is not supported with it yet", "lora.target_modules")

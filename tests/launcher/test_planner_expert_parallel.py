@@ -27,13 +27,18 @@ def _input(**change: object) -> PlanInput:
                                          micro_batch_tokens=8192), **change)
 
 
-@pytest.mark.parametrize(("flag", "message"), [
-    ("3", "--expert_parallel 3: 3 does not divide the model's 128 experts"),
-    ("16", "--expert_parallel 16: 16 must equal the 8 ranks"),
+@pytest.mark.parametrize(("args", "message"), [
+    (["--expert_parallel", "3"], "--expert_parallel 3: 3 does not divide the model's 128 experts"),
+    (["--expert_parallel", "16"], "--expert_parallel 16: 16 must equal the 8 ranks"),
+    (["--expert_parallel", "8", "--strategy", "fsdp1"], "--expert_parallel 8: needs --strategy fsdp"),
+    (["--expert_parallel", "8", "--lora", "--set", "lora.target_modules=[\"q_proj\",\"experts.down_proj\"]"],
+     "--expert_parallel 8: LoRA on the experts or the router is not supported"),
+    (["--expert_parallel", "8", "--model", "gpt-oss-20b"], "--expert_parallel 8: gpt_oss models are not supported"),
 ])
-def test_plan_refuses_what_cannot_split_in_one_line(roomy_tmp: Path, flag: str, message: str) -> None:
-    result = run_cli(["plan", "--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100", "--model", "qwen3-30b-a3b",
-                      "--expert_parallel", flag, "--output", str(roomy_tmp / "run")], roomy_tmp,
+def test_plan_refuses_what_cannot_split_in_one_line(roomy_tmp: Path, args: list[str], message: str) -> None:
+    model = [] if "--model" in args else ["--model", "qwen3-30b-a3b"]
+    result = run_cli(["plan", "--cluster", str(EXAMPLE_CLUSTER), "--profile", "a100", *model, *args,
+                      "--output", str(roomy_tmp / "run")], roomy_tmp,
                      env=cli_env(PATH=path_without("sbatch")))
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1

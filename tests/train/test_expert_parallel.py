@@ -99,3 +99,27 @@ def test_expert_parallel_training_resumes_bitwise(tmp_path, moe_model):
     exported, whole = exported_tensors(run_dir), exported_tensors(reference)
     assert exported.keys() == whole.keys() and "model.layers.1.mlp.experts.7.down_proj.weight" in whole  # all 8
     assert all(torch.equal(exported[name], tensor) for name, tensor in whole.items())
+
+
+def test_what_cannot_split_is_refused_in_one_line():
+    from contract.schema import ConfigError
+    from transformers import GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from tests.train.conftest import TINY_ARCH
+    from train.moe import expert_parallel
+
+    with pytest.raises(ConfigError, match=r"^parallel.expert: 3 does not divide the model's 8 experts$"):
+        expert_parallel.setup(3, 3, 0, 8, "qwen3_moe")
+    with pytest.raises(ConfigError, match="parallel.expert: gpt_oss models are not supported yet"):
+        expert_parallel.setup(2, 2, 0, 32, "gpt_oss")
+    with pytest.raises(ConfigError, match="parallel.expert: the model has no mixture-of-experts layers"):
+        expert_parallel.setup(2, 2, 0, None, "llama")
+    assert not expert_parallel.setup(1, 2, 0, None).enabled
+    ep = expert_parallel.ExpertParallel(2, 0, None)
+    with pytest.raises(ConfigError, match="no mixture-of-experts layer"):
+        expert_parallel.apply(LlamaForCausalLM(LlamaConfig(**TINY_ARCH)), ep)
+    gpt_oss = GptOssForCausalLM(GptOssConfig(vocab_size=64, hidden_size=32, intermediate_size=16, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                             num_local_experts=4, num_experts_per_tok=2))
+    with pytest.raises(ConfigError, match="MoE block GptOssMLP is not supported"):
+        expert_parallel.apply(gpt_oss, ep)

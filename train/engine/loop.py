@@ -131,7 +131,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
     cp = setup_context_parallel(cfg.parallel.context, accelerator.num_processes, accelerator.process_index,
                                 *attention_heads(cfg))
     ep = expert_parallel.setup(cfg.parallel.expert, accelerator.num_processes, accelerator.process_index,
-                               moe_experts(cfg) if cfg.parallel.expert > 1 else None)
+                               *(moe_experts(cfg) if cfg.parallel.expert > 1 else (None, None)))
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
                       cfg.data.packing, pad_id(tokenizer), bundle.mixture,
                       fixed_length=compiles_decoder_layers(cfg, accelerator.num_processes), cp=cp)

@@ -85,10 +85,11 @@ def attention_heads(cfg: TrainConfig) -> tuple[int, int]:
     return heads, getattr(config, "num_key_value_heads", None) or heads
 
 
-def moe_experts(cfg: TrainConfig) -> int | None:
-    """Experts per MoE layer of the model to build (what expert parallelism splits); None: a dense model."""
+def moe_experts(cfg: TrainConfig) -> tuple[int | None, str]:
+    """(experts per MoE layer, model type) of the model to build: what expert parallelism splits (None
+    experts: a dense model)."""
     config = build_config(cfg)
-    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None), config.model_type
 
 
 def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:

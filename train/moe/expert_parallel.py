@@ -59,11 +59,11 @@ class ExpertParallel:
         return self.size > 1
 
 
-def setup(size: int, world: int, rank: int, experts: int | None) -> ExpertParallel:
+def setup(size: int, world: int, rank: int, experts: int | None, model_type: str | None = None) -> ExpertParallel:
     """EP over `size` ranks; a ConfigError (exit 2) when it cannot split these ranks or experts."""
     if size <= 1:
         return ExpertParallel()
-    if blocker := expert_blocker(size, world, experts):
+    if blocker := expert_blocker(size, world, experts, model_type):
         raise ConfigError(f"{KEY}: {blocker}", KEY)
     logger.info("expert parallel: %d experts per MoE layer over %d ranks, %d each; rank %d holds experts %d-%d",
                 experts, size, experts // size, rank, rank * experts // size, (rank + 1) * experts // size - 1)
@@ -71,9 +71,8 @@ def setup(size: int, world: int, rank: int, experts: int | None) -> ExpertParall
 
 
 def moe_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's MoE blocks (a `gate` router and fused `experts`), of whatever family."""
-    return [m for m in model.modules() if hasattr(m, "experts") and hasattr(m, "gate")
-            and getattr(getattr(m, "experts"), "gate_up_proj", None) is not None]
+    """The model's MoE blocks (the modules holding fused `experts`), of whatever family."""
+    return [m for m in model.modules() if getattr(getattr(m, "experts", None), "gate_up_proj", None) is not None]
 
 
 def apply(model: torch.nn.Module, ep: ExpertParallel) -> int:
@@ -85,6 +84,9 @@ def apply(model: torch.nn.Module, ep: ExpertParallel) -> int:
     if kinds := {type(b).__name__ for b in blocks} - set(SUPPORTED_BLOCKS):
         raise ConfigError(f"{KEY}: MoE block {sorted(kinds)[0]} is not supported (supported: "
                           f"{', '.join(SUPPORTED_BLOCKS)})", KEY)
+    if wrapped := [b for b in blocks if not type(b.experts).__module__.startswith("transformers.")]:
+        raise ConfigError(f"{KEY}: the experts are wrapped ({type(wrapped[0].experts).__name__}: LoRA on the "
+                          "experts?), which expert parallelism does not support yet", KEY)
     for block in blocks:
         block.forward = _block_forward(block, ep)
     return len(blocks)
@@ -183,6 +185,8 @@ def dispatch_combine(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tens
     segment = torch.arange(ep.size * per_rank, device=x.device).repeat_interleave(received.reshape(-1))
     by_expert = torch.argsort(segment % per_rank, stable=True)
     gate_up, down = local_shard(experts.gate_up_proj, ep), local_shard(experts.down_proj, ep)
+    if gate_up.shape[0] != per_rank:  # FSDP2 sharded dim 0 otherwise than over the EP ranks
+        raise RuntimeError(f"expert parallel: this rank holds {gate_up.shape[0]} experts, not {per_rank}")
     computed = grouped_expert_mlp(arrived[by_expert], received.sum(0), gate_up.to(x.dtype), down.to(x.dtype))
     if not sum(recv_splits):  # no token for any of this rank's experts: see `_keep_in_graph`
         computed = _keep_in_graph(computed, arrived, gate_up, down)
