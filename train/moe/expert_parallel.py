@@ -120,6 +120,10 @@ def wrap_experts_apart(accelerator: Any, model: torch.nn.Module) -> None:
 def _block_forward(block: torch.nn.Module, ep: ExpertParallel) -> Callable[[torch.Tensor], torch.Tensor]:
     """The MoE block's forward with its experts split over the EP ranks (transformers' routing)."""
 
+    # Eager inside a torch.compile'd decoder layer (train.compile, "auto" on GPUs): its split sizes are data
+    # (the routing), read on the host, and c10d's all-to-all would break the graph anyway; the experts' grouped
+    # GEMMs gain nothing from it. The attention and norms around it stay compiled.
+    @torch.compiler.disable
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
         batch, length, hidden = hidden_states.shape
         flat = hidden_states.reshape(-1, hidden)
