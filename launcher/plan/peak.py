@@ -48,7 +48,7 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     d, spec = shape.hidden, opts.spec
     layer = gathered_layer_bytes(shape, opts, low)
     layer_grad = (adapter_bytes(opts, low) * shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
-                  if opts.lora else low * shape.layer_params)
+                  if opts.lora else low * shape.gathered_layer_params(opts.expert_parallel))
     lm_head = low * shape.vocab * d
     lm_grad = 0 if opts.lora else lm_head
     if spec.engine == "fsdp":

@@ -79,3 +79,14 @@ def test_the_plan_ranks_the_degrees_and_suggests_the_flag() -> None:
     assert "Experts EP " in format_plan(plan)
     assert suggestion_flags(Suggestion({"expert_parallel": 8}, 1.0, "")) == "--expert_parallel 8"
     assert make_plan(_input(arch=dict(resolve_model("llama3.1-8b").arch))).experts == []  # a dense model: none
+
+
+def test_when_only_expert_parallelism_fits_it_is_suggested() -> None:
+    """Qwen3-235B-A22B on 8 nodes of 8: each layer's 128 experts (2.4B weights) are never gathered with EP 64."""
+    big = dict(arch=dict(resolve_model("qwen3-235b-a22b").arch), nodes=8, micro_batch_tokens=4096)
+    whole, split = (make_plan(_input(**big, expert_parallel=n, gpu_memory_gib=1000)).gpu.total for n in (1, 64))
+    assert whole - split > 4 * 2**30
+    plan = make_plan(_input(**big, gpu_memory_gib=(whole + split) / 2 / 2**30 / 0.95))
+    assert plan.fits is False
+    assert any(s.change == {"expert_parallel": 64} for s in plan.suggestions), plan.suggestions
+    assert plan.experts[0].expert_parallel == 64 and plan.experts[0].fits  # ranked first: the one that fits
