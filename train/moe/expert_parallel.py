@@ -135,14 +135,13 @@ def _block_forward(block: torch.nn.Module, ep: ExpertParallel) -> Callable[[torc
 
 
 def local_shard(param: torch.Tensor, ep: ExpertParallel) -> torch.Tensor:
-    """This rank's experts of a fused [E, ...] expert tensor, its gradient divided by the EP size (see
-    the module doc). Sharded by FSDP2 (a DTensor): its local shard; a whole tensor: the rows of this rank."""
-    if hasattr(param, "to_local"):
-        local = param.to_local()
-    else:
-        per_rank = param.shape[0] // ep.size
-        local = param[ep.rank * per_rank:(ep.rank + 1) * per_rank]
-    return _scale_grad(local, 1.0 / ep.size)
+    """This rank's experts of a fused [E, ...] expert tensor: FSDP2's local shard of it, its gradient divided
+    by the EP size (see the module doc). A whole tensor here means FSDP gathered it with its layer (the
+    experts not wrapped apart): its gradient would be reduced twice, so that fails loudly."""
+    if not hasattr(param, "to_local"):
+        raise RuntimeError("expert parallel: the experts are not FSDP2 shards of their own (wrap_experts_apart "
+                           "before prepare, with the transformer-based wrap policy)")
+    return _scale_grad(param.to_local(), 1.0 / ep.size)
 
 
 class _ScaleGrad(torch.autograd.Function):
