@@ -300,6 +300,16 @@ def expert_blocker(expert: int, world: int, experts: int | None, model_type: str
     return None
 
 
+def expert_sharding_blocker(strategy: str, fsdp2_over_every_rank: bool, cpu_offload: bool) -> str | None:
+    """Why expert parallelism cannot run under this sharding (None: it can): it needs FSDP2's shard over
+    every rank (that shard of the fused expert tensors is each rank's experts) on the device."""
+    if not fsdp2_over_every_rank:
+        return f"needs --strategy fsdp (FSDP2 over every GPU), not {strategy}"
+    if cpu_offload:
+        return "not with profile.cpu_offload (the experts' shards would stay in host memory, where they cannot run)"
+    return None
+
+
 @dataclass
 class RunSection:
     dir: str = "."  # the run directory; relative paths below are inside it

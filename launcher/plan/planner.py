@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import gpus
-from contract.config import Fp8Linears, context_blocker, expert_blocker
+from contract.config import Fp8Linears, context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
@@ -117,9 +117,9 @@ class PlanInput:
     @property
     def expert_blocker(self) -> str | None:
         """Why expert_parallel cannot split this world and model's experts (contract.config's rule); None: it can."""
-        if self.expert_parallel > 1 and self.device == "gpu" and not (self.spec.engine == "fsdp" and self.spec.shards == "world"
-                                             and self.spec.fsdp_version != 1):
-            return f"needs strategy fsdp (FSDP2 over every GPU holds each GPU's experts), not {self.strategy}"
+        fsdp2 = self.device == "cpu" or (self.spec.fsdp_version == 2 and self.spec.shards == "world")
+        if self.expert_parallel > 1 and (blocker := expert_sharding_blocker(self.strategy, fsdp2, self.cpu_offload)):
+            return blocker
         return expert_blocker(self.expert_parallel, self.world_size, ModelShape.from_arch(self.arch).experts,
                               self.arch.get("model_type"))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract import gpus
-from contract.config import TrainConfig, TrainSection, context_blocker, expert_blocker
+from contract.config import TrainConfig, TrainSection, context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.shape import EXPERT_LORA_TARGETS, ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
@@ -318,8 +318,10 @@ def check_expert_parallel(launch: Launch) -> None:
     expert, flag = launch.train.parallel.expert, f"--expert_parallel {launch.train.parallel.expert}"
     if expert == 1:
         return
-    if launch.strategy_spec.fsdp_version != 2 or launch.strategy_spec.shards != "world":
-        raise ConfigError(f"{flag}: needs --strategy fsdp (FSDP2 over every GPU), not {launch.strategy}", "parallel.expert")
+    spec = launch.strategy_spec
+    if blocker := expert_sharding_blocker(launch.strategy, spec.fsdp_version == 2 and spec.shards == "world",
+                                          launch.profile.cpu_offload):
+        raise ConfigError(f"{flag}: {blocker}", "parallel.expert")
     arch = launch.train.model.arch or launch.preset.arch
     if blocker := expert_blocker(expert, launch.world_size, ModelShape.from_arch(arch).experts, arch.get("model_type")):
         raise ConfigError(f"{flag}: {blocker}", "parallel.expert")

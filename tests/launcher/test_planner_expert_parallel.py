@@ -31,6 +31,7 @@ def _input(**change: object) -> PlanInput:
     (["--expert_parallel", "3"], "--expert_parallel 3: 3 does not divide the model's 128 experts"),
     (["--expert_parallel", "16"], "--expert_parallel 16: 16 must equal the 8 ranks"),
     (["--expert_parallel", "8", "--strategy", "fsdp1"], "--expert_parallel 8: needs --strategy fsdp"),
+    (["--expert_parallel", "8", "--set", "profile.cpu_offload=true"], "--expert_parallel 8: not with profile.cpu_offload"),
     (["--expert_parallel", "8", "--lora", "--set", "lora.target_modules=[\"q_proj\",\"experts.down_proj\"]"],
      "--expert_parallel 8: LoRA on the experts or the router is not supported"),
     (["--expert_parallel", "8", "--model", "gpt-oss-20b"], "--expert_parallel 8: gpt_oss models are not supported"),
@@ -48,7 +49,7 @@ def test_plan_refuses_what_cannot_split_in_one_line(roomy_tmp: Path, args: list[
 def test_the_rule_names_each_reason() -> None:
     assert expert_blocker(1, 8, None) is None and expert_blocker(8, 8, 128) is None
     assert expert_blocker(2, 2, None) == "the model has no mixture-of-experts layers"
-    with pytest.raises(Exception, match="expert_parallel: needs strategy fsdp"):
+    with pytest.raises(Exception, match="expert_parallel: needs --strategy fsdp"):
         _input(expert_parallel=8, strategy="ddp").validate()
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from contract.config import expert_blocker
+from contract.config import expert_blocker, expert_sharding_blocker
 from contract.schema import ConfigError
 from train.moe.experts import grouped_expert_mlp
 
@@ -98,9 +98,12 @@ def split_experts(accelerator: Any, model: torch.nn.Module, ep: ExpertParallel) 
     if not ep.enabled:
         return
     from accelerate.utils import DistributedType
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
-    if accelerator.distributed_type != DistributedType.FSDP or not accelerator.is_fsdp2:
-        raise ConfigError(f"{KEY}: needs FSDP2 (--strategy fsdp), which holds each rank's experts", KEY)
+    fsdp2 = accelerator.distributed_type == DistributedType.FSDP and accelerator.is_fsdp2
+    offload = fsdp2 and isinstance(accelerator.state.fsdp_plugin.cpu_offload, CPUOffloadPolicy)
+    if blocker := expert_sharding_blocker(str(accelerator.distributed_type), fsdp2, offload):
+        raise ConfigError(f"{KEY}: {blocker}", KEY)
     count = apply(model, ep)
     wrap_experts_apart(accelerator, model)
     logger.info("expert parallel: %d MoE layers dispatch their tokens by all-to-all over %d ranks", count, ep.size)
