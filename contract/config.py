@@ -295,8 +295,8 @@ def expert_blocker(expert: int, world: int, experts: int | None, model_type: str
         return f"{model_type} models are not supported yet (supported: {', '.join(EXPERT_PARALLEL_FAMILIES)})"
     if experts % expert:
         return f"{expert} does not divide the model's {experts} experts"
-    if expert != world:
-        return f"{expert} must equal the {world} ranks (experts split over every rank; fewer is not supported yet)"
+    if world % expert:
+        return f"{expert} does not divide the {world} ranks"
     return None
 
 

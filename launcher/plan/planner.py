@@ -274,13 +274,14 @@ def _context_parallel(inp: PlanInput) -> Suggestion | None:
 
 
 def expert_options(inp: PlanInput) -> list[ExpertOption]:
-    """A mixture-of-experts model's expert-parallel degrees that can split it (1 and every GPU), ranked as
-    the micro-batch search ranks its trials: those that fit first, then by predicted tokens/s."""
+    """A mixture-of-experts model's expert-parallel degrees that can split it (1, the powers of two that divide
+    the GPUs and the experts, every GPU), ranked as the micro-batch search ranks its trials: those that fit
+    first, then by predicted tokens/s."""
     shape = ModelShape.from_arch(inp.arch)
     if not shape.is_moe:
         return []
     options = []
-    for n in sorted({1, inp.world_size}):
+    for n in sorted({1, inp.world_size} | {2 ** i for i in range(1, inp.world_size.bit_length())}):
         trial = dataclasses.replace(inp, expert_parallel=n)
         if n == 1 or trial.expert_blocker is None:
             rate = estimate_time(shape, trial).tokens_per_s

@@ -200,13 +200,19 @@ def _context_parallel_seconds(shape: ModelShape, inp: PlanInput, tokens: float) 
 def _expert_parallel_seconds(shape: ModelShape, inp: PlanInput, tokens: float) -> float:
     """Expert parallelism (train/moe/expert_parallel.py): per MoE layer the k routed copies of the GPU's tokens
     go to their experts' GPUs and back (two all-to-alls), as many again in the backward, the forward's again
-    in the recompute; the experts wait on them. Across nodes when the EP group spans them."""
+    in the recompute; the experts wait on them. Across nodes when the EP group spans them (its GPUs are
+    world / N apart)."""
     n = inp.expert_parallel
     if n <= 1 or not shape.is_moe:
         return 0.0
     per_layer = 2 * tokens * shape.experts_per_token * shape.hidden * BF16 * (n - 1) / n
     passes = 3 if inp.gradient_checkpointing else 2
-    return passes * shape.moe_layer_count * per_layer / (_bus_gbps(inp, n > inp.gpus_per_node) * 1e9)
+    exchange = passes * shape.moe_layer_count * per_layer / (_bus_gbps(inp, n > inp.gpus_per_node) * 1e9)
+    # Fewer EP ranks than GPUs: each GPU all-gathers its experts from the R = world / N consecutive GPUs holding
+    # them as FSDP shards (forward, and the recompute), and reduce-scatters their gradients; in line, not prefetched.
+    replicas = inp.world_size // n
+    gathers = (passes - 1 + (0 if inp.lora else 1)) * BF16 * shape.expert_params * (replicas - 1) / replicas
+    return exchange + gathers / (_bus_gbps(inp, replicas > inp.gpus_per_node) * 1e9)
 
 
 def _activation_offload_seconds(shape: ModelShape, inp: PlanInput, options: MemoryOptions, compute_s: float) -> float:

@@ -27,10 +27,10 @@ WORKER = Path(__file__).parent / "workers" / "expert_parallel.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_expert_parallel_equals_one_rank(ranks):
+@pytest.mark.parametrize(("ranks", "size"), [(2, 2), (4, 4), (4, 2)])
+def test_expert_parallel_equals_one_rank(ranks, size):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                           "--master_port", str(free_port()), str(WORKER)], cwd=REPO, env=launch_env(),
+                           "--master_port", str(free_port()), str(WORKER), str(size)], cwd=REPO, env=launch_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count(" ok") == 3 * ranks  # uneven loads; a rank with no token; with context parallelism

@@ -51,12 +51,18 @@ class ExpertParallel:
     """This rank's place among the `size` ranks that split the experts (size 1: off)."""
 
     size: int = 1
-    rank: int = 0
+    rank: int = 0  # this rank's EP index: it computes experts [rank E/size, (rank+1) E/size)
     group: Any = None  # the ProcessGroup of the EP ranks; None when off
+    replicas: int = 1  # world / size: the consecutive ranks whose FSDP shards make up this rank's experts
+    replica_group: Any = None  # their ProcessGroup (None when size = world: the shard is the experts)
 
     @property
     def enabled(self) -> bool:
         return self.size > 1
+
+    @property
+    def world(self) -> int:
+        return self.size * self.replicas
 
 
 def setup(size: int, world: int, rank: int, experts: int | None, model_type: str | None = None) -> ExpertParallel:
@@ -65,9 +71,17 @@ def setup(size: int, world: int, rank: int, experts: int | None, model_type: str
         return ExpertParallel()
     if blocker := expert_blocker(size, world, experts, model_type):
         raise ConfigError(f"{KEY}: {blocker}", KEY)
-    logger.info("expert parallel: %d experts per MoE layer over %d ranks, %d each; rank %d holds experts %d-%d",
-                experts, size, experts // size, rank, rank * experts // size, (rank + 1) * experts // size - 1)
-    return ExpertParallel(size, rank, dist.group.WORLD)
+    replicas, index = world // size, rank // (world // size)
+    logger.info("expert parallel: %d experts per MoE layer over %d ranks, %d each; rank %d computes experts %d-%d",
+                experts, size, experts // size, rank, index * experts // size, (index + 1) * experts // size - 1)
+    if replicas == 1:
+        return ExpertParallel(size, rank, dist.group.WORLD)
+    # Every rank creates every group (new_group's rule). EP groups: ranks g, g + R, g + 2R, ... (EP index i of
+    # group g is rank g + iR); replica groups: the R consecutive ranks iR .. iR + R - 1, whose FSDP shards are
+    # together experts [i E/size, (i+1) E/size).
+    ep_groups = [dist.new_group(list(range(g, world, replicas))) for g in range(replicas)]
+    replica_groups = [dist.new_group(list(range(i * replicas, (i + 1) * replicas))) for i in range(size)]
+    return ExpertParallel(size, index, ep_groups[rank % replicas], replicas, replica_groups[index])
 
 
 def moe_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -137,14 +151,44 @@ def _block_forward(block: torch.nn.Module, ep: ExpertParallel) -> Callable[[torc
     return forward
 
 
-def local_shard(param: torch.Tensor, ep: ExpertParallel) -> torch.Tensor:
-    """This rank's experts of a fused [E, ...] expert tensor: FSDP2's local shard of it, its gradient divided
-    by the EP size (see the module doc). A whole tensor here means FSDP gathered it with its layer (the
-    experts not wrapped apart): its gradient would be reduced twice, so that fails loudly."""
-    if not hasattr(param, "to_local"):
+def local_experts(experts: torch.nn.Module, ep: ExpertParallel, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's experts (gate_up, down) in `dtype`, their gradient divided by the world (see the module
+    doc): FSDP2's local shards, with replicas all-gathered from the replica group (one collective for both
+    tensors; its backward, a reduce-scatter, sums the replicas' gradients). A whole tensor here means FSDP
+    gathered it with its layer (the experts not wrapped apart): its gradient would be reduced twice."""
+    params = experts.gate_up_proj, experts.down_proj
+    if not all(hasattr(p, "to_local") for p in params):
         raise RuntimeError("expert parallel: the experts are not FSDP2 shards of their own (wrap_experts_apart "
                            "before prepare, with the transformer-based wrap policy)")
-    return _scale_grad(param.to_local(), 1.0 / ep.size)
+    gate_up, down = (_scale_grad(p.to_local(), 1.0 / ep.world).to(dtype) for p in params)
+    if ep.replicas == 1:
+        return gate_up, down
+    return _GatherReplicas.apply(gate_up, down, ep.replicas, ep.replica_group)
+
+
+class _GatherReplicas(torch.autograd.Function):
+    """The replica group's shards of two expert tensors concatenated on dim 0 (all-gather); backward:
+    each rank's rows of the summed gradients (reduce-scatter). Both tensors in one collective each way."""
+
+    @staticmethod
+    def forward(ctx: Any, gate_up: torch.Tensor, down: torch.Tensor, replicas: int, group: Any) -> tuple[torch.Tensor, ...]:
+        ctx.shapes, ctx.group = (gate_up.shape, down.shape), group
+        flat = torch.cat([gate_up.reshape(gate_up.shape[0], -1), down.reshape(down.shape[0], -1)], dim=1)
+        out = flat.new_empty((replicas * flat.shape[0], flat.shape[1]))
+        dist.all_gather_into_tensor(out, flat.contiguous(), group=group)
+        split = gate_up[0].numel()
+        return (out[:, :split].reshape(-1, *gate_up.shape[1:]).contiguous(),
+                out[:, split:].reshape(-1, *down.shape[1:]).contiguous())
+
+    @staticmethod
+    def backward(ctx: Any, grad_gate_up: torch.Tensor, grad_down: torch.Tensor) -> tuple[Any, ...]:
+        (gu_shape, d_shape), rows = ctx.shapes, ctx.shapes[0][0]
+        full = torch.cat([grad_gate_up.reshape(grad_gate_up.shape[0], -1), grad_down.reshape(grad_down.shape[0], -1)],
+                         dim=1)
+        out = full.new_empty((rows, full.shape[1]))
+        dist.reduce_scatter_tensor(out, full.contiguous(), group=ctx.group)
+        split = gu_shape[1:].numel()
+        return out[:, :split].reshape(gu_shape), out[:, split:].reshape(d_shape), None, None
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -186,14 +230,17 @@ def dispatch_combine(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tens
     dist.all_to_all_single(received, counts, group=ep.group)  # [source rank, my local expert] counts
     counts, received = counts.view(ep.size, per_rank), received.view(ep.size, per_rank)
     send_splits, recv_splits = counts.sum(1).tolist(), received.sum(1).tolist()
-    arrived = all_to_all(x[order // top_k], recv_splits, send_splits, ep.group)
+    gate_up, down = local_experts(experts, ep, x.dtype)
+    if gate_up.shape[0] != per_rank:  # FSDP2 sharded dim 0 otherwise than over the EP ranks
+        raise RuntimeError(f"expert parallel: this rank holds {gate_up.shape[0]} experts, not {per_rank}")
+    sent = x[order // top_k]
+    if ep.replicas > 1:  # the replicas' reduce-scatter after the dispatch's backward all-to-all on every rank
+        sent = _keep_in_graph(sent, gate_up[:1], down[:1])
+    arrived = all_to_all(sent, recv_splits, send_splits, ep.group)
     # Arrived rows are by source rank, then local expert: group them by local expert for the experts.
     segment = torch.arange(ep.size * per_rank, device=x.device).repeat_interleave(received.reshape(-1))
     by_expert = torch.argsort(segment % per_rank, stable=True)
-    gate_up, down = local_shard(experts.gate_up_proj, ep), local_shard(experts.down_proj, ep)
-    if gate_up.shape[0] != per_rank:  # FSDP2 sharded dim 0 otherwise than over the EP ranks
-        raise RuntimeError(f"expert parallel: this rank holds {gate_up.shape[0]} experts, not {per_rank}")
-    computed = grouped_expert_mlp(arrived[by_expert], received.sum(0), gate_up.to(x.dtype), down.to(x.dtype))
+    computed = grouped_expert_mlp(arrived[by_expert], received.sum(0), gate_up, down)
     if not sum(recv_splits):  # no token for any of this rank's experts: see `_keep_in_graph`
         computed = _keep_in_graph(computed, arrived, gate_up, down)
     returned = all_to_all(computed[torch.argsort(by_expert)], send_splits, recv_splits, ep.group)
@@ -202,7 +249,9 @@ def dispatch_combine(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tens
 
 
 def _keep_in_graph(computed: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
-    """`computed` (no rows) tied to `inputs` by a zero term. A rank whose experts get no token must still
-    run the backward of both all-to-alls (the other ranks' backward waits for it) and give its expert shards
-    a gradient (zeros: the clip's norm and the optimizer see the same tensors on every rank)."""
+    """`computed` tied to `inputs` by a zero term, so their backward waits for its. A rank whose experts get
+    no token must still run the backward of both all-to-alls (the other ranks' backward waits for it) and
+    give its expert shards a gradient (zeros: the clip's norm and the optimizer see the same tensors on every
+    rank); with replicas, their reduce-scatter must come after the dispatch's backward all-to-all on every
+    rank (gloo's collectives block: two ranks waiting in different groups would hang)."""
     return computed + sum(t.sum() for t in inputs) * 0

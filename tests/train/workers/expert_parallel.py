@@ -1,7 +1,8 @@
 """Worker for test_expert_parallel: a tiny Qwen3-MoE (8 experts, top-2) with its experts split over every
 rank (train/moe/expert_parallel.py), sharded as training shards it (FSDP2: each experts module a group
 of its own, then the decoder layers, then the root), against the same model on one rank with transformers'
-own MoE forward (EP 1). Run under torchrun with 2 or 4 gloo ranks.
+own MoE forward (EP 1). Run under torchrun with 2 or 4 gloo ranks; the EP size as argument (default: every
+rank; fewer: each rank all-gathers its EP index's experts from the FSDP shards of its replica group).
 
 Three cases, each rank with tokens of its own and the one-rank reference reading all of them:
 - "uneven": a row per rank, the seed's router: uneven loads and experts that get no token (checked: the
@@ -13,6 +14,8 @@ Checked on every rank, in fp32: the ranks' losses, each over (label tokens / wor
 scales them, average to the one-rank loss (1e-5); every gradient, experts included, equals the one-rank
 gradient (1e-4); the idle experts' gradients are zero; an eval forward (no_grad) gives the same loss.
 """
+import sys
+
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
@@ -29,7 +32,8 @@ ARCH = dict(vocab_size=300, hidden_size=32, intermediate_size=64, moe_intermedia
             num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
             norm_topk_prob=True, max_position_embeddings=64, tie_word_embeddings=False)
 TOKENS = 8  # over all ranks (16 expert choices for 8 experts): loads are uneven, some experts get none
-ep = expert_parallel.setup(world, world, rank, ARCH["num_experts"])
+size = int(sys.argv[1]) if len(sys.argv) > 1 else world
+ep = expert_parallel.setup(size, world, rank, ARCH["num_experts"])
 cp = context_parallel.setup(world, world, rank, ARCH["num_attention_heads"], ARCH["num_key_value_heads"])
 packed_attention = setup_attention("sdpa", torch.device("cpu"), packed=True)
 ulysses = context_parallel.register_attention(packed_attention, cp)
@@ -102,6 +106,6 @@ for case in ("uneven", "starved", "context"):
         again = model(**mine, num_items_in_batch=count / world).loss
     dist.all_reduce(again)
     assert abs(again.item() / world - ref_loss.item()) < 1e-5
-    print(f"rank {rank} of {world} {case}: loss {mean.item() / world:.6f} = {ref_loss.item():.6f}, "
+    print(f"rank {rank} of {world}, EP {size}, {case}: loss {mean.item() / world:.6f} = {ref_loss.item():.6f}, "
           f"{len(idle)} idle experts ok", flush=True)
 dist.destroy_process_group()
