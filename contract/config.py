@@ -284,8 +284,8 @@ EXPERT_PARALLEL_FAMILIES = ("qwen3_moe",)
 
 def expert_blocker(expert: int, world: int, experts: int | None, model_type: str | None = None) -> str | None:
     """Why parallel.expert = `expert` cannot split `world` ranks and a model of `experts` experts per MoE
-    layer (None: it can; `experts` None: a dense model; `model_type` None: not known here). Each rank holds
-    experts / `expert` whole experts, FSDP2's shard of the fused expert tensors over every rank
+    layer (None: it can; `experts` None: a dense model; `model_type` None: not known here). Each rank computes
+    experts / `expert` whole experts, from FSDP2's shards of the fused expert tensors over every rank
     (train/moe/expert_parallel.py)."""
     if expert <= 1:
         return None

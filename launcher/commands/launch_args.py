@@ -58,8 +58,8 @@ def build_parser(launch: bool = True) -> argparse.ArgumentParser:
                         help="split each packed sequence over N GPUs (parallel.context; Ulysses all-to-all over "
                              "attention heads): documents longer than one GPU holds, trained whole")
     parser.add_argument("--expert_parallel", type=int, metavar="N",
-                        help="split each mixture-of-experts layer's experts over N GPUs (parallel.expert; N = every "
-                             "GPU, dividing the experts): tokens go to their experts by all-to-all, no expert is gathered")
+                        help="split each mixture-of-experts layer's experts over N GPUs (parallel.expert; N divides "
+                             "the GPUs and the experts): tokens go to their experts by all-to-all")
     parser.add_argument("--time", type=given, metavar="D-HH:MM:SS", help="time limit (default: the profile's)")
     parser.add_argument("--executor", choices=tuple(EXECUTORS), default="sbatch",
                         help="sbatch (default), local: run here without SLURM, or submitit: through submitit")

@@ -313,8 +313,8 @@ def check_context_parallel(launch: Launch) -> None:
 
 
 def check_expert_parallel(launch: Launch) -> None:
-    """parallel.expert (train/moe/expert_parallel.py): N divides the model's experts and is every rank, under
-    FSDP2's full shard (its dim-0 shard of the fused expert tensors is each rank's experts)."""
+    """parallel.expert (train/moe/expert_parallel.py): N divides the model's experts and the ranks, under FSDP2's
+    full shard without CPU offload (its dim-0 shards of the fused expert tensors are what each rank computes)."""
     expert, flag = launch.train.parallel.expert, f"--expert_parallel {launch.train.parallel.expert}"
     if expert == 1:
         return

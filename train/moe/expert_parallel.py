@@ -1,15 +1,17 @@
 """Expert parallelism (parallel.expert = N): the experts of every MoE layer split over the N ranks, each
 token sent to the rank that holds its expert and back by two all-to-alls.
 
-Layout (N = the whole world, the only one for now: contract.config.expert_blocker refuses the rest).
-FSDP2 already stores every parameter as a DTensor sharded on dim 0 over the world; an MoE layer's fused
-expert tensors (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) have the experts on dim 0, so when N
-divides E, FSDP's shard on rank r IS experts [r E/N, (r+1) E/N). We give each layer's experts module an
-FSDP group of its own (`wrap_experts_apart`) and never call that module, so FSDP never all-gathers it:
-the MoE block's forward (`_block_forward`) reads the local shard (`to_local()`) directly. Everything
-FSDP does with parameters stays as it is: the rank-0 load and broadcast (cpu_ram_efficient_loading),
-the DCP checkpoint and resume, the export's full state dict, the optimizer and the clip, all see the
-full [E, ...] tensors, sharded as any other weight.
+Layout. FSDP2 already stores every parameter as a DTensor sharded on dim 0 over the W ranks; an MoE
+layer's fused expert tensors (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) have the experts on dim 0,
+so when N = W divides E, FSDP's shard on rank r IS experts [r E/N, (r+1) E/N). We give each layer's experts
+module an FSDP group of its own (`wrap_experts_apart`) and never call that module, so FSDP never all-gathers
+it: the MoE block's forward (`_block_forward`) reads the local shard (`to_local()`) directly. Everything
+FSDP does with parameters stays as it is: the rank-0 load and broadcast (cpu_ram_efficient_loading), the
+DCP checkpoint and resume, the export's full state dict, the optimizer and the clip, all see the full
+[E, ...] tensors, sharded as any other weight. With N < W (N dividing W): EP index i = r // R, R = W/N;
+the R consecutive ranks iR .. iR+R-1 (a "replica group") hold experts [i E/N, (i+1) E/N) as their FSDP
+shards and all-gather them (one collective per layer for both tensors; its backward reduce-scatters the
+gradients); the EP groups are the strided ranks g, g+R, g+2R, ... (one rank of each EP index).
 
 Dispatch, per MoE layer, on each rank: the router (replicated, FSDP-sharded like any weight) routes this
 rank's tokens (transformers' own TopKRouter: fp32 softmax, top-k, optional renorm); the token copies are
@@ -21,8 +23,9 @@ grouped GEMM per projection on GPUs). A rank whose experts get no token at all s
 all-to-alls' backward, and its expert shards get zero gradients, not none (`_keep_in_graph`).
 
 Gradients. The training loss of each rank is scaled for FSDP's average over the W ranks
-(train/engine/loop.py); an expert shard's gradient here is the SUM over every rank's tokens, W times the
-average, and FSDP does not reduce it (its group never ran): `_scale_grad` divides it by W.
+(train/engine/loop.py); an expert shard's gradient here is the SUM over every rank's tokens (its EP group's
+tokens, summed over the replicas by the reduce-scatter), W times the average, and FSDP does not reduce it
+(its group never ran): `_scale_grad` divides it by W.
 """
 
 from __future__ import annotations
