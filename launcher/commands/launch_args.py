@@ -57,6 +57,9 @@ def build_parser(launch: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--context_parallel", type=int, metavar="N",
                         help="split each packed sequence over N GPUs (parallel.context; Ulysses all-to-all over "
                              "attention heads): documents longer than one GPU holds, trained whole")
+    parser.add_argument("--expert_parallel", type=int, metavar="N",
+                        help="split each mixture-of-experts layer's experts over N GPUs (parallel.expert; N divides "
+                             "the GPUs and the experts): tokens go to their experts by all-to-all")
     parser.add_argument("--time", type=given, metavar="D-HH:MM:SS", help="time limit (default: the profile's)")
     parser.add_argument("--executor", choices=tuple(EXECUTORS), default="sbatch",
                         help="sbatch (default), local: run here without SLURM, or submitit: through submitit")
@@ -92,6 +95,6 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
     return LaunchRequest(
         model=args.model, nodes=args.nodes, cluster=args.cluster, profile=args.profile, data=args.data,
         output=args.output, strategy=args.strategy, lora=args.lora, qlora=args.qlora, time=args.time,
-        context_parallel=args.context_parallel,
+        context_parallel=args.context_parallel, expert_parallel=args.expert_parallel,
         job_name=getattr(args, "job_name", None), executor=args.executor, dry_run=getattr(args, "dry_run", False),
         sets=args.sets, train_flags=flags)

@@ -173,6 +173,19 @@ def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:
     return 2 * weights + 2 * opts.sequence_tokens * (shape.hidden + shape.mlp_width)
 
 
+EP_LOAD_SKEW = 2.0  # the most tokens one GPU's experts receive, over the even share (router imbalance; assumed)
+
+
+def expert_dispatch_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """Expert parallelism's buffers beside the single-GPU MoE layer's own (train/moe/expert_parallel.py): the
+    send and the receive buffer of one all-to-all in flight, the k routed copies of this GPU's tokens going
+    out and those its experts receive (up to EP_LOAD_SKEW times the even share)."""
+    if opts.expert_parallel <= 1 or not shape.is_moe:
+        return 0
+    copies = opts.sequence_tokens * shape.experts_per_token * shape.hidden * elem
+    return int(copies * (1 + EP_LOAD_SKEW))
+
+
 def all_to_all_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
     """Context parallelism's (Ulysses, train/kernels/context_parallel.py) buffers while a layer's attention
     runs: q, k, v and the output each exist in both layouts (this GPU's sequence share with every head, and

@@ -80,6 +80,7 @@ class MemoryOptions:
     fused_mlp: bool = False  # train.fused_mlp: the SwiGLU MLP in quack's GEMMs (train/kernels/swiglu.py)
     loss_backend: str = "fused"  # with loss_chunk_tokens > 0: fused (gradients in the forward), chunked, liger
     context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs
+    expert_parallel: int = 1  # parallel.expert: each MoE layer's experts split over this many GPUs
     activation_offload: bool = False  # train.activation_offload: the forward's saved activations on the host
     mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP's intermediate for this many tokens at a time
     recompute_attention: bool = True  # train.recompute_attention: false = checkpointing keeps attention's outputs
@@ -149,11 +150,13 @@ def frozen_base_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
 
 def gathered_layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
     """One decoder layer as FSDP all-gathers it: `elem` bytes per weight; QLoRA: NF4 targets + `elem`-byte
-    norms/untargeted weights."""
+    norms/untargeted weights. Expert parallelism gathers no expert: the layer's rest, plus this GPU's own
+    experts cast to the compute dtype (train/moe/expert_parallel.py)."""
+    layer = shape.gathered_layer_params(opts.expert_parallel)
     if opts.quant == "none":
-        return elem * shape.layer_params
+        return elem * layer
     quantized = shape.target_params(opts.lora_target_modules) // shape.layers
-    return int(NF4_BYTES_PER_PARAM * quantized) + elem * (shape.layer_params - quantized)
+    return int(NF4_BYTES_PER_PARAM * quantized) + elem * (layer - quantized)
 
 
 def dequantize_buffer(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contract.shape import ModelShape
 from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, zero_reduce_bucket_size
-from launcher.plan.activations import activation_terms, all_to_all_bytes, logits_terms
+from launcher.plan.activations import activation_terms, all_to_all_bytes, expert_dispatch_bytes, logits_terms
 from launcher.plan.memory import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,
@@ -48,7 +48,7 @@ def _comm_terms(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     d, spec = shape.hidden, opts.spec
     layer = gathered_layer_bytes(shape, opts, low)
     layer_grad = (adapter_bytes(opts, low) * shape.lora_params(opts.lora_r, opts.lora_target_modules) // shape.layers
-                  if opts.lora else low * shape.layer_params)
+                  if opts.lora else low * shape.gathered_layer_params(opts.expert_parallel))
     lm_head = low * shape.vocab * d
     lm_grad = 0 if opts.lora else lm_head
     if spec.engine == "fsdp":
@@ -128,8 +128,9 @@ def _phases(shape: ModelShape, opts: MemoryOptions, full_grads: int) -> dict[str
     act = activation_terms(shape, opts, elem)
     logits = logits_terms(shape, opts, elem)
     comm = _comm_terms(shape, opts)
-    attention = all_to_all_bytes(shape, opts, elem)  # context parallelism: in every layer's forward and recompute
-    comm |= {"forward": comm["forward"] + attention, "layers_backward": comm["layers_backward"] + attention}
+    # context and expert parallelism's all-to-alls: in every layer's forward and recompute
+    exchange = all_to_all_bytes(shape, opts, elem) + expert_dispatch_bytes(shape, opts, elem)
+    comm |= {"forward": comm["forward"] + exchange, "layers_backward": comm["layers_backward"] + exchange}
     persistent = opts.spec.engine == "deepspeed" or opts.gradient_accumulation_steps > 1
     early_grads = full_grads if persistent else 0
     terms = ("activations", "logits_loss", "comm_buffers", "optimizer_temporaries", "gradients")

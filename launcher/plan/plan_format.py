@@ -124,7 +124,8 @@ def format_plan(plan: Plan) -> str:
         f"{' + CPU offload' if inp.cpu_offload else ''} · {devices} · "
         f"{'fp8 linears + ' if inp.fp8 else ''}{inp.precision} · checkpointing {_checkpointing(inp)} · "
         f"micro-batch {inp.micro_batch_tokens} tok x GA {inp.gradient_accumulation_steps}"
-        + (f" · context parallel {inp.context_parallel}" if inp.context_parallel > 1 else ""),
+        + (f" · context parallel {inp.context_parallel}" if inp.context_parallel > 1 else "")
+        + (f" · expert parallel {inp.expert_parallel}" if inp.expert_parallel > 1 else ""),
         *_memory_lines(plan),
         f"Verdict {plan.verdict.upper() if plan.fits is False else plan.verdict}",
     ]
@@ -133,8 +134,21 @@ def format_plan(plan: Plan) -> str:
     if plan.fits is False and not plan.suggestions:
         lines.append(f"  no single change found that fits (up to {MAX_SUGGESTED_NODES} nodes)")
     lines += _time_lines(plan)
+    lines += _expert_lines(plan)
     lines += [f"Warning {w}" for w in plan.warnings]
     return "\n".join(lines)
+
+
+def _expert_lines(plan: Plan) -> list[str]:
+    """A mixture-of-experts model: its expert-parallel degrees ranked (fits first, then tokens/s)."""
+    if len(plan.experts) < 2:
+        return []
+    rows = [f"EP {o.expert_parallel} ({o.experts_per_gpu} experts/GPU"
+            + ("" if o.fits else ", does not fit") + ")"
+            + (f" {o.tokens_per_s:,.0f} tok/s" if o.tokens_per_s else "") for o in plan.experts]
+    best = plan.experts[0].expert_parallel
+    advice = f" -> --expert_parallel {best}" if best != plan.input.expert_parallel and best > 1 else ""
+    return [f"Experts {' > '.join(rows)}{advice}"]
 
 
 def suggestion_flags(suggestion: Suggestion) -> str:
@@ -146,6 +160,7 @@ def suggestion_flags(suggestion: Suggestion) -> str:
         "gradient_accumulation_steps": lambda v: f"--gradient_accumulation_steps {v}",
         "cpu_offload": lambda v: f"--set profile.cpu_offload={str(v).lower()}", "lora": lambda v: "--lora",
         "quant": lambda v: "--qlora", "context_parallel": lambda v: f"--context_parallel {v}",
+        "expert_parallel": lambda v: f"--expert_parallel {v}",
     }
     change = suggestion.change
     if change.get("quant", "none") != "none":  # --qlora is --lora with the quantized base

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import gpus
-from contract.config import Fp8Linears, context_blocker
+from contract.config import Fp8Linears, context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec
@@ -52,6 +52,7 @@ class PlanInput:
     gradient_checkpointing: bool = True
     micro_batch_tokens: int = 8192  # packed tokens per micro-batch (per GPU; per context-parallel group)
     context_parallel: int = 1  # parallel.context: each micro-batch split over this many GPUs (Ulysses)
+    expert_parallel: int = 1  # parallel.expert: each MoE layer's experts split over this many GPUs (all-to-all)
     activation_offload: bool = False  # train.activation_offload: saved activations in pinned host memory
     mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP over chunks of this many tokens (0 = whole)
     recompute_attention: bool = True  # train.recompute_attention: false = checkpointing keeps attention's outputs
@@ -87,7 +88,7 @@ class PlanInput:
 
     def validate(self) -> None:
         for key in ("nodes", "gpus_per_node", "micro_batch_tokens", "gradient_accumulation_steps", "lora_r",
-                    "context_parallel", "save_steps"):
+                    "context_parallel", "expert_parallel", "save_steps"):
             require(getattr(self, key) >= 1, key, "must be >= 1")
         require(0 < self.usable_gpu_fraction <= 1, "usable_gpu_fraction", "must be in (0, 1]")
         require(0 < self.packing_efficiency <= 1, "packing_efficiency", "must be in (0, 1]")
@@ -106,12 +107,22 @@ class PlanInput:
                 "fp8", "float8 linears train full weights on GPUs under FSDP2 (or DDP on one GPU)")
         ModelShape.from_arch(self.arch)  # raises naming the arch key
         require(self.context_blocker is None, "context_parallel", self.context_blocker or "")
+        require(self.expert_blocker is None, "expert_parallel", self.expert_blocker or "")
 
     @property
     def context_blocker(self) -> str | None:
         """Why context_parallel cannot split this world and model's heads (contract.config's rule); None: it can."""
         shape = ModelShape.from_arch(self.arch)
         return context_blocker(self.context_parallel, self.world_size, shape.heads, shape.kv_heads)
+
+    @property
+    def expert_blocker(self) -> str | None:
+        """Why expert_parallel cannot split this world and model's experts (contract.config's rule); None: it can."""
+        fsdp2 = self.device == "cpu" or (self.spec.fsdp_version == 2 and self.spec.shards == "world")
+        if self.expert_parallel > 1 and (blocker := expert_sharding_blocker(self.strategy, fsdp2, self.cpu_offload)):
+            return blocker
+        return expert_blocker(self.expert_parallel, self.world_size, ModelShape.from_arch(self.arch).experts,
+                              self.arch.get("model_type"))
 
     @property
     def world_size(self) -> int:
@@ -132,6 +143,16 @@ class Suggestion:
     change: dict[str, Any]  # PlanInput fields to set
     total_gib: float  # predicted per-GPU total with the change
     text: str
+
+
+@dataclass
+class ExpertOption:
+    """One expert-parallel degree for a mixture-of-experts model: its experts per GPU, memory and speed."""
+
+    expert_parallel: int
+    experts_per_gpu: int
+    fits: bool
+    tokens_per_s: float | None
 
 
 @dataclass
@@ -168,6 +189,7 @@ class Plan:
     signal_lead_s: int
     warnings: list[str]
     cadence: SaveCadence | None = None
+    experts: list[ExpertOption] = field(default_factory=list)  # MoE: the EP degrees, fastest that fits first
 
     @property
     def fits_gpu(self) -> bool | None:
@@ -253,6 +275,30 @@ def _context_parallel(inp: PlanInput) -> Suggestion | None:
     return None
 
 
+def expert_options(inp: PlanInput) -> list[ExpertOption]:
+    """A mixture-of-experts model's expert-parallel degrees that can split it (1, the powers of two that divide
+    the GPUs and the experts, every GPU), ranked as the micro-batch search ranks its trials: those that fit
+    first, then by predicted tokens/s."""
+    shape = ModelShape.from_arch(inp.arch)
+    if not shape.is_moe:
+        return []
+    options = []
+    for n in sorted({1, inp.world_size} | {2 ** i for i in range(1, inp.world_size.bit_length())}):
+        trial = dataclasses.replace(inp, expert_parallel=n)
+        if n == 1 or trial.expert_blocker is None:
+            rate = estimate_time(shape, trial).tokens_per_s
+            options.append(ExpertOption(n, shape.experts // n, _fits(trial)[0], rate))
+    return sorted(options, key=lambda o: (not o.fits, -(o.tokens_per_s or 0.0)))
+
+
+def _expert_parallel(inp: PlanInput) -> Suggestion | None:
+    """Split a mixture-of-experts model's experts over every GPU: no expert is ever gathered."""
+    if inp.expert_parallel > 1 or dataclasses.replace(inp, expert_parallel=inp.world_size).expert_blocker:
+        return None
+    return _try(inp, f"split each MoE layer's experts over the {inp.world_size} GPUs (expert parallelism)",
+                expert_parallel=inp.world_size)
+
+
 def suggestions_for(inp: PlanInput) -> list[Suggestion]:
     """Settings that would make a non-fitting run fit, cheapest first; empty when it fits already."""
     if _fits(inp)[0]:
@@ -263,6 +309,8 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
     if not inp.cpu_ram_efficient_loading:
         candidates.append(_try(inp, "load weights on rank 0 only", cpu_ram_efficient_loading=True))
     candidates.append(_context_parallel(inp))
+    if inp.world_size > 1 and ModelShape.from_arch(inp.arch).is_moe:
+        candidates.append(_expert_parallel(inp))
     candidates.append(_smallest_nodes(inp))
     candidates.append(_smaller_micro_batch(inp))
     if inp.spec.sharded and not inp.cpu_offload and not inp.spec.no_cpu_offload:
@@ -362,6 +410,7 @@ def make_plan(inp: PlanInput) -> Plan:
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
         time=with_segments(time, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
         cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts)),
+        experts=expert_options(inp) if inp.world_size > 1 else [],
     )
 
 

@@ -142,11 +142,18 @@ def _hbm_gbps(inp: PlanInput) -> float:
 
 
 def _gathered_bytes(shape: ModelShape, inp: PlanInput) -> float:
-    """The whole model as FSDP all-gathers it (bf16; QLoRA's targets in NF4)."""
+    """The whole model as FSDP all-gathers it (bf16; QLoRA's targets in NF4); under expert parallelism
+    without the experts, which stay where they live."""
+    gathered = shape.total_params - _resident_expert_params(shape, inp)
     if inp.quant == "none":
-        return BF16 * shape.total_params
+        return BF16 * gathered
     quantized = shape.target_params(inp.lora_target_modules)
-    return NF4_BYTES_PER_PARAM * quantized + BF16 * (shape.total_params - quantized)
+    return NF4_BYTES_PER_PARAM * quantized + BF16 * (gathered - quantized)
+
+
+def _resident_expert_params(shape: ModelShape, inp: PlanInput) -> int:
+    """The expert weights that expert parallelism neither gathers nor reduce-scatters (0 without it)."""
+    return shape.expert_params if inp.expert_parallel > 1 else 0
 
 
 def collective_seconds(shape: ModelShape, inp: PlanInput, trainable: int) -> float:
@@ -156,7 +163,7 @@ def collective_seconds(shape: ModelShape, inp: PlanInput, trainable: int) -> flo
     the gradients is all-reduced across nodes). DDP / ZeRO-2: an all-reduce of the gradients (2x the bytes)."""
     world, node = inp.world_size, inp.gpus_per_node
     across = inp.nodes > 1
-    grads = BF16 * trainable
+    grads = BF16 * (trainable if inp.lora else trainable - _resident_expert_params(shape, inp))
     spec = inp.spec
     if inp.device == "cpu" or world == 1:
         return 0.0
@@ -190,6 +197,24 @@ def _context_parallel_seconds(shape: ModelShape, inp: PlanInput, tokens: float) 
     per_layer = tokens * (2 * shape.q_dim + 2 * shape.kv_dim) * BF16 * (n - 1) / n
     passes = 3 if inp.gradient_checkpointing else 2
     return passes * shape.layers * per_layer / (_bus_gbps(inp, False) * 1e9)
+
+
+def _expert_parallel_seconds(shape: ModelShape, inp: PlanInput, tokens: float) -> float:
+    """Expert parallelism (train/moe/expert_parallel.py): per MoE layer the k routed copies of the GPU's tokens
+    go to their experts' GPUs and back (two all-to-alls), as many again in the backward, the forward's again
+    in the recompute; the experts wait on them. Across nodes when the EP group spans them (its GPUs are
+    world / N apart)."""
+    n = inp.expert_parallel
+    if n <= 1 or not shape.is_moe:
+        return 0.0
+    per_layer = 2 * tokens * shape.experts_per_token * shape.hidden * BF16 * (n - 1) / n
+    passes = 3 if inp.gradient_checkpointing else 2
+    exchange = passes * shape.moe_layer_count * per_layer / (_bus_gbps(inp, n > inp.gpus_per_node) * 1e9)
+    # Fewer EP ranks than GPUs: each GPU all-gathers its experts from the R = world / N consecutive GPUs holding
+    # them as FSDP shards (forward, and the recompute), and reduce-scatters their gradients; in line, not prefetched.
+    replicas = inp.world_size // n
+    gathers = (passes - 1 + (0 if inp.lora else 1)) * BF16 * shape.expert_params * (replicas - 1) / replicas
+    return exchange + gathers / (_bus_gbps(inp, replicas > inp.gpus_per_node) * 1e9)
 
 
 def _activation_offload_seconds(shape: ModelShape, inp: PlanInput, options: MemoryOptions, compute_s: float) -> float:
@@ -229,6 +254,7 @@ def step_time(inp: PlanInput, per_token: float) -> StepTime | None:
     exposed = max(0.0, collectives - compute) + 2 * collectives / (shape.layers + 2)
     copies, host = _cpu_offload_seconds(inp, trainable, shape.total_params)
     other = (_dequantize_seconds(shape, inp) + _context_parallel_seconds(shape, inp, tokens)
+             + _expert_parallel_seconds(shape, inp, tokens)
              + _activation_offload_seconds(shape, inp, options, compute) + copies)
     accumulation = inp.gradient_accumulation_steps
     optimizer = host or ADAMW_BYTES_PER_PARAM * trainable / inp.world_size / (_hbm_gbps(inp) * 1e9)

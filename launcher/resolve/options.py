@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract import gpus
-from contract.config import TrainConfig, TrainSection, context_blocker
+from contract.config import TrainConfig, TrainSection, context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import ConfigError, build, set_dotted, to_dict
-from contract.shape import ModelShape
+from contract.shape import EXPERT_LORA_TARGETS, ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.plan.autofit import MAX_LENGTH_KEY, MicroBatchChoice, fit_micro_batch
 from launcher.resolve.plan_input import plan_input_from_launch
@@ -55,6 +55,7 @@ class LaunchRequest:
     lora: bool = False
     qlora: bool = False  # --qlora: LoRA over an NF4-quantized base (lora.quant = "nf4")
     context_parallel: int | None = None  # --context_parallel N: parallel.context (each sequence over N GPUs)
+    expert_parallel: int | None = None  # --expert_parallel N: parallel.expert (each MoE layer's experts over N GPUs)
     time: str | None = None
     job_name: str | None = None
     executor: str = "sbatch"
@@ -195,7 +196,8 @@ def build_train_config(request: LaunchRequest, preset: Preset, profile: ClusterP
         "train": dict(preset.train_defaults),
         "lora": ({"enabled": True} if request.lora or request.qlora else {})
                 | ({"quant": "nf4"} if request.qlora else {}),
-        "parallel": {"context": request.context_parallel} if request.context_parallel is not None else {},
+        "parallel": {key: value for key, value in (("context", request.context_parallel),
+                                                   ("expert", request.expert_parallel)) if value is not None},
         # run.dir "." = the folder holding train.toml, so the run directory stays relocatable.
         "run": {"dir": ".", "gpu_type": profile.gpu_type, "hang_timeout_s": profile.hang_timeout_s,
                 "collective_timeout_s": profile.collective_timeout_s, "node_local_dir": profile.node_local_dir},
@@ -312,6 +314,23 @@ def check_context_parallel(launch: Launch) -> None:
         raise ConfigError(f"{flag}: {blocker}", "parallel.context")
 
 
+def check_expert_parallel(launch: Launch) -> None:
+    """parallel.expert (train/moe/expert_parallel.py): N divides the model's experts and the ranks, under FSDP2's
+    full shard without CPU offload (its dim-0 shards of the fused expert tensors are what each rank computes)."""
+    expert, flag = launch.train.parallel.expert, f"--expert_parallel {launch.train.parallel.expert}"
+    if expert == 1:
+        return
+    spec = launch.strategy_spec
+    if blocker := expert_sharding_blocker(launch.strategy, spec.fsdp_version == 2 and spec.shards == "world",
+                                          launch.profile.cpu_offload):
+        raise ConfigError(f"{flag}: {blocker}", "parallel.expert")
+    arch = launch.train.model.arch or launch.preset.arch
+    if blocker := expert_blocker(expert, launch.world_size, ModelShape.from_arch(arch).experts, arch.get("model_type")):
+        raise ConfigError(f"{flag}: {blocker}", "parallel.expert")
+    if launch.train.lora.enabled and set(launch.train.lora.target_modules) & set(EXPERT_LORA_TARGETS):
+        raise ConfigError(f"{flag}: LoRA on the experts or the router is not supported with it yet", "lora.target_modules")
+
+
 def check_combinations(launch: Launch) -> None:
     """Impossible combinations, each as one line naming the flag or key."""
     profile, model = launch.profile, launch.train.model
@@ -326,6 +345,7 @@ def check_combinations(launch: Launch) -> None:
     check_fp8(launch, spec)
     check_sharded_init(launch)
     check_context_parallel(launch)
+    check_expert_parallel(launch)
     if launch.train.train.fused_mlp is True:
         blocker = gpus.fused_mlp_blocker(profile.gpus_per_node > 0, spec.compute_capability if spec else None,
                                          launch.train.lora.enabled, launch.strategy_spec.zero_stage)
@@ -346,6 +366,8 @@ def _user_set(request: LaunchRequest, key: str) -> bool:
     if section == "train" and name in request.train_flags:
         return True
     if key == "parallel.context" and request.context_parallel is not None:  # --context_parallel N
+        return True
+    if key == "parallel.expert" and request.expert_parallel is not None:  # --expert_parallel N
         return True
     return any(item.partition("=")[0].strip() == key for item in request.sets)
 

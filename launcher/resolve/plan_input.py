@@ -118,8 +118,9 @@ def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None)
         lora=cfg.lora.enabled, lora_r=cfg.lora.r, lora_target_modules=list(cfg.lora.target_modules),
         lora_dropout=cfg.lora.dropout, quant=cfg.lora.quant, gradient_checkpointing=t.gradient_checkpointing,
         micro_batch_tokens=cfg.micro_batch_tokens, gradient_accumulation_steps=t.gradient_accumulation_steps,
-        context_parallel=cfg.parallel.context, activation_offload=t.activation_offload,
-        mlp_chunk_tokens=t.mlp_chunk_tokens, recompute_attention=t.recompute_attention,
+        context_parallel=cfg.parallel.context, expert_parallel=cfg.parallel.expert,
+        activation_offload=t.activation_offload, mlp_chunk_tokens=t.mlp_chunk_tokens,
+        recompute_attention=t.recompute_attention,
         precision=_precision(launch),  # type: ignore[arg-type]
         fp8=fp8_linears(t.fp8_recipe, t.fp8_all_gather) if t.precision == "fp8" else "",
         loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS if t.fused_loss else 0, **_kernel_fields(launch),

@@ -36,6 +36,7 @@ from train.kernels import float8
 from train.kernels.attention import setup_attention
 from train.kernels.context_parallel import ContextParallel, label_tokens, register_attention
 from train.kernels.context_parallel import setup as setup_context_parallel
+from train.moe import expert_parallel
 from train.kernels.long_context import ActivationOffload
 from train.engine.checkpoint import Checkpointer, TrainState, latest_checkpoint, load_checkpoint, remove_stale
 from train.dataset.load import build_datasets, load_tokenizer, pad_id
@@ -44,7 +45,8 @@ from train.engine.hooks import HOOKS
 from train.moe.router import router_loss_of
 from train.observe.metrics import (MetricsSink, Stopwatch, Window, attended_length, lora_params, peak_flops_per_gpu,
                                    step_record)
-from train.engine.model import attention_features, attention_heads, build_model, log_model_ready, log_placement
+from train.engine.model import (attention_features, attention_heads, build_model, log_model_ready, log_placement,
+                                moe_experts)
 from train.engine.optim import backward, clip_and_step, defers_gradient_sync, norm_tensor, prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
@@ -130,6 +132,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
                             barrier=accelerator.wait_for_everyone)
     cp = setup_context_parallel(cfg.parallel.context, accelerator.num_processes, accelerator.process_index,
                                 *attention_heads(cfg))
+    ep = expert_parallel.setup(cfg.parallel.expert, accelerator.num_processes, accelerator.process_index,
+                               *(moe_experts(cfg) if cfg.parallel.expert > 1 else (None, None)))
     batches = Batches(bundle.train, list(bundle.train["length"]), cfg.micro_batch_tokens, cfg.train.seed,
                       cfg.data.packing, pad_id(tokenizer), bundle.mixture,
                       fixed_length=compiles_decoder_layers(cfg, accelerator.num_processes), cp=cp)
@@ -139,6 +143,7 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
     startup.mark("data")
     started = time.perf_counter()
     model = build_model(cfg, accelerator, attn)
+    expert_parallel.split_experts(accelerator, model, ep)  # before prepare: FSDP2 groups the experts apart
     startup.mark("model_build")
 
     steps_per_epoch = _steps_per_epoch(batches, cp.data_world(accelerator.num_processes),

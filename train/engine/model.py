@@ -102,6 +102,13 @@ def attention_heads(cfg: TrainConfig) -> tuple[int, int]:
     return heads, getattr(config, "num_key_value_heads", None) or heads
 
 
+def moe_experts(cfg: TrainConfig) -> tuple[int | None, str]:
+    """(experts per MoE layer, model type) of the model to build: what expert parallelism splits (None
+    experts: a dense model)."""
+    config = build_config(cfg)
+    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None), config.model_type
+
+
 def apply_rope_scaling(config: PretrainedConfig, model_max_length: int) -> None:
     """Linear RoPE interpolation by ceil(max_length / context) when training past the context (FastChat)."""
     context = getattr(config, "max_position_embeddings", None)

@@ -1,2 +1,2 @@
-"""moe: mixture of experts: grouped-GEMM experts (experts.py) with expert LoRA (hf.py), the router (router.py).
+"""moe: mixture of experts: grouped experts (experts.py), expert LoRA (hf.py), router.py, expert_parallel.py.
 May import contract only; never another train folder."""
