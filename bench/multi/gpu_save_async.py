@@ -72,6 +72,7 @@ def run_once(name: str, args: argparse.Namespace, arch: dict, data: Path, extra:
             "--max_steps", str(args.steps), "--gradient_checkpointing", "true",
             *gpu_multi.random_weights(arch, sharded=True),
             "--set", f"data.tokens_per_micro_batch={args.tokens}", "--set", "train.save_total_limit=1",
+            "--set", f"train.gradient_accumulation_steps={args.accumulate}",
             "--set", f"train.compile={str(not gpu_multi.CPU_SMOKE).lower()}", *extra])
     started = time.time()
     # One compile cache for every run of the call: only the first compiles cold (a requeue finds its own
@@ -130,10 +131,12 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--steps", type=int, default=6 if gpu_multi.CPU_SMOKE else 50)
     parser.add_argument("--save-every", type=int, default=2 if gpu_multi.CPU_SMOKE else 20)
-    # Tokens per step: the time between saves must be the real run's. A rank of the 8B on 4 GPUs computes 32 layers
-    # of 32,768 tokens a step, ~6.4x what 5 layers of 32,768 take; 4x (131,072) keeps the interval on the short side.
-    # At 32,768 a save every 20 steps came every 15 s on one H100, less than any disk needs for 25.7 GB.
-    parser.add_argument("--tokens", type=int, default=256 if gpu_multi.CPU_SMOKE else 131072)
+    parser.add_argument("--tokens", type=int, default=256 if gpu_multi.CPU_SMOKE else 32768)
+    # Micro-batches per step: the time between saves must be the real run's. A rank of the 8B on 4 GPUs computes 32
+    # layers of 32,768 tokens a step, ~6.4x what these 5 layers take; 4 keeps the interval on the short side. With 1,
+    # a save every 20 steps came every 15 s on one H100 (less than any disk needs for 25.7 GB); 131,072 tokens in one
+    # micro-batch ran out of its 80 GB (2026-12-06).
+    parser.add_argument("--accumulate", type=int, default=1 if gpu_multi.CPU_SMOKE else 4)
     parser.add_argument("--run-timeout", type=float, default=300)
     parser.add_argument("--runs", default="nosave,async,resume,sync", help="which of the four runs (resume needs async)")
     parser.add_argument("--staging", choices=("auto", "memory", "disk"), default="auto",
@@ -147,7 +150,8 @@ def main() -> None:
     write_token_jsonl(data, lengths, arch["vocab_size"])
     rows: list[tuple[str, str]] = []
     result: dict[str, Any] = {"arch": arch, "gpu_count": args.gpus, "steps": args.steps, "save_every": args.save_every,
-                              "tokens_per_micro_batch": args.tokens, "docs": gpu_multi.DOCS,
+                              "tokens_per_micro_batch": args.tokens, "gradient_accumulation_steps": args.accumulate,
+                              "docs": gpu_multi.DOCS,
                               "max_doc_tokens": gpu_multi.MAX_DOC_TOKENS, "staging": args.staging,
                               "disk_write_gbps": gpu_multi.disk_write_gbps(args.out)}
     result["state_gb"] = STATE_BYTES_PER_PARAM * ModelShape.from_arch(arch).total_params / 1e9

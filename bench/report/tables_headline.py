@@ -74,6 +74,8 @@ JOBS = (
     Job("8B LoRA, 262,144-token documents whole", 1, "H200", "h200/longctx-*/longctx-llama3-8b-lora-262144-*.json", "",
         None),
     Job("70B QLoRA (llama-70b shape)", 2, "H100", "h100/two-gpu-*/qlora-llama70b-2gpu.json", "", None),
+    Job("Qwen3-30B-A3B shape LoRA (attention + experts)", 1, "H100", "h100/moe-*/moelora-qwen3-30b-a3b.json",
+        "sides.ours", "sides.peer", "TRL + PEFT"),
     Job("70B LoRA, bf16 base (llama-70b shape)", 4, "H100", "h100/four-gpu-*/lora-bf16-llama70b-4gpu.json", "", None),
     Job("8B FP8 full fine-tune (our float8 linears)", 2, "H200", "h200/two-gpu-*/multi-2gpu-fp8-own*.json",
         "fp8_8b.fp8", "fp8_8b.bf16", "our bf16"),
@@ -169,8 +171,15 @@ def rows_of(job: Job) -> list[Row]:
     name, result, ours = max(reversed(runs), key=lambda run: per_gpu_rate(run[2]))  # the newest of equals
     if not rows or per_gpu_rate(ours) > max(per_gpu_rate(row.run) for row in rows):
         copied = " (its bf16 side is another invocation's run)" if job.peer and copied_baseline(result) else ""
-        rows.append(Row(job, name, ours, NO_PEER + copied, build(result)))
+        rows.append(Row(job, name, ours, NO_PEER + copied + _peer_failed(result, job), build(result)))
     return rows
+
+
+def _peer_failed(result: dict, job: Job) -> str:
+    """What became of a peer side that ran in the call without a counted run ("" = none ran)."""
+    side = _node(result, job.peer) if job.peer and job.peer != PEER_IN_OURS_FILE else None
+    errors = [run.get("error") for run in (side or {}).get("runs", []) if run.get("error")]
+    return f": the {job.peer_name} side failed in all {len(errors)} runs ({errors[0]})" if errors else ""
 
 
 def _gpus_cell(job: Job) -> str:

@@ -74,7 +74,8 @@ OTHER_KEYS = {
     "qlora": QLORA_KEYS,  # bench/multi/gpu_qlora.py: checked in test_results_kinds.py
     "lora": QLORA_KEYS,  # bench/multi/gpu_qlora.py llama70b --lora-bf16 (lora-bf16-llama70b-*.json): as qlora's 70B run
     "resume": {"arch", "gpu_count", "seed", "steps", "tokens", "results", "provenance"},  # bench/multi/gpu_resume.py
-    "save": {"arch", "gpu_count", "steps", "save_every", "tokens_per_micro_batch", "docs", "max_doc_tokens", "staging",
+    "save": {"arch", "gpu_count", "steps", "save_every", "tokens_per_micro_batch", "gradient_accumulation_steps", "docs",
+             "max_doc_tokens", "staging",
              "disk_write_gbps", "state_gb", "nosave", "async", "resume_exit", "resume_s", "resume_restore_s", "sync",
              "resume_phases", "provenance"},  # bench/multi/gpu_save_async.py's save-async.json: checked below (save_async_problems)
     "moelora": {"shape", "arch", "budget", "steps", "docs", "total_real_tokens", "gpu", "gpu_count", "peak_flops",
