@@ -26,6 +26,7 @@ on the login node. Torch-free.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,19 @@ def parse_row(raw: RawRow, fmt: str, text_field: str, mapping: RowMapping = NO_M
     if raw.error:
         raise BadRowError(raw.error)
     return normalize(raw.data, fmt, text_field, mapping)
+
+
+def good_examples(rows: Iterable[RawRow], fmt: str, text_field: str,
+                  mapping: RowMapping = NO_MAPPING) -> Iterator[tuple[RawRow, Example]]:
+    """(row, example) of each row that parses, the format detected on the first readable row when `fmt` is "auto";
+    bad rows are skipped (they are the data check's to report)."""
+    for raw in rows:
+        if fmt == "auto" and not raw.error:
+            fmt = detect_format(raw.data, text_field, raw.location, mapping)
+        try:
+            yield raw, parse_row(raw, fmt, text_field, mapping)
+        except BadRowError:
+            continue
 
 
 def normalize(row: Any, fmt: str, text_field: str, mapping: RowMapping = NO_MAPPING) -> Example:

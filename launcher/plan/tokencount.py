@@ -22,7 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from contract.formats import BadRowError, Example, RowMapping, detect_format, parse_row
+from contract.formats import Example, RowMapping, good_examples
 from contract.readers import RawRow
 from contract.rendercheck import unrendered_part
 
@@ -134,16 +134,11 @@ def count_rows(rows: Iterable[RawRow], fmt: str, text_field: str, mapping: RowMa
     """Tokens of the first `sample` good rows of a source."""
     examples: list[Example] = []
     complete = True
-    for raw in rows:
+    for _, example in good_examples(rows, fmt, text_field, mapping):
         if len(examples) >= sample:
             complete = False
             break
-        if fmt == "auto" and not raw.error:
-            fmt = detect_format(raw.data, text_field, raw.location, mapping)
-        try:
-            examples.append(parse_row(raw, fmt, text_field, mapping))
-        except BadRowError:
-            continue
+        examples.append(example)
     counts = [n for start in range(0, len(examples), ENCODE_BATCH)
               for n in tokenizer.count(examples[start:start + ENCODE_BATCH])]
     return TokenCount(counts, complete)
@@ -166,13 +161,7 @@ def check_rendering(rows: Iterable[RawRow], fmt: str, text_field: str, mapping: 
     """Render every good row (bad rows are the data check's business) and keep the ones the template cannot
     render exactly, by location: the training would skip or trim them."""
     check = RenderCheck()
-    for raw in rows:
-        if fmt == "auto" and not raw.error:
-            fmt = detect_format(raw.data, text_field, raw.location, mapping)
-        try:
-            example = parse_row(raw, fmt, text_field, mapping)
-        except BadRowError:
-            continue
+    for raw, example in good_examples(rows, fmt, text_field, mapping):
         check.rows += 1
         if (problem := tokenizer.render_problem(example)) is not None:
             check.unrenderable += 1

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from contract.formats import BadRowError, Example, RowMapping, detect_format, parse_row
+from contract.formats import Example, RowMapping, good_examples
 from contract.protocol import EXIT_OK, EXIT_USAGE
 from contract.readers import RawRow, iter_hub_rows, iter_rows
 from contract.rendercheck import unrendered_part
@@ -39,13 +39,7 @@ def first_chat_examples(sample: dict[str, Any], count: int) -> tuple[list[Exampl
     mapping = RowMapping(**sample.get("mapping", {}))
     examples: list[Example] = []
     tools: list[tuple[str, Example]] = []
-    for raw in _rows(sample):
-        if fmt == "auto" and not raw.error:
-            fmt = detect_format(raw.data, text_field, raw.location, mapping)
-        try:
-            example = parse_row(raw, fmt, text_field, mapping)
-        except BadRowError:
-            continue
+    for raw, example in good_examples(_rows(sample), fmt, text_field, mapping):
         if example.messages is None:
             return [], []
         if example.has_tool_calls and len(tools) < count:
