@@ -44,25 +44,27 @@ def test_every_figure_is_used_and_every_used_figure_exists():
 
 # BENCHMARKS.md's dated sessions: a measured-looking number there is traced when it is, at its printed precision, a
 # value of a results file the same section names (by path, or its folder), a per-GPU rate, a percentage of a
-# fraction, or a ratio of two of its rates. A number no file gives (a call that kept no file, a figure from a log)
-# stays only with NO_FILE right after it, so the reader sees it too; their count may only shrink. A target
-# ("≥ 1.25×") is not a measurement.
+# fraction, a ratio of two of its rates, or a ratio of two of one file's times (its "ms" and "…_ms" fields). A
+# number no file gives (a call that kept no file, a figure from a log) stays only with NO_FILE right after it, so the
+# reader sees it too; their count may only shrink. A target ("≥ 1.25×") is not a measurement.
 NO_FILE = " (no results file)"
 NO_FILE_AT_MOST = 0
 TARGET = "≥ "
 FILE_NAMED = re.compile(r"(?:h[12]00|cpu)/[\w.-]+/[\w.+-]+\.json|(?:h[12]00|cpu)/[\w.-]+/")
 
 
-def _values(node: object, rates: list[float], out: set[float]) -> None:
+def _values(node: object, rates: list[float], out: set[float], times: list[float]) -> None:
     if isinstance(node, dict):
         for value in node.values():
-            _values(value, rates, out)
+            _values(value, rates, out, times)
         for key in ("real_tokens_per_s", "tokens_per_s"):
             if isinstance(node.get(key), (int, float)):
                 rates.append(node[key] / (node.get("gpu_count") or 1))
+        times += [value for key, value in node.items()
+                  if (key == "ms" or key.endswith("_ms")) and isinstance(value, (int, float))]
     elif isinstance(node, list):
         for value in node:
-            _values(value, rates, out)
+            _values(value, rates, out, times)
     elif isinstance(node, (int, float)) and not isinstance(node, bool):
         out.update((float(node), float(node) * 100))
 
@@ -78,7 +80,9 @@ def _section_values(section: str) -> set[float]:
     values: set[float] = set()
     rates: list[float] = []
     for path in files:
-        _values(json.loads(path.read_text()), rates, values)
+        times: list[float] = []
+        _values(json.loads(path.read_text()), rates, values, times)
+        values.update(a / b for a in times for b in times if b)
     values.update(rates)
     values.update(a / b for a in rates for b in rates if b)
     return values
