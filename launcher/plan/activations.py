@@ -104,8 +104,9 @@ def _routing_bytes(shape: ModelShape, elem: int) -> int:
 def moe_combine_bytes(shape: ModelShape, tokens: int) -> int:
     """Transient, one MoE layer at a time (forward, recompute and backward alike): `combine_sorted` holds the
     weighted expert outputs and their token-order copy, both fp32 [tokens·k, d] (bf16 times fp32 weights),
-    while it sums over k; their gradients are as large in the backward."""
-    return 2 * 4 * tokens * shape.experts_per_token * shape.hidden if shape.is_moe else 0
+    and their fp32 sum [tokens, d] before it is cast back; the backward's gradients of them are as large.
+    The forward's is measured on CPU (tests/train/test_moe_saved_activations.py)."""
+    return 4 * tokens * (2 * shape.experts_per_token + 1) * shape.hidden if shape.is_moe else 0
 
 
 def router_logits_bytes(shape: ModelShape, tokens: int) -> int:

@@ -94,5 +94,6 @@ def test_moe_activations_grow_by_the_routing_tensors_the_block_saves(checkpointi
     per_layer = tokens * block
     assert moe["saved"] - dense["saved"] == tokens * logits + (0 if checkpointing else layers * per_layer)
     assert moe["recompute"] - dense["recompute"] == (per_layer if checkpointing else 0)
-    assert moe["workspace"] - dense["workspace"] == tokens * 2 * 4 * k * d  # the combine's two fp32 [T·k, d]
-    assert moe["last_layer"] - dense["last_layer"] == per_layer + tokens * 2 * 4 * k * d
+    combine = tokens * 4 * (2 * k + 1) * d  # the combine's two fp32 [T·k, d] and its fp32 sum [T, d]
+    assert moe["workspace"] - dense["workspace"] == combine
+    assert moe["last_layer"] - dense["last_layer"] == per_layer + combine

@@ -1,15 +1,22 @@
 """The planner's grouped-expert MoE block count (launcher/plan/activations.py `mlp_bytes_per_token`) against the
 tensors one tiny bf16 Qwen3-MoE block really saves for backward on CPU: our experts (train/moe/hf.py
 "sft_grouped") behind the fp32 router (train/moe/router.py), under `torch.autograd.graph.saved_tensors_hooks`.
-Distinct storages summed at two token counts; the slope is the per-token cost the planner counts."""
+Distinct storages summed at two token counts; the slope is the per-token cost the planner counts. And the
+forward's transient peak (the fp32 combine, `moe_combine_bytes`): every op's output storage tracked under a
+TorchDispatchMode until its last tensor dies (CPU has no allocator statistics)."""
 
 from __future__ import annotations
 
+import collections
+import weakref
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from contract.shape import ModelShape
-from launcher.plan.activations import mlp_bytes_per_token
+from launcher.plan.activations import mlp_bytes_per_token, moe_combine_bytes
 from train.moe.hf import use_grouped_experts
 from train.moe.router import routers_in_fp32
 
@@ -62,3 +69,46 @@ def test_the_planner_knows_which_families_route_in_fp32():
     from train.moe.router import ROUTERS
 
     assert {name for name, family in FAMILIES.items() if family.fp32_router} == set(ROUTERS)
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages that ops created and some tensor still holds; `peak` their maximum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.refs: collections.Counter[int] = collections.Counter()
+        self.sizes: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and (ptr := t.untyped_storage().data_ptr()):
+                if ptr not in self.sizes:
+                    self.sizes[ptr] = t.untyped_storage().nbytes()
+                    self.live += self.sizes[ptr]
+                self.refs[ptr] += 1
+                weakref.finalize(t, self._drop, ptr)
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def _drop(self, ptr: int) -> None:
+        self.refs[ptr] -= 1
+        if not self.refs[ptr]:
+            del self.refs[ptr]
+            self.live -= self.sizes.pop(ptr)
+
+
+def test_moe_block_forward_transient_is_the_fp32_combine():
+    block, rows = _block(), {}
+    for tokens in TOKENS:
+        x = torch.randn(1, tokens, ARCH["hidden_size"], dtype=torch.bfloat16)
+        with LiveBytes() as tracker:
+            out = block(x.requires_grad_())
+        rows[tokens] = tracker.peak - tracker.live  # above what the forward leaves: saved tensors + the output
+        del out
+    measured = (rows[TOKENS[1]] - rows[TOKENS[0]]) / (TOKENS[1] - TOKENS[0])
+    planned = moe_combine_bytes(ModelShape.from_arch(ARCH), 1)
+    k = ARCH["num_experts_per_tok"]
+    # the rest: the combine's index scratch (the weights in expert order, int64 ids), a few bytes per k
+    assert planned <= measured <= planned + 32 * k, (measured, planned)
