@@ -22,6 +22,7 @@ class Family:
     moe: bool = False
     expert_bias: bool = False  # gpt-oss: gate_up_proj_bias [E, 2I], down_proj_bias [E, d]
     router_bias: bool = False
+    fp32_router: bool = False  # train/moe/router.py ROUTERS: routed in fp32 (the router saves an fp32 input copy)
     tied_default: bool = False
     attention_bias_default: bool = False
     all_sliding: bool = False  # Mistral: `sliding_window` applies to every layer
@@ -36,9 +37,10 @@ FAMILIES: dict[str, Family] = {
     "qwen2_moe": Family(qkv_bias=True, o_bias=False, moe=True, layer_class="Qwen2MoeDecoderLayer"),
     "qwen3": Family(qk_norm=True, layer_class="Qwen3DecoderLayer"),
     # Qwen3-MoE's attention takes config.sliding_window on every layer (no layer types, no max_window_layers)
-    "qwen3_moe": Family(qk_norm=True, moe=True, all_sliding=True, layer_class="Qwen3MoeDecoderLayer"),
-    "gpt_oss": Family(sinks=True, moe=True, expert_bias=True, router_bias=True, attention_bias_default=True,
-                      sliding_every=2, layer_class="GptOssDecoderLayer"),
+    "qwen3_moe": Family(qk_norm=True, moe=True, fp32_router=True, all_sliding=True,
+                        layer_class="Qwen3MoeDecoderLayer"),
+    "gpt_oss": Family(sinks=True, moe=True, expert_bias=True, router_bias=True, fp32_router=True,
+                      attention_bias_default=True, sliding_every=2, layer_class="GptOssDecoderLayer"),
     "gemma3_text": Family(qk_norm=True, norms_per_layer=4, tied_default=True, sliding_every=6,
                           layer_class="Gemma3DecoderLayer"),
 }

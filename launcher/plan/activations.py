@@ -49,7 +49,9 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: boo
     Fused SwiGLU MLP (train/kernels/swiglu.py, eager or compiled): only its input and the gate/up
     pre-activation [T, 2I] are kept (elem d + 2 elem I); the interleaved weight copy it saves is per
     layer, not per token (`fused_mlp_weight_bytes`).
-    A mixture-of-experts layer counts I as k·I_expert (+ a shared expert's width), plus `_routing_bytes`.
+    A mixture-of-experts layer counts I as k·I_expert (+ a shared expert's width), plus `_routing_bytes`
+    (the gathered and output copies, the router's fp32 tensors, the sort indices); compiled, the same extra
+    is assumed (measured eager only).
     Checked against the 4 x H100 runs (tests/launcher/test_planner_calibration.py, GPU_RUNS): 8B full
     fine-tuning compiled with the fused MLP peaked at 65.7 GiB allocated where the eager count predicted
     ~82; FP8 at 54.7; LoRA on 2 GPUs at 49.9.
@@ -59,8 +61,7 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: boo
     if not compiled:
         norms = 2 * (4 + elem) * d
         attention = elem * d + elem * (q + 2 * shape.kv_dim) + elem * q + 4 * heads + elem * q
-        mlp = elem * d + (2 if fused_mlp else 4) * elem * shape.mlp_width
-        return norms + attention + mlp + routing
+        return norms + attention + mlp_bytes_per_token(shape, elem, fused_mlp)
     attention = elem * 3 * q + elem * q + 4 * heads  # q, K and V (query width), output, log-sum-exp
     rstd = 2 * 4
     if fp8:  # layer input and the residual after attention; the bf16 matmul inputs are recomputed
@@ -71,11 +72,48 @@ def layer_activation_bytes_per_token(shape: ModelShape, elem: int, compiled: boo
     return inputs + attention + rstd + mlp + routing
 
 
+def mlp_bytes_per_token(shape: ModelShape, elem: int, fused_mlp: bool = False) -> int:
+    """The eager MLP's (or MoE block's) share of `layer_activation_bytes_per_token`: its input, the SwiGLU
+    intermediates at the per-token width, and an MoE block's routing (`_routing_bytes`)."""
+    return elem * shape.hidden + (2 if fused_mlp else 4) * elem * shape.mlp_width + _routing_bytes(shape, elem)
+
+
 def _routing_bytes(shape: ModelShape, elem: int) -> int:
-    """A mixture-of-experts layer's extra per token: the k copies of its input the routed experts take
-    (elem·d each) and the fp32 router logits (4 B per expert). The MLP terms above count its per-token
-    width as k·I_expert (ModelShape.mlp_width)."""
-    return shape.experts_per_token * elem * shape.hidden + 4 * shape.experts if shape.is_moe else 0
+    """A grouped-expert MoE block's saved bytes per token beyond the dense MLP count above (whose per-token
+    width is k·I_expert, ModelShape.mlp_width), from the tensors autograd saves in train/moe/experts.py
+    `routed_experts` behind Qwen3-MoE's fp32 router (train/moe/router.py), exact on CPU
+    (tests/train/test_moe_saved_activations.py):
+      the k input rows in expert order (gathered copies, the gate/up input)           -> k elem d
+      the expert outputs, saved by the combine's multiply with the routing weights   -> k elem d
+      fp32 router: its fp32 copy of the input, saved by its matmul, in place of the
+        dense MLP's elem-d input (nothing else saves the block's input)              -> (4 - elem) d
+      fp32 router probabilities (softmax output)                                     -> 4 E
+      top-k values and ids (4 + 8 B each), their sum (norm_topk_prob, as Qwen3-MoE's presets), the sort
+        permutation and its // k (int64 each), the weights in expert order (fp32)    -> 32 k + 4
+    Per layer, not per token and not counted: the router's fp32 weight copy (4 E d, 1 MiB at 30B-A3B). gpt-oss's
+    router (softmax over its k logits) saves no 4 E probabilities and no sum (over-counted here), and its
+    clamped gate saves more than SiLU's (not measured). The combine's fp32 products are transient
+    (`moe_combine_bytes`)."""
+    if not shape.is_moe:
+        return 0
+    k, d = shape.experts_per_token, shape.hidden
+    router_input = (4 - elem) * d if shape.family.fp32_router else 0
+    return 2 * k * elem * d + router_input + 4 * shape.experts + 32 * k + 4
+
+
+def moe_combine_bytes(shape: ModelShape, tokens: int) -> int:
+    """Transient, one MoE layer at a time (forward, recompute and backward alike): `combine_sorted` holds the
+    weighted expert outputs and their token-order copy, both fp32 [tokens·k, d] (bf16 times fp32 weights),
+    and their fp32 sum [tokens, d] before it is cast back; the backward's gradients of them are as large.
+    The forward's is measured on CPU (tests/train/test_moe_saved_activations.py)."""
+    return 4 * tokens * (2 * shape.experts_per_token + 1) * shape.hidden if shape.is_moe else 0
+
+
+def router_logits_bytes(shape: ModelShape, tokens: int) -> int:
+    """The fp32 router logits of every MoE layer [tokens, E], which each training forward returns for the
+    load-balancing loss (train/moe/router.py RouterLoss, always installed): held past the layers, outside any
+    checkpoint, until the loss; its softmax's outputs (as large) are saved for the backward in their place."""
+    return 4 * tokens * shape.experts * sum(shape.moe_layers) if shape.is_moe else 0
 
 
 def fused_mlp_weight_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
@@ -107,7 +145,9 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     With non-reentrant per-layer checkpointing only each layer's input (elem x d per token) is kept;
     during backward one layer at a time is recomputed, so one layer's full activations come back.
     `workspace` approximates the gradients of one layer's intermediates alive during its backward
-    (grads of gate/up/SiLU outputs ~3 I, of the hidden/residual stream ~3 d). `last_layer`: what is
+    (grads of gate/up/SiLU outputs ~3 I, of the hidden/residual stream ~3 d; an MoE layer's fp32 combine,
+    `moe_combine_bytes`). The MoE router logits every layer returns for the load-balancing loss are saved
+    whether or not the layers are checkpointed (`router_logits_bytes`). `last_layer`: what is
     left when backward reaches the first decoder layer (every later layer's tensors are freed): that
     layer's activations (saved or recomputed alike) + its workspace.
     """
@@ -124,8 +164,10 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
         copies = shape.layers * weight_copy
         saved = tokens * head + (0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True))
         recompute = 0
+    saved += router_logits_bytes(shape, tokens)  # layer outputs, not saved tensors: never offloaded
     mlp_rows = min(tokens, opts.mlp_chunk_tokens or tokens)
-    workspace = elem * 3 * (mlp_rows * shape.mlp_width + tokens * d) + float8_cast_bytes(shape, opts)
+    workspace = elem * 3 * (mlp_rows * shape.mlp_width + tokens * d) + float8_cast_bytes(shape, opts) \
+        + moe_combine_bytes(shape, tokens)
     return {"saved": saved + copies, "recompute": recompute, "workspace": workspace,
             "last_layer": layer + weight_copy + workspace}
 

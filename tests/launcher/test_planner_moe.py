@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.shape import ModelShape
 from launcher.commands.plan_cmd import plan_launch
+from launcher.plan.activations import activation_terms
 from launcher.plan.memory import GIB
+from launcher.plan.planner import PlanInput, memory_options
 from launcher.resolve.options import LaunchRequest, resolve
 from tests.launcher.conftest import EXAMPLE_CLUSTER, cli_env, path_without, run_cli
 
@@ -63,3 +66,34 @@ def test_moe_state_counts_every_expert_sharded() -> None:
     per_gpu = 16 * plan.params_total / 8 / GIB
     assert per_gpu == pytest.approx(56.9, abs=0.1)
     assert plan.params_trainable == plan.params_total
+
+
+# A tiny Qwen3-MoE and its dense twin (same attention, a SwiGLU MLP of width k·I_expert): the planned activations
+# differ by exactly the grouped-expert block's routing tensors (tests/train/test_moe_saved_activations.py
+# measures them on CPU), the router logits each layer returns for the load-balancing loss, and the fp32 combine.
+TINY_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+            "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 128, "intermediate_size": 96}
+DENSE_TWIN = {**{k: v for k, v in TINY_MOE.items() if "expert" not in k}, "model_type": "qwen3",
+              "intermediate_size": 2 * 32}
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_moe_activations_grow_by_the_routing_tensors_the_block_saves(checkpointing: bool) -> None:
+    tokens, elem, d, experts, k, layers = 4096, 2, 64, 8, 2, 2
+    terms = {}
+    for name, arch in (("moe", TINY_MOE), ("dense", DENSE_TWIN)):
+        inp = PlanInput(arch=arch, gpus_per_node=1, gpu_type="h100", micro_batch_tokens=tokens,
+                        gradient_checkpointing=checkpointing)
+        terms[name] = activation_terms(ModelShape.from_arch(arch), memory_options(inp), elem)
+    moe, dense = terms["moe"], terms["dense"]
+    # sorted input rows + expert outputs (k elem d each), the fp32 router's input copy in place of the bf16 MLP
+    # input, its probabilities (4 E), top-k values/ids/sum, the permutation and its // k, the sorted weights
+    block = 2 * k * elem * d + (4 - elem) * d + 4 * experts + 32 * k + 4
+    logits = 4 * experts * layers  # every layer's fp32 router logits, held for the load-balancing loss
+    per_layer = tokens * block
+    assert moe["saved"] - dense["saved"] == tokens * logits + (0 if checkpointing else layers * per_layer)
+    assert moe["recompute"] - dense["recompute"] == (per_layer if checkpointing else 0)
+    combine = tokens * 4 * (2 * k + 1) * d  # the combine's two fp32 [T·k, d] and its fp32 sum [T, d]
+    assert moe["workspace"] - dense["workspace"] == combine
+    assert moe["last_layer"] - dense["last_layer"] == per_layer + combine
