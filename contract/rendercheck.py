@@ -8,7 +8,12 @@ alternate) is found before the queue, by row, instead of being trained on change
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+# A reasoning block written at the start of an assistant's content: Qwen3's template renders it for the turns
+# after the last user query only (as at inference), so an earlier turn's is dropped by design, not trimmed.
+LEADING_REASONING = re.compile(r"^<think>.*?</think>", re.S)
 
 
 def unrendered_part(rendered: str, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str | None:
@@ -25,6 +30,8 @@ def unrendered_part(rendered: str, messages: list[dict[str, Any]], tools: list[d
     for index, message in enumerate(messages):
         content = message.get("content")
         text = content.strip() if isinstance(content, str) else ""
+        if message["role"] == "assistant":  # its reasoning block is the template's to render or drop (docs/data.md)
+            text = LEADING_REASONING.sub("", text, count=1).strip()
         if text and not any(form in rendered for form in renderings(text)):
             what = "tool result" if message["role"] == "tool" else f"{message['role']} text"
             return f"messages[{index}]: {what} {text[:40]!r}"
