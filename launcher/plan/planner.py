@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import gpus
-from contract.config import Fp8Linears, context_blocker, expert_blocker, expert_sharding_blocker
+from contract.config import Fp8Linears
+from contract.parallel import context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
 from contract.strategies import STRATEGIES, PlannerStrategy, StrategySpec

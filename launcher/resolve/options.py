@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract import gpus
-from contract.config import TrainConfig, TrainSection, context_blocker, expert_blocker, expert_sharding_blocker
+from contract.config import TrainConfig, TrainSection
+from contract.parallel import context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import ConfigError, build, set_dotted, to_dict
 from contract.shape import EXPERT_LORA_TARGETS, ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
