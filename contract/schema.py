@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import difflib
 import re
+import tomllib
 import types
 import typing
 from pathlib import Path
@@ -178,6 +179,38 @@ def to_dict(obj: Any) -> dict[str, Any]:
         return value
 
     return clean(dataclasses.asdict(obj))
+
+
+def parse_value(text: str) -> Any:
+    """A --set / training-flag value: a TOML literal (1e-5, true, ["a"]) or else the plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def field_type(cls: type, dotted: str) -> Any:
+    """The annotation of dotted key `dotted` of dataclass `cls` (through tables and dicts); None if unknown."""
+    tp: Any = cls
+    for part in dotted.split("."):
+        if dataclasses.is_dataclass(tp):
+            tp = typing.get_type_hints(tp).get(part)
+        elif typing.get_origin(tp) is dict:
+            tp = (typing.get_args(tp) or (str, Any))[1]
+        else:
+            return None
+    return tp
+
+
+def parse_for(text: str, tp: Any) -> Any:
+    """parse_value, except that a number typed where only a text fits stays the text typed: sbatch takes
+    `--set profile.account=12345` or `profile.mem=64000` literally, and "expected str, got 12345" helps nobody."""
+    value = parse_value(text)
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    kinds = set(typing.get_args(tp)) if union else {tp}
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and str in kinds and not {int, float} & kinds:
+        return text.strip()
+    return value
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -12,11 +12,11 @@ from typing import Any
 
 from contract import __version__
 from contract.config import TrainSection
-from contract.schema import field_help
+from contract.schema import field_help, field_type, parse_for
 from contract.strategies import LAUNCHABLE
 from launcher.cli import COMMANDS
 from launcher.execute.executors import EXECUTORS
-from launcher.resolve.options import LaunchRequest, field_type, parse_for, train_flag_names
+from launcher.resolve.options import LaunchRequest, train_flag_names
 from launcher.usage import Parser, given
 
 EPILOG = """\

@@ -1,4 +1,5 @@
-"""The planner's speed model: predicted step time and tokens/s of one planned run (issue #55).
+"""The planner's speed model: predicted step time and tokens/s of one planned run (issue #55), and from them the
+job's time estimate (steps, segments, requeues, ETA, GPU-hours, cost).
 
 Pure Python (no torch). A step is the time of its compute plus what of the rest does not hide behind it:
 
@@ -21,6 +22,7 @@ bench/suites/speed_calibration.py into tests/fixtures/speed_calibration.json) or
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,3 +272,67 @@ def tokens_per_step(inp: PlanInput) -> int:
     """Real tokens of one optimizer step over all GPUs (a context-parallel group shares its micro-batches)."""
     return int(inp.micro_batch_tokens * inp.packing_efficiency) * inp.gradient_accumulation_steps \
         * (inp.world_size // inp.context_parallel)
+
+
+@dataclass
+class TimeEstimate:
+    flops_per_token: float
+    expected_mfu: float | None
+    tokens_per_step: int
+    steps: int | None
+    total_tokens: int | None
+    tokens_per_s: float | None  # whole job
+    step_time_s: float | None
+    train_time_s: float | None  # compute only
+    job_segments: int | None
+    requeues: int | None
+    eta_s: float | None  # compute + one startup per segment
+    gpu_hours: float | None
+    cost: float | None
+
+
+def flops_per_token(shape: ModelShape, inp: PlanInput) -> float:
+    """contract/shape.py's formula at the planned mean document length (a document longer than a
+    micro-batch is cut to it). LoRA skips the frozen weights' gradients: 4N instead of 6N."""
+    adapters = shape.active_lora_params(inp.lora_r, inp.lora_target_modules) if inp.lora else None
+    return shape.flops_per_token(min(inp.mean_doc_tokens, inp.micro_batch_tokens), lora_params=adapters)
+
+
+def estimate_time(shape: ModelShape, inp: PlanInput, lead_s: int | None = None) -> TimeEstimate:
+    """Steps from dataset tokens (or max_steps); tokens/s from launcher/plan/speed.py's step time (or, with
+    PlanInput.expected_mfu, MFU x peak x GPUs / FLOPs per token); segments = compute time / (time limit -
+    startup - signal lead); cost = GPU-hours x price."""
+    per_token = flops_per_token(shape, inp)
+    predicted = step_time(inp, per_token)
+    spec = gpus.lookup(inp.gpu_type)
+    per_step = tokens_per_step(inp)
+    steps = inp.max_steps if inp.max_steps > 0 else None
+    if steps is None and inp.dataset_tokens is not None:
+        steps = max(1, math.ceil(inp.dataset_tokens * inp.num_train_epochs / per_step))
+    total = steps * per_step if steps is not None else None
+    mfu, rate = (predicted.mfu, predicted.tokens_per_s) if predicted else (None, None)
+    if inp.expected_mfu is not None and spec is not None and inp.device == "gpu":
+        mfu = inp.expected_mfu
+        rate = mfu * spec.peak_tflops_bf16 * 1e12 * inp.world_size / per_token
+    step_s = per_step / rate if rate else None
+    train_time = total / rate if (rate and total is not None) else None
+    return with_segments(TimeEstimate(per_token, mfu, per_step, steps, total, rate, step_s, train_time,
+                                      None, None, None, None, None), inp, lead_s)
+
+
+def with_segments(time: TimeEstimate, inp: PlanInput, lead_s: int | None) -> TimeEstimate:
+    """`time` with its segments, requeues, ETA, GPU-hours and cost for this signal lead (nothing else in the
+    estimate depends on the lead)."""
+    segments = requeues = eta = gpu_hours = cost = None
+    if time.train_time_s is not None:
+        segments = 1
+        if inp.time_limit_s:
+            usable = inp.time_limit_s - inp.startup_s - (lead_s or 0)
+            segments = math.ceil(time.train_time_s / usable) if usable > 0 else None
+        if segments is not None:
+            requeues = segments - 1
+            eta = time.train_time_s + segments * inp.startup_s
+            gpu_hours = eta * inp.world_size / 3600
+            cost = gpu_hours * inp.gpu_hour_price if inp.gpu_hour_price is not None else None
+    return dataclasses.replace(time, job_segments=segments, requeues=requeues, eta_s=eta, gpu_hours=gpu_hours,
+                               cost=cost)

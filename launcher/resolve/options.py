@@ -11,16 +11,14 @@ import dataclasses
 import hashlib
 import json
 import re
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract import gpus
-from contract.config import TrainConfig, TrainSection, context_blocker, expert_blocker, expert_sharding_blocker
-from contract.schema import ConfigError, build, set_dotted, to_dict
+from contract.config import TrainConfig, TrainSection
+from contract.parallel import context_blocker, expert_blocker, expert_sharding_blocker
+from contract.schema import ConfigError, build, field_type, parse_for, set_dotted, to_dict
 from contract.shape import EXPERT_LORA_TARGETS, ModelShape
 from contract.strategies import CPU_STRATEGIES, LAUNCHABLE, STRATEGIES, StrategySpec
 from launcher.plan.autofit import MAX_LENGTH_KEY, MicroBatchChoice, fit_micro_batch
@@ -108,38 +106,6 @@ class Launch:
         spec = gpus.lookup(self.profile.gpu_type)
         return gpus.mixed_precision(self.train.model.precision, self.profile.gpus_per_node > 0,
                                     spec.has_bf16 if spec is not None else None)
-
-
-def parse_value(text: str) -> Any:
-    """A --set / training-flag value: a TOML literal (1e-5, true, ["a"]) or else the plain string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def field_type(cls: type, dotted: str) -> Any:
-    """The annotation of dotted key `dotted` of dataclass `cls` (through tables and dicts); None if unknown."""
-    tp: Any = cls
-    for part in dotted.split("."):
-        if dataclasses.is_dataclass(tp):
-            tp = typing.get_type_hints(tp).get(part)
-        elif typing.get_origin(tp) is dict:
-            tp = (typing.get_args(tp) or (str, Any))[1]
-        else:
-            return None
-    return tp
-
-
-def parse_for(text: str, tp: Any) -> Any:
-    """parse_value, except that a number typed where only a text fits stays the text typed: sbatch takes
-    `--set profile.account=12345` or `profile.mem=64000` literally, and "expected str, got 12345" helps nobody."""
-    value = parse_value(text)
-    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
-    kinds = set(typing.get_args(tp)) if union else {tp}
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and str in kinds and not {int, float} & kinds:
-        return text.strip()
-    return value
 
 
 def train_flag_names() -> list[str]:

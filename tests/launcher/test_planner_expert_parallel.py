@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from contract.config import expert_blocker
+from contract.parallel import expert_blocker
 from contract.shape import ModelShape
 from launcher.plan.activations import expert_dispatch_bytes
 from launcher.plan.memory import gathered_layer_bytes

@@ -20,9 +20,9 @@ import copy
 import pytest
 
 from tests.train.test_data import make_cfg, only_example, write_jsonl
-from train.dataset.chat import IGNORE_INDEX, MaskError, has_generation_markers, tokenize_chat
+from train.dataset.chat import MaskError, has_generation_markers, tokenize_chat
 from train.dataset.load import load_tokenizer
-from tests.train.test_chat_templates import TEMPLATES
+from tests.train.test_chat_templates import TEMPLATES, learned_spans
 
 FAMILIES = {  # template, bos, eos, further special tokens of the family's tokenizer
     "qwen3": ("qwen3.jinja", None, "<|im_end|>", ("<|im_start|>", "<|endoftext|>", "<think>", "</think>",
@@ -48,18 +48,6 @@ def tokenizers(tmp_path_factory, tiny_tokenizer):
         loaded[name] = load_tokenizer(cfg)
         assert not has_generation_markers(loaded[name])  # the turn-by-turn path
     return loaded
-
-
-def learned_spans(tokenizer, labels: list[int]) -> list[str]:
-    """The decoded runs of consecutive tokens that carry loss."""
-    spans, run = [], []
-    for label in [*labels, IGNORE_INDEX]:
-        if label != IGNORE_INDEX:
-            run.append(label)
-        elif run:
-            spans.append(tokenizer.decode(run))
-            run = []
-    return spans
 
 
 def learned(tokenizer, messages, tools=None) -> list[str]:

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> dict[str, dict]:
     """The runs fine-tune a saved tiny Llama (model.path), as a user's runs do: a resume then builds the model
-    without reading it (train/engine/loop.py weights_in_checkpoint), so bitwise equality with the
+    without reading it (train/engine/model.py weights_in_checkpoint), so bitwise equality with the
     uninterrupted run also proves that the checkpoint alone restores every weight."""
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -92,7 +92,7 @@ def test_materialize_optimizer_state_creates_moments_and_changes_no_weight():
     optimizer's own state_dict, so the moments must exist first or none are restored."""
     import torch
 
-    from train.engine.checkpoint import materialize_optimizer_state
+    from train.engine.optim import materialize_optimizer_state
 
     model = torch.nn.Linear(4, 3)
     model.bias.requires_grad_(False)  # a frozen parameter gets no state

@@ -45,7 +45,8 @@ def test_shape_counts_match_a_real_model(extra):
 
 
 def test_train_and_planner_count_the_same_flops():
-    from launcher.plan.planner import PlanInput, flops_per_token as planned
+    from launcher.plan.planner import PlanInput
+    from launcher.plan.speed import flops_per_token as planned
 
     inp = PlanInput(arch=ARCH, mean_doc_tokens=250, micro_batch_tokens=4096)
     assert planned(ModelShape.from_arch(ARCH), inp) == flops_per_token(ARCH, 250.0)
@@ -53,7 +54,8 @@ def test_train_and_planner_count_the_same_flops():
 
 def test_lora_counts_the_frozen_base_at_4n_and_the_adapters_at_6n_in_train_and_planner():
     import torch
-    from launcher.plan.planner import PlanInput, flops_per_token as planned
+    from launcher.plan.planner import PlanInput
+    from launcher.plan.speed import flops_per_token as planned
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import set_seed
 
 from contract.config import TrainConfig
 from contract.protocol import EXIT_REQUEUE, FINISHED_FILE, LOGS_DIR, PROFILE_DIR
@@ -46,7 +46,7 @@ from train.moe.router import router_loss_of
 from train.observe.metrics import (MetricsSink, Stopwatch, Window, attended_length, lora_params, peak_flops_per_gpu,
                                    step_record)
 from train.engine.model import (attention_features, attention_heads, build_model, log_model_ready, log_placement,
-                                moe_experts)
+                                moe_experts, weights_in_checkpoint)
 from train.engine.optim import backward, clip_and_step, defers_gradient_sync, norm_tensor, prepare_for_training
 from train.dataset.packing import collate, plan_micro_batches, to_device
 from train.engine.heldout import eval_sums, loss_record
@@ -187,16 +187,6 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
         watchdog.close()
         sink.close()
     return 0
-
-
-def weights_in_checkpoint(cfg: TrainConfig, accelerator: Accelerator) -> bool:
-    """Whether a resume finds every weight in the checkpoint, so model.path's need not be read (at 8B a 16 GB
-    read on rank 0 and its broadcast, all overwritten by load_state): a full fine-tune under FSDP2 (a LoRA
-    checkpoint holds the adapters only). The model is then built as model.init = "sharded" builds it: on the
-    meta device, each rank's shards drawn where they live, then overwritten by the checkpoint."""
-    return (bool(cfg.model.path) and cfg.model.init == "full" and not cfg.lora.enabled
-            and cfg.train.precision != "fp8" and accelerator.distributed_type == DistributedType.FSDP
-            and accelerator.is_fsdp2)
 
 
 def _steps_per_epoch(batches: Batches, world: int, accumulation: int) -> int:

@@ -151,6 +151,16 @@ def random_init(config: PretrainedConfig, accelerator: Accelerator, kwargs: dict
     return AutoModelForCausalLM.from_config(config, **kwargs)
 
 
+def weights_in_checkpoint(cfg: TrainConfig, accelerator: Accelerator) -> bool:
+    """Whether a resume finds every weight in the checkpoint, so model.path's need not be read (at 8B a 16 GB
+    read on rank 0 and its broadcast, all overwritten by load_state): a full fine-tune under FSDP2 (a LoRA
+    checkpoint holds the adapters only). The model is then built as model.init = "sharded" builds it: on the
+    meta device, each rank's shards drawn where they live, then overwritten by the checkpoint."""
+    return (bool(cfg.model.path) and cfg.model.init == "full" and not cfg.lora.enabled
+            and cfg.train.precision != "fp8" and accelerator.distributed_type == DistributedType.FSDP
+            and accelerator.is_fsdp2)
+
+
 def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation: str) -> PreTrainedModel:
     config = build_config(cfg)
     kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation,

@@ -173,3 +173,26 @@ def norm_tensor(norm: Any, device: torch.device) -> torch.Tensor:
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return norm.detach().reshape(()).to(device) if torch.is_tensor(norm) else torch.tensor(float(norm), device=device)
+
+
+def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state tensors (Adam's moments) without changing a weight.
+
+    Accelerate loads an FSDP1 optimizer by reading the checkpoint into ``optimizer.state_dict()`` as a
+    template: a fresh Adam has no moments yet, so none were read and the resumed run silently started
+    with zero moments (H100, bench/gpu_strategies.py: FSDP1 diverged at the first step after resume).
+    One step on zero gradients at learning rate 0 creates them (AdamW's decay is lr x wd = 0 too);
+    the load then overwrites every value, the step count included. FSDP2 and DeepSpeed do this inside
+    their own loaders."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, rate in zip(optimizer.param_groups, rates):
+        group["lr"] = rate
+    optimizer.zero_grad(set_to_none=True)

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from contract.config import context_blocker
+from contract.parallel import context_blocker
 from contract.schema import ConfigError
 
 logger = logging.getLogger(__name__)

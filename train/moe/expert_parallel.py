@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from contract.config import expert_blocker, expert_sharding_blocker
+from contract.parallel import expert_blocker, expert_sharding_blocker
 from contract.schema import ConfigError
 from train.moe.experts import grouped_expert_mlp
 

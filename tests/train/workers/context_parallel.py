@@ -11,7 +11,6 @@ over NCCL in bf16, where the tolerances are bf16's (matmuls over a slice's rows 
 2. FSDP2 (fully_shard over the world, as training shards): the loss of each slice over (label tokens / world),
    averaged by FSDP's reduce-scatter, gives the one-rank gradients.
 """
-import os
 import sys
 
 import torch
@@ -19,18 +18,13 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.train.workers.join import join_group
 from train.dataset.packing import collate_packed
 from train.kernels import context_parallel
 from train.kernels.attention import setup_attention
 from train.kernels.perf import use_fused_loss
 
-backend = sys.argv[1] if len(sys.argv) > 1 else "sdpa"
-on_gpu = backend != "sdpa"
-device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}") if on_gpu else torch.device("cpu")
-if on_gpu:
-    torch.cuda.set_device(device)
-dist.init_process_group("nccl" if on_gpu else "gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+backend, on_gpu, device, rank, world = join_group(sys.argv)
 dtype = torch.bfloat16 if on_gpu else torch.float32
 LOSS_TOL, GRAD_TOL = (2e-2, 5e-2) if on_gpu else (1e-5, 1e-4)  # GPU: relative to the largest gradient
 cp = context_parallel.setup(world, world, rank, 4, 2)

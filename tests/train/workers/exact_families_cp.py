@@ -5,7 +5,6 @@ one-rank run equal to transformers' eager per document). GPUs (a backend as argu
 NCCL, bf16 autocast, bf16's tolerances, head_dim 64. Sliding windows and (gpt-oss) per-head sinks included:
 each rank holds half the heads, so it must use its heads' sinks. Documents cross the rank boundary. Prints
 "<family> ok" per family, or "<family> skip" where the backend cannot compute the family's features."""
-import os
 import sys
 
 import torch
@@ -15,17 +14,12 @@ from transformers import AutoModelForCausalLM
 from contract.attention import AttentionFeatures
 from contract.schema import ConfigError
 from tests.train.families import FAMILIES, SPECS, family_config
+from tests.train.workers.join import join_group
 from train.dataset.packing import collate_packed
 from train.kernels import context_parallel
 from train.kernels.attention import setup_attention
 
-backend = sys.argv[1] if len(sys.argv) > 1 else "sdpa"
-on_gpu = backend != "sdpa"
-device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}") if on_gpu else torch.device("cpu")
-if on_gpu:
-    torch.cuda.set_device(device)
-dist.init_process_group("nccl" if on_gpu else "gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+backend, on_gpu, device, rank, world = join_group(sys.argv)
 LOSS_TOL, GRAD_TOL = (2e-2, 5e-2) if on_gpu else (1e-5, 1e-4)  # GPU: relative to the loss / largest gradient
 SHAPE = dict(hidden_size=256, head_dim=64, intermediate_size=512, vocab_size=512) if on_gpu else {}
 cp = context_parallel.setup(world, world, rank, 4, 2)
