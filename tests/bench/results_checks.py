@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,18 @@ import pytest
 
 from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from bench.report import distribution
-from bench.report.results_io import RESULTS, clock_start, throughput_numbers
+from bench.report.results_io import RESULTS, ROOT, clock_start, throughput_numbers
 from bench.report.speed_inputs import runs_of
+
+
+def run_cpu_smoke(module: str, tmp_path: Path) -> tuple[Path, str]:
+    """`python -m MODULE --cpu-smoke` into tmp_path/out: (the folder of its results files, its stdout); fails with
+    the script's output unless it exits 0."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", module, "--cpu-smoke", "--out", str(out), "--results", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results, proc.stdout
 from bench.suites.gpu_single import VARIANTS
 
 REL = 1e-9  # JSON floats round-trip exactly; this only absorbs a different order of float operations

@@ -4,23 +4,17 @@ passes tests/bench/test_results.py's checks of a CP file (results_checks.longctx
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.bench import results_checks as checks
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
 def test_cpu_smoke_trains_whole_documents_split_over_two_ranks(tmp_path: Path) -> None:
-    out, results = tmp_path / "out", tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "bench.multi.gpu_context_parallel", "--cpu-smoke", "--out", str(out),
-                           "--results", str(results)], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results, stdout = checks.run_cpu_smoke("bench.multi.gpu_context_parallel", tmp_path)
+    out = tmp_path / "out"  # where run_cpu_smoke ran it
     names = sorted(p.name for p in results.iterdir())
     assert names == ["longctx-tiny-full-256-cp2.json", "longctx-tiny-full-512-cp2.json"]
     for path in results.iterdir():
@@ -32,4 +26,4 @@ def test_cpu_smoke_trains_whole_documents_split_over_two_ranks(tmp_path: Path) -
         assert "context = 2" in (out / f"run-{r['seq_len']}" / "train.toml").read_text()
     log = (out / "run-512" / "machine0.log").read_text()
     assert "context parallel: 1 groups of 2 ranks" in log
-    assert proc.stdout.rstrip().splitlines()[-1].startswith("peer not run:")  # the table is printed last
+    assert stdout.rstrip().splitlines()[-1].startswith("peer not run:")  # the table is printed last

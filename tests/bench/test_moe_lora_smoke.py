@@ -5,23 +5,16 @@ recorded beside ours), the tiny gpt-oss run, one results file, and the table pri
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.suites.gpu_moe_lora import TARGETS
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.bench import results_checks as checks
 
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_phase_and_writes_one_results_file(tmp_path: Path) -> None:
-    out, results = tmp_path / "out", tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "bench.suites.gpu_moe_lora", "--cpu-smoke", "--out", str(out),
-                           "--results", str(results)], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results, stdout = checks.run_cpu_smoke("bench.suites.gpu_moe_lora", tmp_path)
     assert [p.name for p in results.iterdir()] == ["moelora-tiny-moe.json"]
     record = json.loads((results / "moelora-tiny-moe.json").read_text())
     layer = {row["row"]: row for row in record["layer"]["rows"]}
@@ -33,6 +26,6 @@ def test_cpu_smoke_runs_every_phase_and_writes_one_results_file(tmp_path: Path) 
     assert ours[0]["real_tokens_per_s"] > 0 and ours[0]["lora_params"] > 0 and ours[0]["windows"]
     assert "error" in peer[0] and record["ratio_median"] is None  # no trl here
     assert record["gpt_oss"]["real_tokens_per_s"] > 0
-    train_log = (out / "ours-0" / "ours-moe-lora" / "train.log").read_text()
+    train_log = (tmp_path / "out" / "ours-0" / "ours-moe-lora" / "train.log").read_text()
     assert "LoRA on the experts: 4 stacked expert weights" in train_log
-    assert proc.stdout.rstrip().splitlines()[-1].startswith("| gpt-oss-20b ours | 1 |")
+    assert stdout.rstrip().splitlines()[-1].startswith("| gpt-oss-20b ours | 1 |")
