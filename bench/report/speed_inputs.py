@@ -154,7 +154,8 @@ def _long_context(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
     inp = {**_one_document(gpu, data), "lora": True, "lora_r": data["lora_r"],
            "lora_target_modules": data["lora_targets"], "gradient_checkpointing": train["gradient_checkpointing"],
            "activation_offload": train.get("activation_offload", False),
-           "mlp_chunk_tokens": train.get("mlp_chunk_tokens", 0)}
+           "mlp_chunk_tokens": train.get("mlp_chunk_tokens", 0),
+           "recompute_attention": train.get("recompute_attention", True)}
     return [_run(name, (), data["shape"], data["tokens_per_s"] / data["gpu_count"], inp)]
 
 
@@ -168,10 +169,32 @@ def _long_context_full(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
     return [_run(name, (), data["shape"], data["real_tokens_per_s"] / data["gpu_count"], inp)]
 
 
+SAVE_RUNS = ("nosave", "async", "sync")  # bench/multi/gpu_save_async.py's training runs (resume trains no timed steps)
+
+
+def _save_async(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
+    """save-async.json (bench/multi/gpu_save_async.py): full fine-tunes of `arch` (the 8B layer shape, as many
+    layers as the disk holds two checkpoints of), FSDP2 over gpu_count GPUs, checkpointing, compiled layers. The
+    rate is the training steps' (metrics' elapsed_s leaves the save pauses out), so the plan's speed applies to
+    each run alike; the pauses are the runs' own fields."""
+    runs = []
+    for side in SAVE_RUNS:
+        block = data.get(side)
+        if block and "real_tokens_per_s" in block:
+            inp = _plan_input(data["arch"], gpu, data["gpu_count"], data["tokens_per_micro_batch"], data["docs"],
+                              gradient_checkpointing=True,
+                              gradient_accumulation_steps=data.get("gradient_accumulation_steps", 1))
+            shape = f"llama3-8b x{data['arch']['num_hidden_layers']} layers"
+            runs.append(_run(f"{name} {side}", (side,), shape, block["real_tokens_per_s"] / data["gpu_count"], inp))
+    return runs
+
+
 def runs_of(name: str, gpu_type: str, data: dict[str, Any]) -> list[Run]:
     """The runs of ours in one results file (`name`: its path, the file name last) on GPUs of `gpu_type`."""
     if name.rsplit("/", 1)[-1].startswith("compare-"):
         return _compare(name, gpu_type, data)
+    if name.rsplit("/", 1)[-1].startswith("save-async"):
+        return _save_async(name, gpu_type, data)
     if "seq_len" in data:
         return _long_context(name, gpu_type, data)
     if "path" in data:

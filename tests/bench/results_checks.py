@@ -26,7 +26,7 @@ import pytest
 from bench.common.synthetic import SHAPES, document_lengths, sample_lengths
 from bench.report import distribution
 from bench.report.results_io import RESULTS, ROOT, clock_start, throughput_numbers
-from bench.report.speed_inputs import runs_of
+from bench.report.speed_inputs import SAVE_RUNS, runs_of
 
 
 def run_cpu_smoke(module: str, tmp_path: Path) -> tuple[Path, str]:
@@ -290,7 +290,6 @@ def check_distribution(r: dict, name: str) -> None:
     assert (r["runs_per_side"], r["peer_low_runs"]) == (derived["runs_per_side"], derived["peer_low_runs"]), name
 
 
-SAVE_RUNS = ("nosave", "async", "sync")  # bench/multi/gpu_save_async.py's runs with a block of numbers each
 
 
 def save_async_problems(r: dict[str, Any], name: str) -> list[str]:

@@ -360,6 +360,19 @@ def _save_sample(peak_flops: float | None = None) -> dict:
     return r
 
 
+def test_a_save_async_file_records_the_plans_prediction_of_each_training_run():
+    """save-async.json's nosave, async and sync runs are plans the planner expresses (issue #64 item 4): each records
+    the prediction and speed_error in its block (the CPU sample as an H100 would have written it); a tampered one
+    is caught."""
+    sample = _save_sample(peak_flops=989e12)
+    sample["provenance"]["gpus"] = ["NVIDIA H100 80GB HBM3"]
+    r = with_predictions(SAVE_SAMPLE.name, sample)
+    assert all(r[run]["predicted_tokens_per_s_per_gpu"] > 0 for run in checks.SAVE_RUNS)
+    assert not checks.speed_problems(r, SAVE_SAMPLE.name)
+    r["async"]["speed_error"] += 0.01
+    assert checks.speed_problems(r, SAVE_SAMPLE.name)
+
+
 @pytest.mark.parametrize("tamper", ["a pause", "a write rate", "a pause total", "mfu with pauses above mfu",
                                     "a resume without time", "a synchronous save in the async run", "a rate",
                                     "resume phases longer than the resume"])
