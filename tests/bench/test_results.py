@@ -107,7 +107,9 @@ def test_provenance(path):
     provenance = data.get("provenance")
     assert provenance, f"{name}: no provenance block (write results through bench/results_io.write_result)"
     assert set(PROVENANCE_KEYS) <= provenance.keys(), f"{name}: provenance lacks {set(PROVENANCE_KEYS) - provenance.keys()}"
-    assert re.fullmatch(r"[0-9a-f]{40}", provenance["commit"]), f"{name}: no git commit"
+    # 40 hex digits, or an abbreviation of at least 7 as a lent GPU machine's $BENCH_COMMIT declared it (the tree is
+    # copied there without .git): test_results_history resolves either to a commit in main's history
+    assert re.fullmatch(r"[0-9a-f]{7,40}", provenance["commit"]), f"{name}: no git commit"
     assert provenance["command"] and provenance["date_utc"], f"{name}: no command or date"
     assert provenance["gpu_count"] == len(provenance["gpus"]), f"{name}: gpu_count is not the GPUs' count"
     if _kind(path) == "cli":  # a CPU benchmark: the machine it ran on instead of a GPU
