@@ -22,7 +22,8 @@ rendering for 2 nodes of half as many, each rank's state a 1/N share of the mode
   sync     as async with train.async_save = false.
 MFU with saves counts the save pauses as wall time (metrics' elapsed_s leaves them out; the
 "checkpoint" records give them); the steps slowed by a write in flight are in elapsed_s already.
-Results `save-async.json` (results_io.write_result): `save_pause_s` (async and sync, per save),
+Results `save-async.json` (results_io.write_result, again after every run: a call cut off by its time limit keeps
+the runs that finished): `save_pause_s` (async and sync, per save),
 `write_gbps`, `mfu` per run, `resume_s`, `resume_phases`.
 """
 
@@ -124,6 +125,41 @@ def first_step_s(text: str, started: float) -> float | None:
     return stamp - started
 
 
+def summarized(stats: dict | None, name: str, rows: list) -> dict | None:
+    """A run's stats with its pause per save and write GB/s (and their table rows)."""
+    if not stats:
+        return stats
+    pauses = [c["save_pause_s"] for c in stats["saves"]]
+    rates = [c["gb"] / c["write_s"] for c in stats["saves"] if c["write_s"]]
+    stats.update(save_pause_s=pauses, write_gbps=rates)
+    rows.append((f"{name}: MFU (saves' pauses counted)", f"{(stats['mfu'] or 0) * 100:.1f}% "
+                 f"({(stats['mfu_with_pauses'] or 0) * 100:.1f}%)"))
+    if pauses:
+        rows.append((f"{name}: pause per save, write GB/s",
+                     f"{', '.join(f'{p:.2f}' for p in pauses)} s; {', '.join(f'{r:.2f}' for r in rates)} GB/s"))
+    return stats
+
+
+def resume(args: argparse.Namespace, arch: dict, data: Path, result: dict[str, Any], rows: list) -> None:
+    """The async run's directory started again (a requeue): job start -> first step, load_state, the phases."""
+    run = args.out / "run-async"
+    _, code, text, started = run_once("resume", args, arch, data, [], 29660, run=run)
+    result["resume_exit"] = code
+    result["resume_s"] = first_step_s(text, started)
+    restored = re.findall(r"resumed from \S+ \(step [^)]*\) in ([\d.]+) s", text)
+    result["resume_restore_s"] = float(restored[-1]) if restored else None
+    result["resume_phases"] = startup_phases(run)
+    rows.append(("resume: job start -> first step", f"{result['resume_s'] or float('nan'):.1f} s "
+                 f"(load_state {result['resume_restore_s'] or float('nan'):.1f} s), exit {code}"))
+    rows += [(f"resume: {phase}", f"{seconds:.1f} s") for phase, seconds in (result["resume_phases"] or {}).items()]
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)  # room for the sync run's
+
+
+def written(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    if args.results:
+        write_result(args.results / "save-async.json", result)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("/tmp/save-async"))
@@ -160,44 +196,24 @@ def main() -> None:
     rows.append(("disk write (dd-like)", f"{result['disk_write_gbps']:.2f} GB/s"))
     saves = ["--save_steps", str(args.save_every)]
     runs = args.runs.split(",")
-    for port, (name, extra) in enumerate((("nosave", ["--save_steps", "1000000"]),
-                                          ("async", [*saves, "--set", "train.async_save=true", "--set",
-                                                    f"train.async_save_staging={args.staging}",
-                                                    "--set", f"profile.node_local_dir={args.out / 'node-local'}"])),
-                                          start=29650):
-        if name not in runs:
-            continue
+
+    def train(name: str, extra: list[str], port: int) -> None:
+        seen = len(rows)
         run, code, text, _ = run_once(name, args, arch, data, extra, port)
-        result[name] = mfu_with_pauses(run, code, text, rows, name, arch, lengths, args.gpus)
+        result[name] = summarized(mfu_with_pauses(run, code, text, rows, name, arch, lengths, args.gpus), name, rows)
+        written(args, result)  # after every run: a call cut off by its limit keeps what landed (2026-12-06)
+        print("\n".join(f"{label}: {value}" for label, value in rows[seen:]), flush=True)  # progress, run by run
+
+    if "nosave" in runs:
+        train("nosave", ["--save_steps", "1000000"], 29650)
+    if "async" in runs:
+        train("async", [*saves, "--set", "train.async_save=true", "--set", f"train.async_save_staging={args.staging}",
+                        "--set", f"profile.node_local_dir={args.out / 'node-local'}"], 29651)
     if result.get("async") and "resume" in runs:
-        run = args.out / "run-async"
-        _, code, text, started = run_once("resume", args, arch, data, [], 29660, run=run)
-        result["resume_exit"] = code
-        result["resume_s"] = first_step_s(text, started)
-        restored = re.findall(r"resumed from \S+ \(step [^)]*\) in ([\d.]+) s", text)
-        result["resume_restore_s"] = float(restored[-1]) if restored else None
-        result["resume_phases"] = startup_phases(run)
-        rows.append(("resume: job start -> first step", f"{result['resume_s'] or float('nan'):.1f} s "
-                     f"(load_state {result['resume_restore_s'] or float('nan'):.1f} s), exit {code}"))
-        rows += [(f"resume: {phase}", f"{seconds:.1f} s") for phase, seconds in (result["resume_phases"] or {}).items()]
-        shutil.rmtree(run / "checkpoints", ignore_errors=True)  # room for the sync run's
+        resume(args, arch, data, result, rows)
+        written(args, result)
     if "sync" in runs:
-        run, code, text, _ = run_once("sync", args, arch, data, [*saves, "--set", "train.async_save=false"], 29670)
-        result["sync"] = mfu_with_pauses(run, code, text, rows, "sync", arch, lengths, args.gpus)
-    for name in ("nosave", "async", "sync"):
-        stats = result.get(name)
-        if not stats:
-            continue
-        pauses = [c["save_pause_s"] for c in stats["saves"]]
-        rates = [c["gb"] / c["write_s"] for c in stats["saves"] if c["write_s"]]
-        stats.update(save_pause_s=pauses, write_gbps=rates)
-        rows.append((f"{name}: MFU (saves' pauses counted)", f"{(stats['mfu'] or 0) * 100:.1f}% "
-                     f"({(stats['mfu_with_pauses'] or 0) * 100:.1f}%)"))
-        if pauses:
-            rows.append((f"{name}: pause per save, write GB/s",
-                         f"{', '.join(f'{p:.2f}' for p in pauses)} s; {', '.join(f'{r:.2f}' for r in rates)} GB/s"))
-    if args.results:
-        write_result(args.results / "save-async.json", result)
+        train("sync", [*saves, "--set", "train.async_save=false"], 29670)
     print("\n| measurement | value |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value} |")
