@@ -124,6 +124,20 @@ GPU_RUNS = {  # name: (results file, keys to peak_mem_gib, PlanInput fields besi
                                  {"gpus_per_node": 1, "gpu_type": "h200", "fp8": "ours"}),
     "8b-lora-nockpt-2xh100": ("h100/two-gpu-2026-11-27/multi-2gpu-8b-lora.json", ("8b_lora",),  # r16, all linears
                               {"gpus_per_node": 1, "lora": True, "lora_dropout": 0.0}),
+    # bench/suites/gpu_long_context.py on one H200: 8B LoRA on one 262,144-token document, per-layer checkpointing,
+    # the checkpointed inputs offloaded, the MLP in chunks of 16,384 tokens, eager layers, FA4
+    "8b-lora-256k-offload-1xh200": ("h200/longctx-2026-11-29/longctx-llama3-8b-lora-262144-offload-mlp-chunks.json", (),
+                                    {"arch": {**H100_8B["arch"], "max_position_embeddings": 262144}, "nodes": 1,
+                                     "gpus_per_node": 1, "gpu_type": "h200", "lora": True, "compile": False,
+                                     "gradient_checkpointing": True, "micro_batch_tokens": 262144,
+                                     "mean_doc_tokens": 262144.0, "packing_efficiency": 1.0,
+                                     "activation_offload": True, "mlp_chunk_tokens": 16384}),
+}
+# Runs the memory model misses by more than the tolerance: expected failures that must keep failing until it is fixed.
+GPU_RUN_MISSES = {
+    "8b-lora-256k-offload-1xh200": "+31%: 84.9 GiB allocated predicted, 64.8 measured; at long documents the eager "
+                                   "per-token saved set (launcher/plan/activations.py, measured on CPU at short "
+                                   "lengths) overcounts the layer being recomputed (issue #64: the 128k plans too)",
 }
 
 
@@ -134,7 +148,8 @@ def measured_peak(path: str, keys: tuple[str, ...]) -> float:
     return block["peak_mem_gib"]
 
 
-@pytest.mark.parametrize("name", sorted(GPU_RUNS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.xfail(strict=True, reason=GPU_RUN_MISSES[n])]
+                                               if n in GPU_RUN_MISSES else []) for n in sorted(GPU_RUNS)])
 def test_training_run_peak_allocated_within_tolerance(name):
     """Issue: the no-checkpointing estimate with compiled layers was 51 GiB of activations (82 GiB allocated)
     for a run that peaked at 65.7 GiB; the compiled/fused saved set (launcher/plan/activations.py) must stay
