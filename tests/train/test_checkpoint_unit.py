@@ -175,6 +175,17 @@ def test_the_background_write_is_a_snapshot_of_the_staged_step(tmp_path):
     dcp.load(loaded, checkpoint_id=str(tmp_path / "model"))
     assert torch.equal(loaded["weight"], torch.arange(6, dtype=torch.float32))
 
+    # The staged write's threads: this rank's tensors split by size over as many files, read back as one state.
+    from train.persist.snapshot import STAGED_WRITE_THREADS
+
+    state = {f"w{i}": torch.randn(i + 1, 3) for i in range(7)}
+    writer.submit([(writer.stage(state), tmp_path / "threads")], after=lambda: None)
+    assert writer.wait() is None
+    files = sorted(p.name for p in (tmp_path / "threads").glob("*.distcp"))
+    assert STAGED_WRITE_THREADS > 1 and files == [f"__0_{i}.distcp" for i in range(STAGED_WRITE_THREADS)]
+    loaded = {name: torch.zeros_like(tensor) for name, tensor in state.items()}
+    dcp.load(loaded, checkpoint_id=str(tmp_path / "threads"))
+    assert all(torch.equal(loaded[name], state[name]) for name in state)
 
     (tmp_path / "blocked").write_text("a file where the folder should be")
     writer.submit([(writer.stage({"weight": weight}), tmp_path / "blocked")], after=lambda: None)
