@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,8 +109,9 @@ def exported_tensors(run_dir: Path) -> dict[str, Any]:
 
 
 def assert_sharded_checkpoint(checkpoint: Path, world: int) -> None:
-    """The checkpoint has FSDP2's sharded layout (torch.distributed.checkpoint: one ``.distcp`` file
-    per rank for the model and for the optimizer, each weight split across the ranks), not DDP's
+    """The checkpoint has FSDP2's sharded layout (torch.distributed.checkpoint: ``.distcp`` files of
+    every rank for the model and for the optimizer, ``__<rank>_<i>``: one per rank from Accelerate's
+    save, several from an asynchronous save's threads; each weight split across the ranks), not DDP's
     single model file: a silent fall-back to DDP fails here."""
     from accelerate.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
     from torch.distributed.checkpoint import FileSystemReader
@@ -118,7 +120,8 @@ def assert_sharded_checkpoint(checkpoint: Path, world: int) -> None:
     assert not full_files, f"{checkpoint}: unsharded model files {full_files} (DDP layout)"
     for name in (f"{FSDP_MODEL_NAME}_0", f"{OPTIMIZER_NAME}_0"):
         shards = checkpoint / name
-        assert sorted(p.name for p in shards.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(world)], shards
+        files = [re.fullmatch(r"__(\d+)_\d+\.distcp", p.name) for p in shards.glob("*.distcp")]
+        assert all(files) and {int(f.group(1)) for f in files} == set(range(world)), (shards, files)
         tensors = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
         matrices = {key: meta for key, meta in tensors.items() if len(getattr(meta, "size", ())) == 2}
         assert matrices, f"{shards}: no weight matrices in the DCP metadata"

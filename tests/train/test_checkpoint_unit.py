@@ -175,6 +175,18 @@ def test_the_background_write_is_a_snapshot_of_the_staged_step(tmp_path):
     dcp.load(loaded, checkpoint_id=str(tmp_path / "model"))
     assert torch.equal(loaded["weight"], torch.arange(6, dtype=torch.float32))
 
+    # The staged write's threads: this rank's tensors split by size over as many files, read back as one state.
+    from train.persist.snapshot import STAGED_WRITE_THREADS
+
+    state = {f"w{i}": torch.randn(i + 1, 3) for i in range(7)}
+    writer.submit([(writer.stage(state), tmp_path / "threads")], after=lambda: None)
+    assert writer.wait() is None
+    files = sorted(p.name for p in (tmp_path / "threads").glob("*.distcp"))
+    assert STAGED_WRITE_THREADS > 1 and files == [f"__0_{i}.distcp" for i in range(STAGED_WRITE_THREADS)]
+    loaded = {name: torch.zeros_like(tensor) for name, tensor in state.items()}
+    dcp.load(loaded, checkpoint_id=str(tmp_path / "threads"))
+    assert all(torch.equal(loaded[name], state[name]) for name in state)
+
     (tmp_path / "blocked").write_text("a file where the folder should be")
     writer.submit([(writer.stage({"weight": weight}), tmp_path / "blocked")], after=lambda: None)
     assert writer.wait() is not None  # the error comes back to the caller, who removes the partial save
@@ -283,4 +295,67 @@ def test_cpu_stager_prepares_its_buffers_beside_training():
     prepared = stager._views[0].data_ptr()
     staged = stager.stage(state)
     assert staged["w"].data_ptr() == prepared and torch.equal(staged["w"], state["w"])
+    stager.close()
+
+
+def test_pin_groups_cover_every_tensor_once_in_order_within_the_cap():
+    """The staging buffers are registered with CUDA one group of whole tensors at a time (each registration holds the
+    driver's lock that training's CUDA calls wait for): consecutive groups, every tensor in exactly one, each group at
+    most the cap unless a single tensor is larger."""
+    import random
+
+    from train.persist.snapshot import pin_groups
+
+    assert pin_groups([], 100) == []
+    assert pin_groups([40, 60, 1, 250, 0, 98, 2], 100) == [range(0, 2), range(2, 3), range(3, 4), range(4, 7)]
+    rng = random.Random(0)
+    for _ in range(200):
+        sizes = [rng.choice([0, 1, 512, rng.randrange(1, 3000)]) for _ in range(rng.randrange(0, 40))]
+        cap = rng.randrange(1, 2000)
+        groups = pin_groups(sizes, cap)
+        assert [i for group in groups for i in group] == list(range(len(sizes)))
+        assert all(len(group) > 0 for group in groups)
+        for group in groups:
+            assert sum(sizes[i] for i in group) <= cap or len(group) == 1
+        for before, after in zip(groups, groups[1:]):  # a group closes only when the next tensor would not fit
+            assert sum(sizes[i] for i in before) + sizes[after[0]] > cap
+
+
+def test_staging_layout_puts_each_tensor_inside_one_page_aligned_registered_range():
+    from train.persist.snapshot import staging_layout
+
+    sizes = [3000, 0, 100, 5000, 512, 7, 4096, 0]
+    offsets, ranges, total = staging_layout(sizes, align=512, page=4096, cap=4096)
+    assert all(offset % 512 == 0 for offset in offsets)
+    assert all(start % 4096 == 0 and length > 0 for start, length in ranges)
+    for (start, length), (next_start, _) in zip(ranges, ranges[1:]):
+        assert start + length <= next_start  # no two ranges share a page: each starts at a page boundary
+    assert ranges[-1][0] + ranges[-1][1] == total
+    for offset, size in zip(offsets, sizes, strict=True):
+        holding = [r for r in ranges if r[0] <= offset and offset + size <= r[0] + r[1]]
+        assert size == 0 or len(holding) == 1, (offset, size, ranges)
+    slots = sorted(zip(offsets, sizes))
+    assert all(a + size <= b for (a, size), (b, _) in zip(slots, slots[1:]))  # no two tensors overlap
+    assert staging_layout([0], 512, 4096, 4096) == ([0], [], 0)
+
+
+def test_cpu_stager_views_stay_right_across_several_registration_groups(monkeypatch):
+    """With a small group cap the flat buffer holds several page-aligned groups: each staged tensor still owns exactly
+    its bytes (no clone in DCP's writer) and holds the live values; each group's first tensor starts on a page."""
+    import mmap
+
+    from train.persist import snapshot
+
+    monkeypatch.setattr(snapshot, "PIN_GROUP_BYTES", 3000)
+    state = {"a": torch.randn(300), "b": [torch.randn(5, 7), torch.zeros(0), torch.randn(2000, dtype=torch.bfloat16)],
+             "c": torch.tensor(4.0)}
+    stager = snapshot.CpuStager(pin=False)
+    staged = stager.stage(state)
+    live, copies = [state["a"], *state["b"], state["c"]], [staged["a"], *staged["b"], staged["c"]]
+    assert all(torch.equal(s, t) for s, t in zip(copies, live, strict=True))
+    assert all(s.data_ptr() != t.data_ptr() for s, t in zip(copies, live, strict=True) if t.numel())
+    assert [t.untyped_storage().size() for t in copies] == [t.nbytes for t in copies]
+    assert all(copies[i].data_ptr() % mmap.PAGESIZE == 0 for i in (0, 3, 4))  # the 3 groups' first tensors
+    state["a"].add_(1)
+    assert torch.equal(stager.stage(state)["a"], state["a"])
     stager.close()

@@ -1,10 +1,14 @@
 """One checkpoint write in flight beside training: stage to CPU memory, write in a thread, agree when done.
 
 The training pause of an asynchronous save is the staging alone: every tensor of this rank's shard is
-copied into CPU buffers allocated at the first save and reused by every later one (`CpuStager`). On GPUs
-they are one flat allocation registered with CUDA (pinned), so the copy runs at PCIe speed: measured on
-one H200 (2026-11-29), 25.7 GB copied in 0.46 s; allocating and pinning that much took 3.3 s. The copy
-is the snapshot of step N: the next optimizer step may change the live tensors while the thread writes it.
+copied into CPU buffers allocated once and reused by every save (`CpuStager`). On GPUs they are one flat
+allocation registered with CUDA (pinned), so the copy runs at PCIe speed: on one H100 (2026-12-06) the
+first save of 25.7 GB paused training 0.48 s. The buffers are prepared in a background thread at the run's
+first step boundary; registering all 25.7 GB in one cudaHostRegister there (which faults the fresh pages
+in while holding the CUDA driver's lock) stalled the training thread's CUDA calls ~13.6 s, so the pages
+are faulted in first and registered in pieces (`pin_groups`). The copy is the snapshot of step N: the
+next optimizer step may change the live tensors while the thread writes it. DCP writes it with
+`STAGED_WRITE_THREADS` threads (one thread wrote 0.36 GB/s on a disk dd wrote at 1.26 GB/s).
 Why not torch's DefaultStager: with pinned memory (torch 2.11, the GPU image) its second `stage` raised
 `KeyError: <class 'type'>` both in a bare script and in a training run on the H200, and its first
 one paused the 8B-layer run for 57 s (an allocation and a host registration per storage).
@@ -26,6 +30,7 @@ group training uses, two threads' collectives would interleave.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -44,6 +49,47 @@ from contract import protocol
 
 logger = logging.getLogger(__name__)
 
+# The most bytes one cudaHostRegister of the staging buffers pins: the registration holds the CUDA driver's lock,
+# which the training thread's CUDA calls wait for. Whole tensors only, a larger one alone: a copy into host memory is
+# pinned only if the tensor's bytes lie in one registered range (else CUDA takes the memory as pageable).
+PIN_GROUP_BYTES = 512 * 2**20
+# Threads (and files per rank and folder) DCP writes a staged save with: its one thread wrote 0.36 GB/s on one H100
+# node whose disk dd wrote at 1.26 GB/s (2026-12-06). With several, torch's FileSystemWriter splits this rank's items
+# into as many files by size and writes each in a thread of its own; staged tensors are CPU tensors owning exactly their
+# bytes, so its _SerialCpuLoader writes them as they are (no .cpu() copy, no clone). Its threads, started from our
+# daemon writer thread, are daemons too (`submit_job`: a failed run does not wait for them at exit).
+STAGED_WRITE_THREADS = 4
+
+
+def pin_groups(sizes: list[int], cap: int) -> list[range]:
+    """Consecutive runs of the tensors of byte sizes `sizes` (index ranges, covering every tensor once, in order),
+    each at most `cap` bytes unless one tensor alone is larger."""
+    groups: list[range] = []
+    start, total = 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and total + size > cap:
+            groups.append(range(start, index))
+            start, total = index, 0
+        total += size
+    if sizes:
+        groups.append(range(start, len(sizes)))
+    return groups
+
+
+def staging_layout(sizes: list[int], align: int, page: int, cap: int) -> tuple[list[int], list[tuple[int, int]], int]:
+    """Where each tensor of byte sizes `sizes` goes in one flat buffer: (its offset, `align`-aligned; the (offset,
+    length) of each range registered with CUDA, one per `pin_groups` group, starting at a `page` boundary so that no two
+    share a page; the buffer's length). Zero-length ranges (only empty tensors) are left out."""
+    offsets, ranges, end = [], [], 0
+    slots = [-(-size // align) * align for size in sizes]
+    for group in pin_groups(slots, cap):
+        start = end = -(-end // page) * page
+        for index in group:
+            offsets.append(end)
+            end += slots[index]
+        if end > start:
+            ranges.append((start, end - start))
+    return offsets, ranges, end
 
 
 def cpu_group(timeout: timedelta | None) -> dist.ProcessGroup | None:
@@ -83,8 +129,9 @@ def unstageable_tensor(state: Any) -> str:
 class CpuStager:
     """CPU copies of a state dict's tensors in buffers kept from one save to the next.
 
-    The first `stage` allocates one flat byte buffer for every tensor (pinned when `pin`), each tensor a
-    view into it at an aligned offset; later stages copy into the same views. The structure is rebuilt
+    `prepare` (or else the first `stage`) allocates one flat byte buffer for every tensor (pinned when `pin`: one
+    cudaHostRegister per `pin_groups` group of whole tensors), each tensor a view into it at an aligned offset;
+    every stage copies into the same views. The structure is rebuilt
     each time (new dicts and lists: the scheduler may change a param group's lr while the thread
     writes); a DTensor comes back as a DTensor over its staged local shard with the same spec, so DCP
     writes the same layout. A state whose tensors changed shape or dtype gets new buffers."""
@@ -95,11 +142,14 @@ class CpuStager:
         self._pin = pin
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
+        self._registered: list[int] = []  # the start of each range registered with CUDA
         self._preparing: threading.Thread | None = None
 
     def prepare(self, state: Any) -> None:
         """Allocate (and pin) the buffers for `state`'s tensors in a background thread, so that the first `stage`
-        only copies: allocating and pinning 25.7 GB paused the first save 10.1 s on one H100 (2026-12-06)."""
+        only copies: allocating and pinning 25.7 GB inside the first save had paused it 10.1 s on one H100
+        (2026-12-06). The thread's driver calls still stall training's CUDA calls while each holds the driver's lock:
+        hence the pages are faulted in before, and registered in pieces (`_allocate`)."""
         tensors: list[torch.Tensor] = []
         _collect_local(state, tensors)
         device = torch.cuda.current_device() if self._pin else None
@@ -128,27 +178,39 @@ class CpuStager:
 
     def _allocate(self, tensors: list[torch.Tensor]) -> None:
         self.close()
-        offsets, total = [], 0
-        for tensor in tensors:
-            offsets.append(total)
-            total += -(-tensor.numel() * tensor.element_size() // self.ALIGN) * self.ALIGN
-        flat = torch.empty(max(total, 1), dtype=torch.uint8)
-        if self._pin:
-            code = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), flat.numel(), 0)
-            if int(code) != 0:
-                raise RuntimeError(f"cudaHostRegister of {flat.numel() / 1e9:.1f} GB for checkpoint staging failed ({code})")
+        offsets, ranges, total = staging_layout([t.numel() * t.element_size() for t in tensors], self.ALIGN,
+                                                mmap.PAGESIZE, PIN_GROUP_BYTES)
+        flat = torch.empty(total + mmap.PAGESIZE, dtype=torch.uint8)
+        base = -flat.data_ptr() % mmap.PAGESIZE  # the layout's offsets count from a page boundary
+        # Fault every page in here, holding neither the GIL (torch's CPU ops release it) nor the CUDA driver's lock: one
+        # cudaHostRegister of 25.7 GB of fresh pages faulted them in under that lock and stalled training's CUDA calls
+        # ~13.6 s on one H100 (2026-12-06). Registering them in pieces keeps each hold of the lock short.
+        flat.zero_()
         self._flat = flat
+        if self._pin:
+            try:
+                for offset, length in ranges:
+                    self._register(flat.data_ptr() + base + offset, length)
+            except BaseException:
+                self.close()
+                raise
         # Each view gets a storage of its own bytes (from_numpy of a slice), not a view of the flat storage: DCP's
         # writer clones every tensor whose storage is larger than itself (filesystem.py, _SerialCpuLoader), which
         # allocated and copied the whole state again in the writer thread (0.2 GB/s on one H100, 2026-12-06).
         flat_bytes = flat.numpy()
-        self._views = [torch.from_numpy(flat_bytes[offset:offset + t.numel() * t.element_size()]).view(t.dtype)
-                       .view(t.shape) for offset, t in zip(offsets, tensors, strict=True)]
+        self._views = [torch.from_numpy(flat_bytes[base + offset:base + offset + t.numel() * t.element_size()])
+                       .view(t.dtype).view(t.shape) for offset, t in zip(offsets, tensors, strict=True)]
+
+    def _register(self, address: int, length: int) -> None:
+        code = torch.cuda.cudart().cudaHostRegister(address, length, 0)
+        if int(code) != 0:
+            raise RuntimeError(f"cudaHostRegister of {length / 1e6:.0f} MB for checkpoint staging failed ({code})")
+        self._registered.append(address)
 
     def close(self) -> None:
-        if self._flat is not None and self._pin:
-            torch.cuda.cudart().cudaHostUnregister(self._flat.data_ptr())
-        self._flat, self._views = None, []
+        for address in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(address)
+        self._flat, self._views, self._registered = None, [], []
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -222,13 +284,18 @@ class SnapshotWriter:
 
     def submit(self, writes: list[tuple[dict[str, Any], Path]], after: Callable[[], None]) -> None:
         """Write each staged state dict into its folder (DCP, every file fsynced), then run `after`."""
-        self.submit_job(lambda: self.write_now(writes), after)
+        self.submit_job(lambda: self.write_now(writes, STAGED_WRITE_THREADS), after)
 
-    def write_now(self, writes: list[tuple[dict[str, Any], Path]]) -> None:
-        """Write each state dict into its folder with DCP, every file fsynced; returns once written. Collective (on
-        the writer's group: the main thread calls it only while no job is in flight)."""
+    def write_now(self, writes: list[tuple[dict[str, Any], Path]], threads: int = 1) -> None:
+        """Write each state dict into its folder with DCP (`threads` files per rank, each written by a thread of its
+        own), every file fsynced; returns once written. Collective (on the writer's group: the main thread calls it
+        only while no job is in flight).
+
+        Staged CPU state: `STAGED_WRITE_THREADS`. Live GPU state (disk staging, during the pause): one, DCP's only path
+        that overlaps the GPU-to-CPU copies (_OverlappingCpuLoader; with several threads each tensor is copied
+        synchronously, and torch's source notes that its overlapping loader slowed down with threads)."""
         for state, folder in writes:
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True),
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=threads),
                      planner=DefaultSavePlanner(), process_group=self._group, no_dist=self._group is None)
 
     def submit_job(self, job: Callable[[], None], after: Callable[[], None]) -> None:
