@@ -134,6 +134,7 @@ def test_compiled_layers_keep_the_attention_op_once_per_layer(tiny_model_config,
     tiny_model_config._attn_implementation = "sft_test_attention"
     batch, layers, runs = _batch(), tiny_model_config.num_hidden_layers, {}
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # compiled_graphs() counts this test's graphs only
     try:
         for compiled, recompute in ((False, True), (True, True), (True, False)):
             torch.manual_seed(3)

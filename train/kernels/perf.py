@@ -114,7 +114,8 @@ def _compiled_forward(layer: torch.nn.Module) -> Any:
     decide the checkpoint at every call, whatever its class has become."""
     wrapper = type(layer).forward
     computation = getattr(wrapper, "__wrapped__", None)
-    if computation is None or wrapper.__code__.co_name != "forward_with_checkpointing":
+    name = getattr(getattr(wrapper, "__code__", None), "co_name", "")
+    if computation is None or name != "forward_with_checkpointing":
         return torch.compile(layer.forward, dynamic=True)  # checkpointing (if any) is outside `forward`
     compiled = torch.compile(types.MethodType(computation, layer), dynamic=True)
 
