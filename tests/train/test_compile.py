@@ -156,3 +156,46 @@ def test_compiled_run_counts_the_same_tokens_as_an_eager_one(tmp_path):
     assert all(r["packing_efficiency"] < 1.0 for r in compiled)  # real tokens / slots, not the filled rows
     assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
     assert compiled[-1]["compiled_graphs"] == compiled[0]["compiled_graphs"] > 0
+
+
+def test_compiled_layers_stay_checkpointed_once_fsdp2_has_wrapped_them(tmp_path):
+    """transformers checkpoints inside each decoder layer's class `forward`, and only while that wrapper is
+    the class's outermost `forward`; fully_shard gives the layer a subclass that wraps it once more. Compiled
+    layers must still be checkpointed after that swap (a compiled bound wrapper was not: every layer kept its
+    whole saved set, and llama-70b QLoRA ran out of memory on one H100): what autograd saves outside the
+    checkpoints is the same with compiled layers as with eager ones (embedding, final norm, loss), and less
+    than without checkpointing."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from train.kernels.keep_attention import checkpoint_kwargs
+    from train.kernels.perf import compile_decoder_layers
+
+    ids = torch.randint(0, TINY_ARCH["vocab_size"], (1, 64), generator=torch.Generator().manual_seed(0))
+
+    def saved_outside_checkpoints(compiled: bool, checkpointing: bool = True) -> int:
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH, attn_implementation="sdpa", use_cache=False))
+        if checkpointing:  # as build_model does
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(True))
+        if compiled:
+            compile_decoder_layers(model)
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        assert all(type(layer).__name__.startswith("FSDP") for layer in model.model.layers)
+        sizes: list[int] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            model(input_ids=ids, labels=ids)  # the forward's saved set is the question; no backward compiled
+        return sum(sizes)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    torch._dynamo.reset()
+    try:
+        eager, compiled = saved_outside_checkpoints(False), saved_outside_checkpoints(True)
+        unchecked = saved_outside_checkpoints(False, checkpointing=False)
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+    assert compiled == eager < unchecked, (compiled, eager, unchecked)

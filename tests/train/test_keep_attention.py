@@ -16,7 +16,7 @@ from train.kernels import keep_attention, long_context
 from train.kernels.attention import block_causal_mask, document_ids, setup_attention
 from train.kernels.keep_attention import ATTENTION_OPS, checkpoint_kwargs, op_name
 from train.kernels.long_context import chunk_mlps
-from train.kernels.perf import use_fused_loss
+from train.kernels.perf import compile_decoder_layers, compiled_graphs, use_fused_loss
 
 STAND_IN_CALLS = {"forward": 0}
 
@@ -123,6 +123,35 @@ def test_a_custom_op_kernel_runs_once_per_layer(tiny_model_config, monkeypatch):
     assert (runs[True][2], runs[False][2]) == (2 * layers, layers)
     assert torch.equal(runs[True][0], runs[False][0])
     assert all(torch.equal(runs[False][1][name], grad) for name, grad in runs[True][1].items())
+
+
+def test_compiled_layers_keep_the_attention_op_once_per_layer(tiny_model_config, monkeypatch):
+    """torch.compile'd decoder layers (train/kernels/perf.py): the checkpoint and its selective policy stay
+    outside the compiled computation, and still keep the custom op's outputs (counted in its body, which the
+    compiled graph calls; a dispatch mode would keep dynamo from compiling), with the eager run's gradients."""
+    monkeypatch.setattr(keep_attention, "ATTENTION_OPS", ATTENTION_OPS | {"sft_test.attention"})
+    AttentionInterface.register("sft_test_attention", _stand_in_forward)
+    tiny_model_config._attn_implementation = "sft_test_attention"
+    batch, layers, runs = _batch(), tiny_model_config.num_hidden_layers, {}
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # compiled_graphs() counts this test's graphs only
+    try:
+        for compiled, recompute in ((False, True), (True, True), (True, False)):
+            torch.manual_seed(3)
+            model = LlamaForCausalLM(tiny_model_config)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(recompute))
+            if compiled:
+                compile_decoder_layers(model)
+            STAND_IN_CALLS["forward"] = 0
+            model(**batch).loss.backward()
+            runs[compiled, recompute] = ({n: p.grad for n, p in model.named_parameters()}, STAND_IN_CALLS["forward"])
+        assert compiled_graphs() == 1
+    finally:
+        torch._dynamo.reset()
+    assert (runs[True, True][1], runs[True, False][1]) == (2 * layers, layers)
+    want = runs[False, True][0]
+    for grads, _ in (runs[True, True], runs[True, False]):
+        assert all(torch.allclose(grads[name], grad, atol=1e-6) for name, grad in want.items())
 
 
 def test_the_policy_names_every_backends_forward_op():
