@@ -69,8 +69,9 @@ def run_once(name: str, args: argparse.Namespace, arch: dict, data: Path, extra:
     if run is None:
         run = args.out / f"run-{name}"
         shutil.rmtree(run, ignore_errors=True)
+        steps = args.nosave_steps if name == "nosave" and args.nosave_steps else args.steps
         gpu_multi.render(run, "llama3-8b", data, args.gpus, [
-            "--max_steps", str(args.steps), "--gradient_checkpointing", "true",
+            "--max_steps", str(steps), "--gradient_checkpointing", "true",
             *gpu_multi.random_weights(arch, sharded=True),
             "--set", f"data.tokens_per_micro_batch={args.tokens}", "--set", "train.save_total_limit=1",
             "--set", f"train.gradient_accumulation_steps={args.accumulate}",
@@ -166,6 +167,9 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1, help="GPUs of this host the runs shard over (FSDP2)")
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--steps", type=int, default=6 if gpu_multi.CPU_SMOKE else 50)
+    # The baseline needs no save interval, only steady steps: fewer of them keep the four runs in one call's time
+    # (the 2026-12-06 call, 42 steps each, ran past its 580 s in the resume run).
+    parser.add_argument("--nosave-steps", type=int, default=0, help="steps of the nosave run (0: --steps)")
     parser.add_argument("--save-every", type=int, default=2 if gpu_multi.CPU_SMOKE else 20)
     parser.add_argument("--tokens", type=int, default=256 if gpu_multi.CPU_SMOKE else 32768)
     # Micro-batches per step: the time between saves must be the real run's. A rank of the 8B on 4 GPUs computes 32
