@@ -44,22 +44,29 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the layers' checkpointed inputs in host memory, attention's outputs kept on the GPU: the keep-attention speed
     # where "resident-keep-attention" would not fit (its inputs are 32 GiB at 128k, the kept outputs 32.5)
     "offload-keep-attention": {"activation_offload": True, "recompute_attention": False},
+    # the same without LoRA dropout: PEFT's per-adapter dropout copies and masks (~14 GiB at 128k on this shape,
+    # launcher/plan/activations.py lora_path_bytes_per_token) are what keeps it off one H100's 80 GB
+    "offload-keep-attention-nodrop": {"activation_offload": True, "recompute_attention": False, "lora_dropout": 0.0},
 }
+LORA_KEYS = {"lora_dropout": "dropout"}  # variant keys that go to [lora], not [train]
 WARMUP_STEPS = 1  # the first step includes CUDA/FA4 warm-up and the allocator's growth: not timed
 
 
 def settings(name: str, tokens: int, steps: int, cpu: bool) -> dict[str, dict[str, Any]]:
+    variant = VARIANTS[name]
     train = {"compile": False, "gradient_checkpointing": True, "max_steps": steps, "logging_steps": 1,
-             "warmup_ratio": 0.0, **VARIANTS[name]}
+             "warmup_ratio": 0.0, **{key: value for key, value in variant.items() if key not in LORA_KEYS}}
     if cpu:
         train["mlp_chunk_tokens"] = min(train.get("mlp_chunk_tokens", 0), 64)
-    return {"train": train, "lora": {"enabled": True},
+    lora = {"enabled": True, **{LORA_KEYS[key]: value for key, value in variant.items() if key in LORA_KEYS}}
+    return {"train": train, "lora": lora,
             "model": {"attn_implementation": "sdpa" if cpu else "fa4"}}
 
 
 def planned_gib(arch: dict[str, Any], tokens: int, overrides: dict[str, Any]) -> float:
     train = overrides["train"]
     plan = make_plan(PlanInput(arch=arch, gpus_per_node=1, gpu_type="h200", lora=True, micro_batch_tokens=tokens,
+                               lora_dropout=overrides["lora"].get("dropout", LoraSection().dropout),
                                loss_chunk_tokens=4096, activation_offload=train.get("activation_offload", False),
                                mlp_chunk_tokens=train.get("mlp_chunk_tokens", 0),
                                recompute_attention=train.get("recompute_attention", True)))
