@@ -24,6 +24,7 @@ WORKER = REPO / "tests" / "train" / "workers" / "sharded_init.py"
 ARCH = {"vocab_size": 515, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
         "tie_word_embeddings": True}
+UPSTREAM_ABORT = "terminate called without an active exception"
 SHARDED = {"model": {"init": "sharded", "arch": ARCH},
            "lora": {"enabled": True, "r": 8, "alpha": 16, "dropout": 0.0}}  # no dropout: 1 and 2 ranks draw no masks
 
@@ -35,8 +36,15 @@ def initial_state(run_dir: Path, processes: int) -> tuple[dict[str, torch.Tensor
     write_run(run_dir, SHARDED, processes=max(processes, 1))
     launch = [] if processes == 0 else ["-m", "accelerate.commands.launch", "--config_file",
                                         str(run_dir / "accelerate.yaml")]
-    proc = subprocess.run([sys.executable, *launch, str(WORKER), str(run_dir)], cwd=REPO, env=launch_env(),
-                          capture_output=True, text=True, timeout=240)
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, *launch, str(WORKER), str(run_dir)], cwd=REPO, env=launch_env(),
+                              capture_output=True, text=True, timeout=240)
+        # Once more only for gloo's own abort (a C++ std::terminate in a rank, SIGABRT, no Python error: seen in
+        # this test in CI on 2026-12-06, though the worker releases its group; train/engine/sharding.py
+        # release_process_group says more); any
+        # other failure fails at once.
+        if proc.returncode == 0 or UPSTREAM_ABORT not in proc.stdout + proc.stderr:
+            break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return load_file(run_dir / "initial.safetensors"), json.loads((run_dir / "initial.json").read_text())
 
