@@ -41,8 +41,7 @@ def initial_state(run_dir: Path, processes: int) -> tuple[dict[str, torch.Tensor
                               capture_output=True, text=True, timeout=240)
         # Once more only for gloo's own abort (a C++ std::terminate in a rank, SIGABRT, no Python error: seen in
         # this test in CI on 2026-12-06, though the worker releases its group; train/engine/sharding.py
-        # release_process_group says more); any
-        # other failure fails at once.
+        # release_process_group says more); any other failure fails at once.
         if proc.returncode == 0 or UPSTREAM_ABORT not in proc.stdout + proc.stderr:
             break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
