@@ -41,7 +41,7 @@ from contract import protocol
 from train.engine.hooks import HOOKS
 from train.engine.optim import materialize_optimizer_state
 from train.persist.layout import MARKER, PREFIX, TMP_PREFIX, failed_save, latest_checkpoint, publish, prune, write_json
-from train.persist.snapshot import STAGED_WRITE_THREADS, SnapshotWriter, tensor_bytes, unstageable_tensor
+from train.persist.snapshot import SnapshotWriter, tensor_bytes, unstageable_tensor
 from train.persist.staging import (DISK_SHARE, clear_local, copy_durable, free_bytes, node_local_root,
                                    run_staging_dir)
 
@@ -310,8 +310,7 @@ class Checkpointer:
                 job = partial(copy_durable, local, tmp, copied)
             else:
                 staged = self.writer.stage(self._state_dicts())
-                job = partial(self.writer.write_now, [(staged[name], tmp / name) for name in staged],
-                              STAGED_WRITE_THREADS)
+                job = partial(self.writer.write_staged, [(staged[name], tmp / name) for name in staged])
             _save_small_state(self.acc, tmp, state)
             self.writer.submit_job(job, after=lambda: HOOKS.before_checkpoint_publish
                                    and HOOKS.before_checkpoint_publish(step))

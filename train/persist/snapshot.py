@@ -284,16 +284,21 @@ class SnapshotWriter:
 
     def submit(self, writes: list[tuple[dict[str, Any], Path]], after: Callable[[], None]) -> None:
         """Write each staged state dict into its folder (DCP, every file fsynced), then run `after`."""
-        self.submit_job(lambda: self.write_now(writes, STAGED_WRITE_THREADS), after)
+        self.submit_job(lambda: self.write_staged(writes), after)
+
+    def write_staged(self, writes: list[tuple[dict[str, Any], Path]]) -> None:
+        """`write_now` of staged CPU state (`stage`'s output) with `STAGED_WRITE_THREADS` threads."""
+        self.write_now(writes, STAGED_WRITE_THREADS)
 
     def write_now(self, writes: list[tuple[dict[str, Any], Path]], threads: int = 1) -> None:
         """Write each state dict into its folder with DCP (`threads` files per rank, each written by a thread of its
         own), every file fsynced; returns once written. Collective (on the writer's group: the main thread calls it
         only while no job is in flight).
 
-        Staged CPU state: `STAGED_WRITE_THREADS`. Live GPU state (disk staging, during the pause): one, DCP's only path
-        that overlaps the GPU-to-CPU copies (_OverlappingCpuLoader; with several threads each tensor is copied
-        synchronously, and torch's source notes that its overlapping loader slowed down with threads)."""
+        Staged CPU state: `STAGED_WRITE_THREADS` (`write_staged`). Live GPU state (disk staging, during the pause):
+        one, DCP's only path that overlaps the GPU-to-CPU copies (_OverlappingCpuLoader; with several threads each
+        tensor is copied synchronously, and torch's source notes that its overlapping loader slowed down with
+        threads)."""
         for state, folder in writes:
             dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=threads),
                      planner=DefaultSavePlanner(), process_group=self._group, no_dist=self._group is None)
