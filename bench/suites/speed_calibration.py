@@ -16,6 +16,7 @@ its reason: a slower build of the code than today's, not a setting the model sho
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -69,12 +70,18 @@ KNOWN_OFF: dict[str, str] = {
 }
 
 
+@functools.cache
+def _load(path: Path) -> dict[str, Any]:
+    """A results file, read once however many of its runs the table has (never edited: safe to keep)."""
+    return json.loads(path.read_text())
+
+
 def measured_runs(results: Path = RESULTS) -> list[Run]:
     """Every run of ours in the GPU results files that the planner can express, in file order."""
     runs: list[Run] = []
     for gpu in GPU_FOLDERS:
         for path in sorted((results / gpu).rglob("*.json")):
-            data = json.loads(path.read_text())
+            data = _load(path)
             name = str(path.relative_to(results))
             runs += runs_of(name, gpu, data)
     return runs
@@ -83,7 +90,7 @@ def measured_runs(results: Path = RESULTS) -> list[Run]:
 def recorded_error(run: Run, results: Path = RESULTS) -> tuple[bool, float | None]:
     """(out of sample, the speed_error its file recorded when written) of one run: out of sample when the file was
     written after the fit (FITTED_THROUGH_UTC); the recorded error is the prediction made before the run."""
-    record = json.loads((results / run.name.split(" ")[0]).read_text())
+    record = _load(results / run.name.split(" ")[0])
     written = record.get("provenance", {}).get("date_utc", "")
     block = block_of(record, run.where)
     error = block.get("speed_error")
