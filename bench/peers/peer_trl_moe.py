@@ -68,7 +68,8 @@ def main() -> None:
         use_liger_kernel=not args.no_liger,
         # Liger's SwiGLU patch replaces the experts' forward, which PEFT's wrapped expert weights break ("'ParamWrapper'
         # object has no attribute 'hidden_dim'", one H100, 2026-12-06): its RMSNorm, RoPE and fused loss stay on.
-        liger_kernel_config={"swiglu": False} if not args.no_liger else None, optim="adamw_torch_fused", learning_rate=2e-5, lr_scheduler_type="cosine",
+        liger_kernel_config={"swiglu": False} if not args.no_liger else None,
+        optim="adamw_torch_fused", learning_rate=2e-5, lr_scheduler_type="cosine",
         warmup_steps=0.03, weight_decay=0.0, gradient_checkpointing=args.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False}, logging_steps=1000, save_strategy="no", report_to=[],
         seed=0, dataset_num_proc=1, max_steps=args.max_steps,
