@@ -47,6 +47,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the same without LoRA dropout: PEFT's per-adapter dropout copies and masks (~14 GiB at 128k on this shape,
     # launcher/plan/activations.py lora_path_bytes_per_token) are what keeps it off one H100's 80 GB
     "offload-keep-attention-nodrop": {"activation_offload": True, "recompute_attention": False, "lora_dropout": 0.0},
+    # and the MLP in 16k-token chunks (its 128k intermediates are ~3.5 GiB each): the margin that variant lacks on an H100
+    "offload-chunks-keep-attention-nodrop": {"activation_offload": True, "mlp_chunk_tokens": 16384,
+                                             "recompute_attention": False, "lora_dropout": 0.0},
 }
 LORA_KEYS = {"lora_dropout": "dropout"}  # variant keys that go to [lora], not [train]
 WARMUP_STEPS = 1  # the first step includes CUDA/FA4 warm-up and the allocator's growth: not timed
