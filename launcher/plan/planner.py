@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import gpus
-from contract.config import Fp8Linears
+from contract.config import Fp8Linears, TrainSection
 from contract.parallel import context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
@@ -80,9 +80,10 @@ class PlanInput:
     storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
     node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
     network_gbps: float = 0.0  # inter-node NCCL bus bandwidth per GPU, GB/s; 0 = speed.INTER_NODE_GBPS's for the GPU
-    save_steps: int = 500  # train.save_steps
-    async_save: bool = False  # train.async_save (FSDP2 sharded state only; other strategies save synchronously)
-    async_save_staging: str = "auto"  # train.async_save_staging: memory, disk, or auto (host_memory.save_staging)
+    # The save settings default as [train] does (TrainSection's class attributes are its defaults).
+    save_steps: int = TrainSection.save_steps  # train.save_steps
+    async_save: bool = TrainSection.async_save  # train.async_save (asynchronous only where `fsdp2`: saves.py)
+    async_save_staging: str = TrainSection.async_save_staging  # memory, disk, or auto (host_memory.save_staging)
     startup_s: float = 180.0  # per (re)start: imports, load + shard weights, resume
     gpu_hour_price: float | None = None  # currency per GPU-hour, for the cost line
 
@@ -99,8 +100,7 @@ class PlanInput:
                 f"needs a sharded strategy ({', '.join(sharded)}), not {self.strategy}")
         require(self.expected_mfu is None or 0 < self.expected_mfu <= 1, "expected_mfu", "must be in (0, 1]")
         require(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be -1 or > 0")
-        fsdp2 = self.device == "cpu" or (self.spec.engine == "fsdp" and self.spec.fsdp_version != 1)  # CPU: FSDP2
-        require(self.quant == "none" or (self.lora and fsdp2),
+        require(self.quant == "none" or (self.lora and self.fsdp2),
                 "quant", f"{self.quant!r} needs lora with FSDP2 (strategy fsdp or hsdp), not {self.strategy}")
         require(not self.fp8 or (self.device == "gpu" and not self.lora and self.spec.fsdp_version != 1
                                  and self.spec.engine != "deepspeed"),
@@ -131,6 +131,12 @@ class PlanInput:
     @property
     def spec(self) -> StrategySpec:
         return STRATEGIES[self.strategy]
+
+    @property
+    def fsdp2(self) -> bool:
+        """The run shards with FSDP2: its strategy's, or any CPU run's (planned as "ddp", trained with FSDP2
+        over gloo: train/engine/sharding.py)."""
+        return self.device == "cpu" or (self.spec.engine == "fsdp" and self.spec.fsdp_version != 1)
 
 
 def plan_input_from_dict(data: dict[str, Any]) -> PlanInput:

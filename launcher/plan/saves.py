@@ -66,7 +66,8 @@ def save_cadence(ckpt_bytes: int, inp: PlanInput, step_time_s: float | None, lea
     N is complete only once written, while training goes on). Synchronous saves pause training for the whole
     write, so the suggested interval also keeps their pauses under SYNC_SAVE_SHARE of the time."""
     write_s = checkpoint_write_seconds(ckpt_bytes, inp)
-    asynchronous = inp.async_save and inp.spec.engine == "fsdp" and inp.spec.fsdp_version != 1
+    # As train/engine/checkpoint.py's sync_only_reason decides: only FSDP2's sharded state is written behind training.
+    asynchronous = inp.async_save and inp.fsdp2
     node_shards = ckpt_bytes if inp.spec.shards == "node" else ckpt_bytes // inp.nodes  # HSDP: a copy per node
     staging = save_staging(inp.async_save_staging, node_shards, process_bytes, inp.cpu_mem_per_node_gib) \
         if asynchronous else ""
