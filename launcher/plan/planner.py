@@ -59,6 +59,7 @@ class PlanInput:
     gradient_accumulation_steps: int = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: Fp8Linears = ""  # train.precision = "fp8": whose float8 linears the decoder layers run (contract.config.fp8_linears)
+    fp8_all_gather: bool = False  # train.fp8_all_gather under fp8: torchao's weight wrapper (saves.sync_save_reason)
     loss_chunk_tokens: int = 0  # 0 = full logits; >0 = a chunked cross-entropy of this many tokens
     loss_backend: Literal["fused", "chunked", "liger"] = "fused"  # train.fused_loss's kernel (loss_chunk_tokens > 0)
     compile: bool = False  # train.compile resolved: decoder layers torch.compile'd (a smaller saved set)
@@ -82,7 +83,7 @@ class PlanInput:
     network_gbps: float = 0.0  # inter-node NCCL bus bandwidth per GPU, GB/s; 0 = speed.INTER_NODE_GBPS's for the GPU
     # The save settings default as [train] does (TrainSection's class attributes are its defaults).
     save_steps: int = TrainSection.save_steps  # train.save_steps
-    async_save: bool = TrainSection.async_save  # train.async_save (asynchronous only where `fsdp2`: saves.py)
+    async_save: bool = TrainSection.async_save  # train.async_save (saves.sync_save_reason: where it cannot be)
     async_save_staging: str = TrainSection.async_save_staging  # memory, disk, or auto (host_memory.save_staging)
     startup_s: float = 180.0  # per (re)start: imports, load + shard weights, resume
     gpu_hour_price: float | None = None  # currency per GPU-hour, for the cost line
