@@ -47,6 +47,8 @@ def test_qlora_trains_and_exports_adapter_and_merged_model(reference):
 
     log = read_log(reference)
     assert "linear weights in NF4" in log and "DistributedType.FSDP" in log, log
+    # train.async_save (the default): the NF4 base is not staged, so the saves are synchronous, and the log says why.
+    assert "train.async_save: its state holds" in log and "checkpoints are written synchronously" in log, log
     # The export's gather waits for every collective it starts (NF4 weights travel dequantized; the
     # NF4 subclass's own all-gather left 3 per weight in flight: train/engine/qlora.py full_state_dict).
     assert "unwaited collective" not in log, log[-3000:]
