@@ -352,7 +352,7 @@ def make_plan(inp: PlanInput) -> Plan:
         params_matmul=shape.matmul_params, params_active=shape.active_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
         time=with_segments(time, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
-        cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts)),
+        cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts), time.steps),
         experts=expert_options(inp) if inp.world_size > 1 else [],
     )
 

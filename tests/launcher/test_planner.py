@@ -259,7 +259,8 @@ def test_preemption_loss_and_the_save_steps_that_bound_it():
 def test_saves_are_asynchronous_by_default_where_the_run_can_stage_them():
     """train.async_save's default (TrainSection's, the planner's too): FSDP2 runs (CPU ones included, planned as
     "ddp") save asynchronously; DeepSpeed and FSDP1 synchronously; so do states the staging cannot copy (QLoRA's
-    NF4, the float8 all-gather's wrapper), and the plan says why, as the run's log does."""
+    NF4, the float8 all-gather's wrapper) and runs with no periodic save before their last step, and the plan
+    says why, as the run's log does."""
     from contract.config import TrainSection
 
     assert PlanInput(arch=LLAMA3_8B).async_save is TrainSection().async_save is True
@@ -276,6 +277,8 @@ def test_saves_are_asynchronous_by_default_where_the_run_can_stage_them():
     fp8 = plan(LLAMA3_8B, gpu_type="h100", precision="fp8", fp8="torchao", fp8_all_gather=True, **run).cadence
     assert not fp8.asynchronous and "fp8_all_gather" in fp8.staging
     assert plan(LLAMA3_70B, lora=True, quant="nf4", async_save=False, **run).cadence.staging == ""
+    short = plan(LLAMA3_70B, **(run | {"max_steps": 500})).cadence  # no periodic save below the last step
+    assert not short.asynchronous and "no periodic save before the last step (500)" in short.staging
 
 
 def test_the_plan_says_where_asynchronous_saves_are_staged_and_why():
