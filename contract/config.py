@@ -134,9 +134,11 @@ class TrainSection:
     save_steps: int = documented(500, "checkpoint every N optimizer steps (and on every stop request)")
     save_total_limit: int = documented(2, "keep the last K complete checkpoints")
     async_save: bool = documented(
-        False, "true = periodic checkpoints (FSDP2 sharded state) are copied to CPU memory and written by a "
-               "background thread while training goes on; each becomes valid (COMPLETE) once every rank's files "
-               "are on disk (off by default until its GPU benchmark has run); false = training waits for the write")
+        True, "true = periodic checkpoints of FSDP2's sharded state (full fine-tune, LoRA) are staged "
+              "(train.async_save_staging) and written by a background thread while training goes on, each valid "
+              "(COMPLETE) once every rank's files are on disk; DeepSpeed, FSDP1 and states the staging cannot "
+              "copy (QLoRA's NF4 weights, train.fp8_all_gather) are saved synchronously, the log and the plan "
+              "say why; false = training waits for every write")
     async_save_staging: SaveStaging = documented(
         "auto", "train.async_save: where a save's snapshot of the state is staged while it is written: memory (CPU "
                 "RAM, pinned on GPUs), disk (each node's profile.node_local_dir, fsynced, then copied to the "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import gpus
-from contract.config import Fp8Linears
+from contract.config import Fp8Linears, TrainSection
 from contract.parallel import context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
@@ -59,6 +59,7 @@ class PlanInput:
     gradient_accumulation_steps: int = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: Fp8Linears = ""  # train.precision = "fp8": whose float8 linears the decoder layers run (contract.config.fp8_linears)
+    fp8_all_gather: bool = False  # train.fp8_all_gather under fp8: torchao's weight wrapper (saves.sync_save_reason)
     loss_chunk_tokens: int = 0  # 0 = full logits; >0 = a chunked cross-entropy of this many tokens
     loss_backend: Literal["fused", "chunked", "liger"] = "fused"  # train.fused_loss's kernel (loss_chunk_tokens > 0)
     compile: bool = False  # train.compile resolved: decoder layers torch.compile'd (a smaller saved set)
@@ -80,9 +81,10 @@ class PlanInput:
     storage_write_gbps: float = 2.0  # shared-storage write bandwidth available to the job, GB/s
     node_write_gbps: float = 2.0  # one node's client write bandwidth, GB/s
     network_gbps: float = 0.0  # inter-node NCCL bus bandwidth per GPU, GB/s; 0 = speed.INTER_NODE_GBPS's for the GPU
-    save_steps: int = 500  # train.save_steps
-    async_save: bool = False  # train.async_save (FSDP2 sharded state only; other strategies save synchronously)
-    async_save_staging: str = "auto"  # train.async_save_staging: memory, disk, or auto (host_memory.save_staging)
+    # The save settings default as [train] does (TrainSection's class attributes are its defaults).
+    save_steps: int = TrainSection.save_steps  # train.save_steps
+    async_save: bool = TrainSection.async_save  # train.async_save (saves.sync_save_reason: where it cannot be)
+    async_save_staging: str = TrainSection.async_save_staging  # memory, disk, or auto (host_memory.save_staging)
     startup_s: float = 180.0  # per (re)start: imports, load + shard weights, resume
     gpu_hour_price: float | None = None  # currency per GPU-hour, for the cost line
 
@@ -99,8 +101,7 @@ class PlanInput:
                 f"needs a sharded strategy ({', '.join(sharded)}), not {self.strategy}")
         require(self.expected_mfu is None or 0 < self.expected_mfu <= 1, "expected_mfu", "must be in (0, 1]")
         require(self.max_steps == -1 or self.max_steps > 0, "max_steps", "must be -1 or > 0")
-        fsdp2 = self.device == "cpu" or (self.spec.engine == "fsdp" and self.spec.fsdp_version != 1)  # CPU: FSDP2
-        require(self.quant == "none" or (self.lora and fsdp2),
+        require(self.quant == "none" or (self.lora and self.fsdp2),
                 "quant", f"{self.quant!r} needs lora with FSDP2 (strategy fsdp or hsdp), not {self.strategy}")
         require(not self.fp8 or (self.device == "gpu" and not self.lora and self.spec.fsdp_version != 1
                                  and self.spec.engine != "deepspeed"),
@@ -131,6 +132,12 @@ class PlanInput:
     @property
     def spec(self) -> StrategySpec:
         return STRATEGIES[self.strategy]
+
+    @property
+    def fsdp2(self) -> bool:
+        """The run shards with FSDP2: its strategy's, or any CPU run's (planned as "ddp", trained with FSDP2
+        over gloo: train/engine/sharding.py)."""
+        return self.device == "cpu" or (self.spec.engine == "fsdp" and self.spec.fsdp_version != 1)
 
 
 def plan_input_from_dict(data: dict[str, Any]) -> PlanInput:
@@ -345,7 +352,7 @@ def make_plan(inp: PlanInput) -> Plan:
         params_matmul=shape.matmul_params, params_active=shape.active_params, gpu=gpu_memory(shape, opts), gpu_usable_bytes=_gpu_usable_bytes(inp),
         cpu=cpu_bytes_per_node(shape, opts), cpu_usable_bytes=cpu_usable, suggestions=suggestions_for(inp),
         time=with_segments(time, inp, inp.signal_lead_s or lead), checkpoint_bytes=ckpt, signal_lead_s=lead, warnings=warnings,
-        cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts)),
+        cadence=save_cadence(ckpt, inp, step_time, lead, training_cpu_bytes(shape, opts), time.steps),
         experts=expert_options(inp) if inp.world_size > 1 else [],
     )
 

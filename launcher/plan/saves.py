@@ -34,7 +34,9 @@ class SaveCadence:
     lost_steps: int | None  # at most: the steps since the newest COMPLETE checkpoint
     lost_s: float | None
     suggested_save_steps: int | None
-    staging: str = ""  # asynchronous saves: where they are staged and why (host_memory.save_staging)
+    # Asynchronous saves: where they are staged and why (host_memory.save_staging); FSDP2 runs whose
+    # train.async_save cannot be honoured: why their saves are synchronous (sync_save_reason).
+    staging: str = ""
 
 
 def checkpoint_bytes(trainable: int, inp: PlanInput) -> int:
@@ -60,19 +62,35 @@ def signal_lead_seconds(ckpt_bytes: int, inp: PlanInput, step_time_s: float | No
 
 
 def save_cadence(ckpt_bytes: int, inp: PlanInput, step_time_s: float | None, lead_s: int,
-                 process_bytes: int = 0) -> SaveCadence:
+                 process_bytes: int = 0, total_steps: int | None = None) -> SaveCadence:
     """A preemption whose GraceTime ends before the stop-save completes resumes from the newest COMPLETE
     checkpoint: up to save_steps steps old, and with asynchronous saves up to a write longer (the save of step
     N is complete only once written, while training goes on). Synchronous saves pause training for the whole
     write, so the suggested interval also keeps their pauses under SYNC_SAVE_SHARE of the time."""
     write_s = checkpoint_write_seconds(ckpt_bytes, inp)
-    asynchronous = inp.async_save and inp.spec.engine == "fsdp" and inp.spec.fsdp_version != 1
+    why_not = sync_save_reason(inp, total_steps)
+    asynchronous = inp.async_save and not why_not
     node_shards = ckpt_bytes if inp.spec.shards == "node" else ckpt_bytes // inp.nodes  # HSDP: a copy per node
     staging = save_staging(inp.async_save_staging, node_shards, process_bytes, inp.cpu_mem_per_node_gib) \
-        if asynchronous else ""
+        if asynchronous else f"is written synchronously: {why_not}" if inp.async_save and inp.fsdp2 else ""
     if not step_time_s:
         return SaveCadence(write_s, lead_s, asynchronous, None if asynchronous else inp.save_steps, None, None, staging)
     lost_steps = inp.save_steps + (math.ceil(write_s / step_time_s) if asynchronous else 0)
     interval_s = max(LOSS_TARGET_S, write_s if asynchronous else write_s / SYNC_SAVE_SHARE)
     return SaveCadence(write_s, lead_s, asynchronous, lost_steps, lost_steps * step_time_s,
                        max(1, math.ceil(interval_s / step_time_s)), staging)
+
+
+def sync_save_reason(inp: PlanInput, total_steps: int | None = None) -> str:
+    """Why the run writes its checkpoints synchronously whatever train.async_save says ("" = it need not), as the
+    run finds out itself (train/engine/checkpoint.py, loop.py): only FSDP2's sharded state of plain tensors is
+    staged, and only where a periodic save falls before the last step (a stop-save is synchronous)."""
+    if not inp.fsdp2:
+        return f"{inp.spec.title}: only FSDP2's sharded state is written behind training"
+    if total_steps is not None and inp.save_steps >= total_steps:
+        return f"no periodic save before the last step ({total_steps:,}), only a stop-save"
+    if inp.quant != "none":
+        return "QLoRA's NF4 base weights are tensors the staging cannot copy"
+    if inp.fp8_all_gather:
+        return "train.fp8_all_gather's weight wrapper is a tensor the staging cannot copy"
+    return ""

@@ -123,6 +123,7 @@ def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None)
         recompute_attention=t.recompute_attention,
         precision=_precision(launch),  # type: ignore[arg-type]
         fp8=fp8_linears(t.fp8_recipe, t.fp8_all_gather) if t.precision == "fp8" else "",
+        fp8_all_gather=t.precision == "fp8" and t.fp8_all_gather,
         loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS if t.fused_loss else 0, **_kernel_fields(launch),
         dataset_tokens=data.tokens if data else None, packing_efficiency=packing_efficiency,
         mean_doc_tokens=mean_doc or 1024.0, num_train_epochs=t.num_train_epochs, max_steps=t.max_steps,

@@ -123,6 +123,9 @@ def test_real_train_module_stop_exit_75_and_resume(tmp_path: Path) -> None:
     stopped = subprocess.run(command, cwd=tmp_path, env=fault_env(cli_env(), stop_at_step=2), capture_output=True,
                              text=True, timeout=300)
     assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    # train.async_save's default (true), but no periodic save before step 4: no writer, no staging buffers.
+    output = stopped.stdout + stopped.stderr
+    assert "train.async_save: no periodic save before step 4" in output, output[-3000:]
     assert (run_dir / "checkpoints" / "step-00000002" / "COMPLETE").exists()
     assert_sharded_checkpoint(run_dir / "checkpoints" / "step-00000002", world=2)
     assert not (run_dir / "FINISHED").exists(), "a stopped run is not finished"

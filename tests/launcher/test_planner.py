@@ -256,6 +256,31 @@ def test_preemption_loss_and_the_save_steps_that_bound_it():
     assert plan(device="cpu", gpus_per_node=2, async_save=True).cadence.lost_steps is None
 
 
+def test_saves_are_asynchronous_by_default_where_the_run_can_stage_them():
+    """train.async_save's default (TrainSection's, the planner's too): FSDP2 runs (CPU ones included, planned as
+    "ddp") save asynchronously; DeepSpeed and FSDP1 synchronously; so do states the staging cannot copy (QLoRA's
+    NF4, the float8 all-gather's wrapper) and runs with no periodic save before their last step, and the plan
+    says why, as the run's log does."""
+    from contract.config import TrainSection
+
+    assert PlanInput(arch=LLAMA3_8B).async_save is TrainSection().async_save is True
+    run = dict(nodes=4, max_steps=2000, save_steps=500)
+    assert plan(LLAMA3_70B, **run).cadence.asynchronous
+    assert plan(LLAMA3_8B, lora=True, **run).cadence.asynchronous
+    assert plan(device="cpu", gpus_per_node=2, strategy="ddp").cadence.asynchronous  # FSDP2 over gloo
+    for strategy in ("zero3", "fsdp1"):
+        cadence = plan(LLAMA3_70B, strategy=strategy, **run).cadence
+        assert not cadence.asynchronous and cadence.staging == "" and cadence.lost_steps == 500, strategy
+    qlora = plan(LLAMA3_70B, lora=True, quant="nf4", **run)
+    assert not qlora.cadence.asynchronous and "synchronous saves" in format_plan(qlora)
+    assert "each save is written synchronously: QLoRA's NF4 base weights" in format_plan(qlora)
+    fp8 = plan(LLAMA3_8B, gpu_type="h100", precision="fp8", fp8="torchao", fp8_all_gather=True, **run).cadence
+    assert not fp8.asynchronous and "fp8_all_gather" in fp8.staging
+    assert plan(LLAMA3_70B, lora=True, quant="nf4", async_save=False, **run).cadence.staging == ""
+    short = plan(LLAMA3_70B, **(run | {"max_steps": 500})).cadence  # no periodic save below the last step
+    assert not short.asynchronous and "no periodic save before the last step (500)" in short.staging
+
+
 def test_the_plan_says_where_asynchronous_saves_are_staged_and_why():
     """train.async_save_staging = auto: CPU memory when a node's shards (the state / nodes) fit STAGING_RAM_SHARE of
     the RAM (profile.mem) its training processes leave, else node-local disk; unknown RAM: the run decides."""

@@ -82,6 +82,8 @@ def test_zero_on_two_processes_learns_partitions_resumes_bitwise_and_exports(tmp
     render(tmp_path, reference, strategy, lora)
     log = train_on_cpu(reference)
     assert "world size 2 (DistributedType.DEEPSPEED)" in log, log[-3000:]
+    # train.async_save's default (true, rendered) under DeepSpeed: synchronous saves, one line saying why.
+    assert "train.async_save: checkpoints are written synchronously (DEEPSPEED" in log, log[-3000:]
     curve = losses(reference)
     assert curve[STEPS] < curve[1] - 0.2, f"the loss does not drop: {curve}"
     checkpoint = reference / "checkpoints" / f"step-{SAVE_AT:08d}"

@@ -163,9 +163,13 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
     loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval_sets, total_steps,
                 steps_per_epoch)
     sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
-    saver = Checkpointer(accelerator, ckpt_root, cfg.train.save_total_limit, cfg.train.async_save, stop.group,
-                         timedelta(seconds=cfg.run.collective_timeout_s), sink.write, cfg.train.async_save_staging,
-                         cfg.run.node_local_dir)
+    # No periodic save ahead (multiples of save_steps below total_steps): no writer, no staging buffers pinned.
+    saves_ahead = (state.step // cfg.train.save_steps + 1) * cfg.train.save_steps < total_steps
+    if cfg.train.async_save and not saves_ahead and accelerator.is_main_process:
+        logger.info("train.async_save: no periodic save before step %d; a stop-save is synchronous", total_steps)
+    saver = Checkpointer(accelerator, ckpt_root, cfg.train.save_total_limit, cfg.train.async_save and saves_ahead,
+                         stop.group, timedelta(seconds=cfg.run.collective_timeout_s), sink.write,
+                         cfg.train.async_save_staging, cfg.run.node_local_dir)
     watchdog = Watchdog(Path(cfg.run.dir), cfg.run.hang_timeout_s)
     watchdog.start(state.step)
     try:
