@@ -121,7 +121,8 @@ def compute_seconds(shape: ModelShape, inp: PlanInput, per_token: float, tokens:
 def forward_share(shape: ModelShape, inp: PlanInput, per_token: float) -> float:
     """The forward's FLOPs over the step's: what per-layer checkpointing runs again. 2·N + 2·L·a·s̄ (+ 2·N_lora)
     of contract/shape.py's 6·N + 6·L·a·s̄ (4·N + 6·N_lora + ...): 1/3 for full weights, ~1/2 for LoRA."""
-    forward = shape.flops_per_token(_attended(inp), None) / 3
+    # the lm_head runs outside the checkpointed decoder layers: its forward is not run again
+    forward = shape.flops_per_token(_attended(inp), None) / 3 - 2 * shape.vocab * shape.hidden
     if inp.lora:
         forward += 2 * shape.active_lora_params(inp.lora_r, inp.lora_target_modules)
     return forward / per_token

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from contract.protocol import EXIT_USAGE
+from contract.shape import ModelShape
+from launcher.plan import speed
 from launcher.plan.planner import PlanInput, make_plan
 from launcher.resolve.presets import PRESETS
 
@@ -67,3 +69,21 @@ def test_network_gbps_from_the_profile_reaches_the_plan_and_a_negative_one_is_re
     assert json.loads(slow.stdout)["time"]["tokens_per_s"] < json.loads(typical.stdout)["time"]["tokens_per_s"]
     assert refused.returncode == EXIT_USAGE and "network_gbps" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+
+
+def test_checkpointing_recomputes_the_layers_not_the_lm_head():
+    """Per-layer checkpointing runs the decoder layers' forward again, never the lm_head's: the share run again
+    is a third of a full fine-tune's FLOPs less the head's forward, most visible on a model cut to 5 of the 8B's
+    layers (its 128k-vocab head is a third of its FLOPs; bench/multi/gpu_save_async.py trains such a cut)."""
+    def shares(layers: int) -> tuple[float, float]:
+        inp = PlanInput(arch=dict(PRESETS["llama3-8b"].arch, num_hidden_layers=layers), gpus_per_node=1,
+                        gpu_type="h100", micro_batch_tokens=8192)
+        shape = ModelShape.from_arch(inp.arch)
+        per_token = speed.flops_per_token(shape, inp)
+        return speed.forward_share(shape, inp, per_token), 2 * shape.vocab * shape.hidden / per_token
+
+    (cut, cut_head), (whole, whole_head) = shares(5), shares(32)
+    assert abs(cut - (1 / 3 - cut_head)) < 1e-9 and abs(whole - (1 / 3 - whole_head)) < 1e-9
+    assert cut < whole < 1 / 3
