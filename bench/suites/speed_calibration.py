@@ -35,7 +35,7 @@ GPU_FOLDERS = ("h100", "h200")
 PROFILED = "the torch profiler records steps inside the timed window (train.profile_steps)"
 KNOWN_OFF: dict[str, str] = {
     "h100/four-gpu-2026-11-26/lora-bf16-llama70b-4gpu.json":
-        "+18.5% over the run's 18 timed steps (795 tokens/s per GPU; its last step's 822 was compared until issue #61): "
+        "+18.6% over the run's 18 timed steps (795 tokens/s per GPU; its last step's 822 was compared until issue #61): "
         "one LoRA factor (LORA_EFFICIENCY) for every LoRA run, and this one, bf16 base on 4 GPUs at 2,048 tokens "
         "with checkpointing, runs below it; one run of a dirty build (bench/report/provenance_notes.py)",
     "h100/four-gpu-2026-11-26/multi-4gpu-1b-scaling.json scaling_1b.4":
