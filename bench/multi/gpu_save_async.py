@@ -24,7 +24,9 @@ MFU with saves counts the save pauses as wall time (metrics' elapsed_s leaves th
 "checkpoint" records give them); the steps slowed by a write in flight are in elapsed_s already.
 Results `save-async.json` (results_io.write_result, again after every run: a call cut off by its time limit keeps
 the runs that finished): `save_pause_s` (async and sync, per save),
-`write_gbps`, `mfu` per run, `resume_s`, `resume_phases`.
+`write_gbps`, `mfu` per run, `step_s_median` and `step_s_median_writing` (the steps begun while a write was in
+flight: whether the write slows training, free of the window differences a shorter nosave run has), `resume_s`,
+`resume_phases`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import argparse
 import json
 import re
 import shutil
+import statistics
 import time
 from datetime import datetime
 from pathlib import Path
@@ -102,6 +105,22 @@ def startup_phases(run: Path) -> dict[str, float] | None:
     return startups[-1]["phases"] if startups else None
 
 
+def step_medians(run: Path, warmup_steps: int, saves: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median seconds of a timed step (metrics' elapsed_s between step records: training time, pauses left out),
+    and of the steps that ran while an asynchronous write was in flight (begun within `write_s` of the save's step):
+    the direct test of "a write does not slow training". None where no step qualifies. The run's first start only
+    (a resume appends to the same metrics.jsonl)."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    done = next((i for i, r in enumerate(records) if r.get("event") == "done"), len(records))
+    elapsed = {r["step"]: r["elapsed_s"] for r in records[:done] if "loss" in r and "elapsed_s" in r}
+    steps = sorted(elapsed)
+    seconds = {b: (elapsed[b] - elapsed[a]) / (b - a) for a, b in zip(steps, steps[1:]) if a >= warmup_steps}
+    writing = {step for save in saves if save["mode"] == "async" and save["step"] in elapsed for step in seconds
+               if step > save["step"] and elapsed[step] - seconds[step] - elapsed[save["step"]] < save["write_s"]}
+    return {"step_s_median": statistics.median(seconds.values()) if seconds else None,
+            "step_s_median_writing": statistics.median(seconds[s] for s in writing) if writing else None}
+
+
 def mfu_with_pauses(run: Path, code: int, text: str, rows: list, label: str, arch: dict, lengths: list[int],
                     gpus: int) -> dict | None:
     """gpu_multi.run_stats, and the MFU once the save pauses inside the timed window count as wall time."""
@@ -112,7 +131,8 @@ def mfu_with_pauses(run: Path, code: int, text: str, rows: list, label: str, arc
     paused = sum(c["save_pause_s"] for c in saves if c["step"] > stats["warmup_steps"])
     wall = stats["seconds"] + paused
     with_pauses = throughput_numbers(arch, lengths, stats["real_tokens"] / wall, gpus, stats["peak_flops"])
-    stats.update(save_pause_total_s=paused, mfu_with_pauses=with_pauses.get("mfu"), saves=saves)
+    stats.update(save_pause_total_s=paused, mfu_with_pauses=with_pauses.get("mfu"), saves=saves,
+                 **step_medians(run, stats["warmup_steps"], saves))
     return stats
 
 
@@ -135,6 +155,10 @@ def summarized(stats: dict | None, name: str, rows: list) -> dict | None:
     stats.update(save_pause_s=pauses, write_gbps=rates)
     rows.append((f"{name}: MFU (saves' pauses counted)", f"{(stats['mfu'] or 0) * 100:.1f}% "
                  f"({(stats['mfu_with_pauses'] or 0) * 100:.1f}%)"))
+    if stats["step_s_median"] is not None:
+        writing = stats["step_s_median_writing"]
+        rows.append((f"{name}: median step (while a write is in flight)", f"{stats['step_s_median']:.3f} s"
+                     + ("" if writing is None else f" ({writing:.3f} s)")))
     if pauses:
         rows.append((f"{name}: pause per save, write GB/s",
                      f"{', '.join(f'{p:.2f}' for p in pauses)} s; {', '.join(f'{r:.2f}' for r in rates)} GB/s"))

@@ -319,6 +319,8 @@ def save_async_problems(r: dict[str, Any], name: str) -> list[str]:
         with_pauses = None if block["mfu"] is None else block["mfu"] * block["seconds"] / (block["seconds"] + paused)
         if not _near(block["mfu_with_pauses"], with_pauses):
             found.append(f"{at}mfu_with_pauses {block['mfu_with_pauses']}, re-derived {with_pauses}")
+        if run == "nosave" and block.get("step_s_median_writing") is not None:  # files from 2026-12-06 13:30 on
+            found.append(f"{at}step_s_median_writing {block['step_s_median_writing']} in a run without saves")
         if block["mfu"] is not None and (block["mfu_with_pauses"] or 0) > block["mfu"]:
             found.append(f"{at}mfu_with_pauses {block['mfu_with_pauses']} > mfu {block['mfu']}")
     if r.get("async") and r.get("resume_exit") == 0 and not (r.get("resume_s") or 0) > 0:
