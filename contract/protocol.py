@@ -168,6 +168,18 @@ def checkpoint_name(step: int, prefix: str = CHECKPOINT_PREFIX) -> str:
     return f"{prefix}{step:08d}"
 
 
+def periodic_save_due(step: int, save_steps: int, total_steps: int) -> bool:
+    """Whether optimizer step `step` ends with a periodic checkpoint (train.save_steps): a multiple of save_steps
+    before the run's last step (the end of training has its own save)."""
+    return step % save_steps == 0 and step < total_steps
+
+
+def periodic_save_ahead(step: int, save_steps: int, total_steps: int) -> bool:
+    """Whether a periodic checkpoint falls after `step` (where a run starts or resumes): without one, an asynchronous
+    writer would never be used (train/engine/loop.py starts none; launcher/plan/saves.py says so)."""
+    return periodic_save_due((step // save_steps + 1) * save_steps, save_steps, total_steps)
+
+
 def checkpoint_step(path: Path) -> int | None:
     """The step of a checkpoint directory name, None for anything else."""
     digits = path.name.removeprefix(CHECKPOINT_PREFIX)

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from contract.protocol import periodic_save_ahead
 from launcher.plan.host_memory import save_staging
 
 # launcher.plan.planner.PlanInput: not imported, the planner imports this module (no import cycle, even type-only)
@@ -87,7 +88,7 @@ def sync_save_reason(inp: PlanInput, total_steps: int | None = None) -> str:
     staged, and only where a periodic save falls before the last step (a stop-save is synchronous)."""
     if not inp.fsdp2:
         return f"{inp.spec.title}: only FSDP2's sharded state is written behind training"
-    if total_steps is not None and inp.save_steps >= total_steps:
+    if total_steps is not None and not periodic_save_ahead(0, inp.save_steps, total_steps):
         return f"no periodic save before the last step ({total_steps:,}), only a stop-save"
     if inp.quant != "none":
         return "QLoRA's NF4 base weights are tensors the staging cannot copy"

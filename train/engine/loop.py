@@ -29,7 +29,8 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from contract.config import TrainConfig
-from contract.protocol import EXIT_REQUEUE, FINISHED_FILE, LOGS_DIR, PROFILE_DIR
+from contract.protocol import (EXIT_REQUEUE, FINISHED_FILE, LOGS_DIR, PROFILE_DIR, periodic_save_ahead,
+                               periodic_save_due)
 from contract.schema import ConfigError
 from contract.sources import Mixture
 from train.kernels import float8
@@ -163,8 +164,8 @@ def train(cfg: TrainConfig, accelerator: Accelerator, startup: StartupClock | No
     loop = Loop(cfg, accelerator, model, optimizer, scheduler, batches, bundle.eval_sets, total_steps,
                 steps_per_epoch)
     sink = MetricsSink(cfg, total_steps, state.step, enabled=accelerator.is_main_process)
-    # No periodic save ahead (multiples of save_steps below total_steps): no writer, no staging buffers pinned.
-    saves_ahead = (state.step // cfg.train.save_steps + 1) * cfg.train.save_steps < total_steps
+    # No periodic save ahead: no writer, no staging buffers pinned.
+    saves_ahead = periodic_save_ahead(state.step, cfg.train.save_steps, total_steps)
     if cfg.train.async_save and not saves_ahead and accelerator.is_main_process:
         logger.info("train.async_save: no periodic save before step %d; a stop-save is synchronous", total_steps)
     saver = Checkpointer(accelerator, ckpt_root, cfg.train.save_total_limit, cfg.train.async_save and saves_ahead,
@@ -301,7 +302,7 @@ class Loop:
                 with watchdog.paused():
                     saver.stop_save(state, state.elapsed_s / max(1, state.step))
                 return True
-            if state.step % self.cfg.train.save_steps == 0 and state.step < self.total_steps:
+            if periodic_save_due(state.step, self.cfg.train.save_steps, self.total_steps):
                 self._settle(state, window, watch)
                 with watchdog.paused():
                     # One save at a time: the one in flight first. A stop that came while waiting for it (a
