@@ -88,29 +88,29 @@ def run_once(name: str, args: argparse.Namespace, arch: dict, data: Path, extra:
     return run, code, text, started
 
 
-def events(run: Path, event: str) -> list[dict[str, Any]]:
-    """The run's metrics records of one event kind, in the order they were written."""
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def metrics_records(run: Path) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl records, in the order they were written (a resume appends to the same file)."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def events(records: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    """The records of one event kind ("checkpoint": train/engine/checkpoint.py's step, mode, save_pause_s, write_s,
+    gb; "startup": train/observe/startup.py's phases)."""
     return [r for r in records if r.get("event") == event]
-
-
-def checkpoints(run: Path) -> list[dict[str, Any]]:
-    """The run's "checkpoint" metrics records (train/engine/checkpoint.py): step, mode, save_pause_s, write_s, gb."""
-    return events(run, "checkpoint")
 
 
 def startup_phases(run: Path) -> dict[str, float] | None:
     """The seconds of each startup phase of the run's newest start (its "startup" metrics record), or None."""
-    startups = events(run, "startup")
+    startups = events(metrics_records(run), "startup")
     return startups[-1]["phases"] if startups else None
 
 
-def step_medians(run: Path, warmup_steps: int, saves: list[dict[str, Any]]) -> dict[str, float | None]:
+def step_medians(records: list[dict[str, Any]], warmup_steps: int,
+                 saves: list[dict[str, Any]]) -> dict[str, float | None]:
     """The median seconds of a timed step (metrics' elapsed_s between step records: training time, pauses left out),
     and of the steps that ran while an asynchronous write was in flight (begun within `write_s` of the save's step):
     the direct test of "a write does not slow training". None where no step qualifies. The run's first start only
-    (a resume appends to the same metrics.jsonl)."""
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    (its records up to the first "done")."""
     done = next((i for i, r in enumerate(records) if r.get("event") == "done"), len(records))
     elapsed = {r["step"]: r["elapsed_s"] for r in records[:done] if "loss" in r and "elapsed_s" in r}
     steps = sorted(elapsed)
@@ -127,12 +127,13 @@ def mfu_with_pauses(run: Path, code: int, text: str, rows: list, label: str, arc
     stats = gpu_multi.run_stats(run, code, text, rows, label, arch, gpus, lengths)
     if stats is None:
         return None
-    saves = checkpoints(run)
+    records = metrics_records(run)
+    saves = events(records, "checkpoint")
     paused = sum(c["save_pause_s"] for c in saves if c["step"] > stats["warmup_steps"])
     wall = stats["seconds"] + paused
     with_pauses = throughput_numbers(arch, lengths, stats["real_tokens"] / wall, gpus, stats["peak_flops"])
     stats.update(save_pause_total_s=paused, mfu_with_pauses=with_pauses.get("mfu"), saves=saves,
-                 **step_medians(run, stats["warmup_steps"], saves))
+                 **step_medians(records, stats["warmup_steps"], saves))
     return stats
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.multi.gpu_save_async import step_medians
+from bench.multi.gpu_save_async import metrics_records, step_medians
 
 
 def test_steps_during_a_write_are_those_begun_before_it_ended(tmp_path: Path):
@@ -17,8 +17,8 @@ def test_steps_during_a_write_are_those_begun_before_it_ended(tmp_path: Path):
     records[4:4] = [save]
     records += [{"event": "done", "step": 8}, {"step": 7, "loss": 1.0, "elapsed_s": 119.0}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    medians = step_medians(tmp_path, warmup_steps=1, saves=[save])
+    medians = step_medians(metrics_records(tmp_path), warmup_steps=1, saves=[save])
     # timed steps 2..8: 1, 1, 1, 3, 1, 1, 1 s; in flight: step 5 (begun at 13.0, the write ends 15.5), step 6
     # begun at 16.0 is past it
     assert medians == {"step_s_median": 1.0, "step_s_median_writing": 3.0}
-    assert step_medians(tmp_path, warmup_steps=1, saves=[])["step_s_median_writing"] is None
+    assert step_medians(metrics_records(tmp_path), warmup_steps=1, saves=[])["step_s_median_writing"] is None
