@@ -128,21 +128,21 @@ def test_full_disk_fails_loudly_and_keeps_previous_checkpoint(tmp_path):
     assert not (run_dir / "export").exists()
 
 
-# Rank 0 holds its small files of the save until rank 1's failed save removed the shared .tmp folder (CI saw it
-# happen by itself): rank 0's write then fails for want of the folder, a follow-on that must not hide the cause
-# (in CI its record came first).
+# Rank 0 starts its small files of the save only once rank 1's failed save removed the shared .tmp folder (CI saw
+# both orders happen by themselves: rank 0 midway through its writes, and rank 0 not yet begun): rank 0's write then
+# fails for want of the folder, a follow-on that must not hide the cause (in CI its record came first), and it must
+# not make the folder anew and write a partial save there.
 RANK0_WRITES_AFTER_THE_REMOVAL = """
 if os.environ.get("RANK") == "0":
     import time
-    from pathlib import Path
     import train.engine.checkpoint as checkpoint
-    _save = checkpoint.save_accelerator_state
-    def _after_the_removal(folder, *args, **kwargs):
+    _save_small_state = checkpoint._save_small_state
+    def _after_the_removal(accelerator, folder, *args, **kwargs):
         deadline = time.time() + 20
-        while Path(folder).exists() and time.time() < deadline:
+        while folder.exists() and time.time() < deadline:
             time.sleep(0.001)
-        return _save(folder, *args, **kwargs)
-    checkpoint.save_accelerator_state = _after_the_removal
+        return _save_small_state(accelerator, folder, *args, **kwargs)
+    checkpoint._save_small_state = _after_the_removal
 """
 
 

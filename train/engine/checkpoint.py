@@ -292,9 +292,10 @@ class Checkpointer:
 
     def _begin(self, state: TrainState, started: float) -> None:
         tmp = self.root / protocol.checkpoint_name(state.step, TMP_PREFIX)
-        if self.acc.is_main_process:
+        if self.acc.is_main_process:  # made once, here: a rank whose save fails removes it, and none makes it anew
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
         self.acc.wait_for_everyone()
         step, local = state.step, self.local / tmp.name
 
@@ -377,8 +378,8 @@ def _agreed(local: bool, group: dist.ProcessGroup | None, any_rank: bool = False
 
 def _save_small_state(accelerator: Accelerator, folder: Path, state: TrainState) -> None:
     """What Accelerate's save_state writes besides model and optimizer (RNG of this rank, scheduler and the
-    other registered objects), and our train_state.json: step N's, written before training goes on."""
-    folder.mkdir(parents=True, exist_ok=True)
+    other registered objects), and our train_state.json: step N's, written before training goes on. `folder` is
+    rank 0's (_begin): gone, it was removed by a rank whose save failed, and the write fails for want of it."""
     each_node = accelerator.project_configuration.save_on_each_node
     save_accelerator_state(str(folder), [], [], accelerator._schedulers, accelerator._dataloaders,
                            accelerator.state.process_index, accelerator.step, accelerator.scaler,
