@@ -27,6 +27,15 @@ LoraQuant = Literal["none", "nf4"]
 ModelInit = Literal["full", "sharded"]
 SaveStaging = Literal["auto", "memory", "disk"]  # train.async_save_staging
 AUTO_LENGTH = "auto"  # train.model_max_length: the launcher's choice from the data (launcher/resolve/max_length.py)
+ALL_LAYERS = "all"  # train.checkpoint_layers: every decoder layer checkpointed
+
+
+def checkpointed_layers(layers: int, setting: int | str) -> list[int]:
+    """train.checkpoint_layers: the decoder layers (0-based) that recompute their forward in backward: every one
+    (ALL_LAYERS), or `setting` of the `layers` spread evenly over the stack (layer i when (i + 1)·n // L > i·n // L:
+    the last of each run of L / n), the planner's count and the trainer's choice alike."""
+    n = layers if setting == ALL_LAYERS else min(int(setting), layers)
+    return [i for i in range(layers) if (i + 1) * n // layers > i * n // layers]
 
 
 def fp8_linears(recipe: str, all_gather: bool) -> Fp8Linears:
@@ -131,6 +140,11 @@ class TrainSection:
               "them); auto = the data's longest document, rounded up to a power of two (sft-launch resolves it "
               "before the queue: never below the model's default, at most 131072)")
     gradient_checkpointing: bool = documented(True, "recompute activations in backward (less memory, more compute)")
+    checkpoint_layers: int | Literal["all"] = documented(
+        ALL_LAYERS, "with gradient_checkpointing: how many decoder layers recompute their forward in backward, spread "
+                    "evenly over the stack (contract.config.checkpointed_layers); the others keep what autograd saves "
+                    "(more GPU memory, less recompute: the planner counts both); all = every layer. sft-launch "
+                    "chooses it when it chooses the micro-batch and the key is not yours")
     save_steps: int = documented(500, "checkpoint every N optimizer steps (and on every stop request)")
     save_total_limit: int = documented(2, "keep the last K complete checkpoints")
     async_save: bool = documented(
@@ -222,6 +236,10 @@ class TrainSection:
         require(self.gc_every_steps >= 0, "train.gc_every_steps", "must be >= 0 (0 = automatic collection)")
         require(self.eval_steps >= 0, "train.eval_steps", "must be >= 0")
         require(self.mlp_chunk_tokens >= 0, "train.mlp_chunk_tokens", "must be >= 0 (0 = off)")
+        layers = self.checkpoint_layers
+        require(layers == ALL_LAYERS or (isinstance(layers, int) and layers >= 1), "train.checkpoint_layers",
+                f"must be >= 1, or all (got {self.checkpoint_layers!r}; no checkpointing: "
+                "train.gradient_checkpointing = false)")
         for beta in ("adam_beta1", "adam_beta2"):  # what torch.optim.AdamW refuses, here before the queue
             require(0.0 <= getattr(self, beta) < 1.0, f"train.{beta}", "must be in [0, 1)")
         require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")

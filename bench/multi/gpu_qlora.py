@@ -4,6 +4,7 @@
     python -m bench.multi.gpu_qlora match --results bench/results/h100      # 2 GPUs vs 1 GPU, same job: loss curves
     python -m bench.multi.gpu_qlora llama70b --results bench/results/h100   # llama-70b shape on 2 GPUs, peak vs plan
     python -m bench.multi.gpu_qlora llama70b --gpus 1 --steps 14 --results bench/results/h200  # on one GPU (#64)
+    python -m bench.multi.gpu_qlora llama70b --gpus 1 --budget 4096 --checkpoint-layers 40 --results DIR  # 40 of 80
     python -m bench.multi.gpu_qlora llama70b --lora-bf16 --gpus 4 --docs 300 --budget 2048 --steps 22 \
         --results bench/results/h100                                  # the same shape, bf16 LoRA on 4 GPUs
     python -m bench.multi.gpu_qlora llama70b --lora-bf16 --gpus 4 --cpu-smoke  # tiny shape on CPU (gloo)
@@ -123,11 +124,19 @@ def data_for(out: Path, docs: int, budget: int, vocab: int) -> tuple[Path, list[
 
 def qlora_job(args: argparse.Namespace, arch: dict, logging_steps: int,
               learning_rate: float) -> tuple[dict, Path, dict[str, Any]]:
-    """(arch, documents, [train] overrides) of a multi-process QLoRA run: checkpointing, compile auto."""
+    """(arch, documents, [train] overrides) of a multi-process QLoRA run: checkpointing (--checkpoint-layers),
+    compile auto."""
     arch = TINY_QLORA if args.cpu_smoke else arch
     data, _ = data_for(args.out, args.docs, args.budget, arch["vocab_size"])
     return arch, data, {"max_steps": args.steps, "logging_steps": logging_steps, "learning_rate": learning_rate,
-                        "compile": "auto", "gradient_checkpointing": True}
+                        "compile": "auto", **checkpointing(args.checkpoint_layers)}
+
+
+def checkpointing(layers: str) -> dict[str, Any]:
+    """--checkpoint-layers as train.toml keys: "all", a number of layers, or "none" (no checkpointing)."""
+    if layers == "none":
+        return {"gradient_checkpointing": False}
+    return {"gradient_checkpointing": True, "checkpoint_layers": layers if layers == "all" else int(layers)}
 
 
 def part_single(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -180,13 +189,14 @@ def loss_match(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
     return {"max_loss_diff": loss, "max_grad_norm_rel_diff": grad, "target": 1e-2, "met": loss <= 1e-2}
 
 
-def planned(arch: dict, gpus: int, budget: int, gpu_type: str, quant: str = "nf4") -> dict[str, float]:
+def planned(arch: dict, gpus: int, budget: int, gpu_type: str, quant: str = "nf4",
+            layers: str = "all") -> dict[str, float]:
     """What the planner predicts for the llama-70b run (GiB per GPU)."""
     from contract.shape import FUSED_LOSS_CHUNK_TOKENS
     from launcher.plan.planner import PlanInput, make_plan
 
     plan = make_plan(PlanInput(arch=arch, nodes=1, gpus_per_node=gpus, gpu_type=gpu_type, lora=True, quant=quant,
-                               micro_batch_tokens=budget, gradient_checkpointing=True,
+                               micro_batch_tokens=budget, **checkpointing(layers),
                                loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS, max_steps=20))
     gib = 2**30
     return {"allocated_gib": plan.gpu.allocated / gib, "reserved_gib": plan.gpu.reserved / gib,
@@ -203,9 +213,10 @@ def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
         name, overrides = f"qlora-llama70b-{gpus}gpu", {**QLORA, "train": train}
     row = launch(name, args.out, data, arch, args.budget, gpus, overrides)
     row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "arch": arch, "budget": args.budget,
-            "docs": args.docs}
+            "docs": args.docs, **checkpointing(args.checkpoint_layers)}
     gpu, peak = gpu_single.device_peak()
-    row["plan"] = planned(arch, gpus, args.budget, gpu_type_from_device_name(gpu) or "h100", quant)  # the GPU it ran on
+    row["plan"] = planned(arch, gpus, args.budget, gpu_type_from_device_name(gpu) or "h100", quant,  # the GPU it ran on
+                          args.checkpoint_layers)
     if "error" not in row:
         adapters = ModelShape.from_arch(arch).lora_params(LoraSection().r, LoraSection().target_modules)
         row |= {"gpu": gpu, "peak_flops": peak, "lora_params": adapters, "peer": "none", "ratio_vs_peer": None,
@@ -242,6 +253,8 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=None, help="folder for one JSON per run")
     parser.add_argument("--gpus", type=int, default=2, help="llama70b: GPUs (processes) of the one node")
     parser.add_argument("--lora-bf16", action="store_true", help="llama70b: bf16 LoRA (no NF4), model.init = sharded")
+    parser.add_argument("--checkpoint-layers", default="all",
+                        help="train.checkpoint_layers: all, a number of decoder layers, or none (no checkpointing)")
     parser.add_argument("--cpu-smoke", action="store_true")
     args = parser.parse_args()
     if args.cpu_smoke:

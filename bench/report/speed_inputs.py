@@ -51,13 +51,20 @@ def _plan_input(arch: dict[str, Any], gpu_type: str, gpus: int, tokens: int, doc
 
 def _describe(inp: dict[str, Any], shape: str) -> str:
     kind = "QLoRA" if inp.get("quant") == "nf4" else "LoRA" if inp.get("lora") else "full"
+    layers = inp.get("checkpoint_layers", "all")
+    checkpointing = "ckpt" if layers == "all" else f"ckpt {layers} layers"
     parts = [shape, kind, f"{inp['gpus_per_node']} GPU", f"{inp['micro_batch_tokens']} tok",
-             "ckpt" if inp.get("gradient_checkpointing") else "no ckpt"]
+             checkpointing if inp.get("gradient_checkpointing") else "no ckpt"]
     parts += [label for key, label in (("fp8", "fp8"), ("activation_offload", "offload"),
                                        ("mlp_chunk_tokens", "MLP chunks")) if inp.get(key)]
     if inp.get("gradient_accumulation_steps", 1) > 1:
         parts.append(f"GA {inp['gradient_accumulation_steps']}")
     return " ".join(parts)
+
+
+def _layers(settings: dict[str, Any]) -> dict[str, Any]:
+    """train.checkpoint_layers where a run set it (files before it checkpointed every layer)."""
+    return {"checkpoint_layers": settings["checkpoint_layers"]} if "checkpoint_layers" in settings else {}
 
 
 def _accumulation(record: dict[str, Any]) -> int:
@@ -80,7 +87,7 @@ def _top_level(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
     if path.startswith(("lora-bf16-llama70b", "qlora-llama70b")):
         quant = "nf4" if path.startswith("qlora") else "none"
         inp = _plan_input(LLAMA_70B, gpu, data["gpu_count"], data["budget"], data["docs"], lora=True, quant=quant,
-                          gradient_checkpointing=True)
+                          gradient_checkpointing=data.get("gradient_checkpointing", True), **_layers(data))
         # the run's rate over its timed steps, as the headline shows it (tokens_per_s_per_gpu is its last step's)
         return [_run(name, (), "llama-70b", data["real_tokens_per_s"] / data["gpu_count"], inp)]
     variant = VARIANTS.get(path)
@@ -155,7 +162,7 @@ def _long_context(name: str, gpu: str, data: dict[str, Any]) -> list[Run]:
            "lora_target_modules": data["lora_targets"], "gradient_checkpointing": train["gradient_checkpointing"],
            "activation_offload": train.get("activation_offload", False),
            "mlp_chunk_tokens": train.get("mlp_chunk_tokens", 0),
-           "recompute_attention": train.get("recompute_attention", True)}
+           "recompute_attention": train.get("recompute_attention", True), **_layers(train)}
     return [_run(name, (), data["shape"], data["tokens_per_s"] / data["gpu_count"], inp)]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from contract.config import Fp8Linears
+from contract.config import Fp8Linears, checkpointed_layers
 from contract.shape import LORA_TARGETS, ModelShape
 from launcher.plan.memory import MemoryOptions, adapter_bytes, low_bytes
 
@@ -153,23 +153,39 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     """
     tokens, d = opts.sequence_tokens, shape.hidden
     weight_copy = fused_mlp_weight_bytes(shape, opts, elem)
-    lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
     head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
-    layer = _layer_bytes(shape, opts, elem, tokens) + tokens * (lora_extra // shape.layers)
+    layer = _layer_with_adapters_bytes(shape, opts, elem)
     kept = kept_attention_bytes(shape, opts, elem)  # per layer, on the GPU whatever activation_offload says
-    if opts.gradient_checkpointing:
-        saved = tokens * (head + (0 if opts.activation_offload else shape.layers * elem * d)) + shape.layers * kept
-        copies, recompute = 0, layer + weight_copy - kept  # the recomputed layer reads its kept output back
-    else:
-        copies = shape.layers * weight_copy
-        saved = tokens * head + (0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True))
-        recompute = 0
+    checkpointed = checkpointed_count(shape, opts)
+    # the checkpointed layers' kept attention outputs and the others' fused-MLP weight copies stay on the GPU
+    saved = tokens * head + checkpointed * kept + (shape.layers - checkpointed) * weight_copy
+    saved += 0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True)
+    recompute = layer + weight_copy - kept if checkpointed else 0  # a recomputed layer reads its kept output back
     saved += router_logits_bytes(shape, tokens)  # layer outputs, not saved tensors: never offloaded
     mlp_rows = min(tokens, opts.mlp_chunk_tokens or tokens)
     workspace = elem * 3 * (mlp_rows * shape.mlp_width + tokens * d) + float8_cast_bytes(shape, opts) \
         + moe_combine_bytes(shape, tokens)
-    return {"saved": saved + copies, "recompute": recompute, "workspace": workspace,
+    return {"saved": saved, "recompute": recompute, "workspace": workspace,
             "last_layer": layer + weight_copy + workspace}
+
+
+def checkpointed_count(shape: ModelShape, opts: MemoryOptions) -> int:
+    """The decoder layers that recompute their forward in backward (train.checkpoint_layers; 0 without
+    checkpointing): each keeps only its input; the others keep what autograd saves."""
+    if not opts.gradient_checkpointing:
+        return 0
+    return len(checkpointed_layers(shape.layers, opts.checkpoint_layers))
+
+
+def recompute_share(shape: ModelShape, opts: MemoryOptions) -> float:
+    """The share of the decoder layers whose forward runs again in backward (launcher/plan/speed.py)."""
+    return checkpointed_count(shape, opts) / shape.layers
+
+
+def _layer_with_adapters_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """One decoder layer's saved activations for the micro-batch, with its share of the LoRA path's."""
+    lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
+    return _layer_bytes(shape, opts, elem, opts.sequence_tokens) + opts.sequence_tokens * (lora_extra // shape.layers)
 
 
 def kept_attention_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
@@ -192,15 +208,14 @@ def _layer_bytes(shape: ModelShape, opts: MemoryOptions, elem: int, tokens: int)
 
 
 def offloaded_activation_bytes(shape: ModelShape, opts: MemoryOptions, always: bool = False) -> int:
-    """train.activation_offload: what one process keeps in pinned host memory at the end of its forward:
-    each layer's input (checkpointing), else every layer's saved activations (`always`: as if offloaded)."""
+    """train.activation_offload: what one process keeps in pinned host memory at the end of its forward: each
+    checkpointed layer's input, every other layer's saved activations (`always`: what the GPU keeps of both
+    without offload)."""
     if not (opts.activation_offload or always):
         return 0
-    elem, tokens = low_bytes(opts), opts.sequence_tokens
-    if opts.gradient_checkpointing:
-        return shape.layers * tokens * elem * shape.hidden
-    lora_extra = lora_path_bytes_per_token(shape, opts, elem) if opts.lora else 0
-    return shape.layers * _layer_bytes(shape, opts, elem, tokens) + tokens * lora_extra
+    elem, checkpointed = low_bytes(opts), checkpointed_count(shape, opts)
+    inputs = checkpointed * opts.sequence_tokens * elem * shape.hidden
+    return inputs + (shape.layers - checkpointed) * _layer_with_adapters_bytes(shape, opts, elem)
 
 
 def float8_cast_bytes(shape: ModelShape, opts: MemoryOptions) -> int:

@@ -7,35 +7,47 @@ the powers of two below it; activation checkpointing on and off; train.activatio
 parallel.context 1, 2, 4, ... within a node (a micro-batch of model_max_length or more split over that many
 GPUs). Of those that fit it keeps the one the speed model (launcher/plan/speed.py) predicts the most tokens/s
 for, except that a setting which keeps whole `model_max_length` documents always ranks above one that cuts
-them (a micro-batch below model_max_length, never when the user set model_max_length). A value the user fixed
-(flag or --set) is never changed; CPU offload of the optimizer stays a suggestion for when nothing fits.
+them (a micro-batch below model_max_length, never when the user set model_max_length). Where the one kept
+checkpoints every layer (no activation offload), the fewest checkpointed layers that still fit
+(train.checkpoint_layers, a bisection: memory only grows as fewer layers recompute) make one more trial, faster
+by the recompute it leaves out, where that is predicted to gain at least MIN_THINNING_GAIN. A value the user
+fixed (flag or --set) is never changed; CPU offload of the optimizer stays a suggestion for when nothing fits.
 Gradient accumulation is left as it is.
 
 It takes the planner input (launcher/resolve/plan_input.py builds it from the launch) and a question, "did the
 user set this key?", and returns the choice; launcher/resolve/options.py applies it to the launch.
 
 The choice is written into train.toml (data.tokens_per_micro_batch, train.gradient_checkpointing,
-train.activation_offload, parallel.context, only when they change), run.json ("micro_batch", with every
-trial) and the plan ("Micro" line: the choice and the runner-up, each with its predicted tokens/s). When
-nothing fits, the configuration stays as given and the plan's suggestions become the settings under which a
-micro-batch would fit (more nodes, CPU offload, LoRA), each with the micro-batch the search would then choose.
+train.checkpoint_layers, train.activation_offload, parallel.context, only when they change), run.json
+("micro_batch", with every trial) and the plan ("Micro" line: the choice and the runner-up, each with its
+predicted tokens/s). When nothing fits, the configuration stays as given and the plan's suggestions become the
+settings under which a micro-batch would fit (more nodes, CPU offload, LoRA), each with the micro-batch the search
+would then choose.
 Pure Python (no torch): it only asks the planner.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
+from contract.config import ALL_LAYERS
+from contract.shape import ModelShape
 from launcher.plan.memory import GIB
 from launcher.plan.plan_format import suggestion_flags
 from launcher.plan.planner import PlanInput, Suggestion, make_plan, suggestions_for
 
 MIN_MICRO_BATCH_TOKENS = 256  # below this a step is all communication; suggest more GPUs instead
+# A trial thinned of checkpointed layers fills the card to the planner's limit: kept only where the speed model
+# predicts at least this gain over checkpointing every layer (less is within what a plan's error can undo).
+MIN_THINNING_GAIN = 0.03
 MICRO_BATCH_KEYS = ("data.tokens_per_micro_batch", "train.per_device_train_batch_size")
 CHECKPOINTING_KEY = "train.gradient_checkpointing"
+LAYERS_KEY = "train.checkpoint_layers"
 OFFLOAD_KEY = "train.activation_offload"
 CONTEXT_KEY = "parallel.context"
 MAX_LENGTH_KEY = "train.model_max_length"  # set by the user: documents are never cut below it
@@ -51,6 +63,7 @@ class Rules:
     cut_documents: bool = True
     offload_fixed: bool = True
     context_fixed: bool = True
+    layers_fixed: bool = True  # train.checkpoint_layers
 
 
 @dataclass
@@ -63,10 +76,11 @@ class Trial:
     context_parallel: int = 1
     tokens_per_s: float | None = None  # predicted, whole job (launcher/plan/speed.py)
     whole: bool = True  # holds a model_max_length document
+    checkpoint_layers: int | str = ALL_LAYERS  # with checkpointing: how many layers recompute
 
     def setting(self) -> str:
         """The trial as the plan names it: "4096 tokens, checkpointing, activation offload, context parallel 2"."""
-        parts = [f"{self.tokens} tokens", "checkpointing" if self.checkpointing else "no checkpointing"]
+        parts = [f"{self.tokens} tokens", f"checkpointing{_layers(self)}" if self.checkpointing else "no checkpointing"]
         if self.activation_offload:
             parts.append("activation offload")
         if self.context_parallel > 1:
@@ -94,6 +108,7 @@ class MicroBatchChoice:
     whole_with: int | None = None
     activation_offload: bool = False
     context_parallel: int = 1
+    checkpoint_layers: int | str = ALL_LAYERS
 
     @property
     def suggestions(self) -> list[Suggestion]:
@@ -119,7 +134,8 @@ class MicroBatchChoice:
                     f"GiB of {usable}{whole}" + (f"; would choose {ways}" if ways else ""))
         chosen = self.chosen
         assert chosen is not None
-        extras = "".join([", activation offload" if chosen.activation_offload else "",
+        extras = "".join([f", checkpointing{_layers(chosen)}" if _layers(chosen) else "",
+                          ", activation offload" if chosen.activation_offload else "",
                           f", context parallel {chosen.context_parallel}" if chosen.context_parallel > 1 else ""])
         why = ("the default, per_device_train_batch_size x model_max_length, fits in" if self.source == "default"
                else "fastest that fits in")
@@ -143,6 +159,7 @@ class MicroBatchChoice:
         """For run.json: the decision and the trials behind it."""
         chosen = self.chosen
         return {"tokens": self.tokens, "gradient_checkpointing": self.checkpointing,
+                "checkpoint_layers": self.checkpoint_layers,
                 "activation_offload": self.activation_offload, "context_parallel": self.context_parallel,
                 "tokens_per_s": chosen.tokens_per_s if chosen else None, "source": self.source,
                 "reason": self.describe(), "usable_gib": round(self.usable_gib, 2),
@@ -151,6 +168,12 @@ class MicroBatchChoice:
 
 def _ckpt(trial: Trial) -> str:
     return " with checkpointing" if trial.checkpointing else " without checkpointing"
+
+
+def _layers(trial: Trial) -> str:
+    """" of N layers" where a checkpointing trial checkpoints only some."""
+    return f" of {trial.checkpoint_layers} layers" if trial.checkpointing and trial.checkpoint_layers != ALL_LAYERS \
+        else ""
 
 
 def _rate(trial: Trial) -> str:
@@ -180,13 +203,48 @@ def candidates(default: int, floor: int = MIN_MICRO_BATCH_TOKENS) -> list[int]:
 
 
 def _trial(inp: PlanInput, tokens: int, checkpointing: bool, offload: bool | None = None,
-           context: int | None = None, whole: bool = True) -> Trial:
+           context: int | None = None, whole: bool = True, layers: int | str | None = None) -> Trial:
     offload = inp.activation_offload if offload is None else offload
     context = inp.context_parallel if context is None else context
+    layers = inp.checkpoint_layers if layers is None else layers
     plan = make_plan(dataclasses.replace(inp, micro_batch_tokens=tokens, gradient_checkpointing=checkpointing,
-                                         activation_offload=offload, context_parallel=context))
+                                         activation_offload=offload, context_parallel=context,
+                                         checkpoint_layers=layers))
     return Trial(tokens, checkpointing, round(plan.gpu.total / GIB, 2), plan.fits is True, offload, context,
-                 plan.time.tokens_per_s, whole)
+                 plan.time.tokens_per_s, whole, layers)
+
+
+def _refinable(trials: list[Trial]) -> list[Trial]:
+    """The trials whose layers `fewest_checkpointed` thins: the fastest that fits and the fastest that fits
+    checkpointing every layer without offload, where the same micro-batch does not fit without checkpointing
+    (which is faster still)."""
+    fits = [t for t in trials if t.fits]
+    unchecked = {(t.tokens, t.context_parallel) for t in fits if not t.checkpointing}
+    candidates = [t for t in fits if t.checkpointing and not t.activation_offload
+                  and t.checkpoint_layers == ALL_LAYERS and (t.tokens, t.context_parallel) not in unchecked]
+    chosen = [t for t in (best(fits), best(candidates)) if t is not None and t in candidates]
+    return [t for i, t in enumerate(chosen) if t not in chosen[:i]]
+
+
+def fewest_checkpointed(inp: PlanInput, chosen: Trial | None) -> Trial | None:
+    """The chosen trial with the fewest checkpointed layers that still fit (bisection: memory grows as fewer
+    layers recompute); None when that gains less than MIN_THINNING_GAIN, when nothing fits, when every layer must
+    recompute, or when the trial does not
+    checkpoint every layer without activation offload (offloaded, the other layers' activations would all cross
+    PCIe)."""
+    if chosen is None or not chosen.checkpointing or chosen.activation_offload \
+            or chosen.checkpoint_layers != ALL_LAYERS:
+        return None
+    low, high, found = 1, ModelShape.from_arch(inp.arch).layers - 1, None
+    while low <= high:  # the smallest n in [1, layers - 1] that fits
+        middle = (low + high) // 2
+        trial = _trial(inp, chosen.tokens, True, False, chosen.context_parallel, chosen.whole, middle)
+        if trial.fits:
+            found, high = trial, middle - 1
+        else:
+            low = middle + 1
+    worth = found and (found.tokens_per_s or 0) >= (1 + MIN_THINNING_GAIN) * (chosen.tokens_per_s or math.inf)
+    return found if worth else None
 
 
 def _options(given: Any, fixed: bool, choices: list[Any]) -> list[Any]:
@@ -267,9 +325,14 @@ def fit_micro_batch(inp: PlanInput, model_max_length: int, user_set: Callable[[s
     plan = make_plan(inp)
     if plan.fits is None or plan.gpu_usable_bytes is None:
         return None
-    rules = Rules(user_set(CHECKPOINTING_KEY), model_max_length, cut_documents=not user_set(MAX_LENGTH_KEY),
-                  offload_fixed=user_set(OFFLOAD_KEY), context_fixed=user_set(CONTEXT_KEY))
+    # train.checkpoint_layers set by the user: checkpointing stays as it is too (on, unless they turned it off)
+    rules = Rules(user_set(CHECKPOINTING_KEY) or user_set(LAYERS_KEY), model_max_length,
+                  cut_documents=not user_set(MAX_LENGTH_KEY),
+                  offload_fixed=user_set(OFFLOAD_KEY), context_fixed=user_set(CONTEXT_KEY),
+                  layers_fixed=user_set(LAYERS_KEY))
     trials = search(inp, rules)
+    if not rules.layers_fixed:
+        trials += [trial for trial in map(partial(fewest_checkpointed, inp), _refinable(trials)) if trial is not None]
     choice = MicroBatchChoice(inp.micro_batch_tokens, inp.gradient_checkpointing, "none",
                               plan.gpu_usable_bytes / GIB, rules, trials, activation_offload=inp.activation_offload,
                               context_parallel=inp.context_parallel)
@@ -278,6 +341,7 @@ def fit_micro_batch(inp: PlanInput, model_max_length: int, user_set: Callable[[s
         choice.alternatives = _alternatives(inp, min(trials, key=lambda t: t.total_gib), rules)
         return choice
     choice.tokens, choice.checkpointing = chosen.tokens, chosen.checkpointing
+    choice.checkpoint_layers = chosen.checkpoint_layers
     choice.activation_offload, choice.context_parallel = chosen.activation_offload, chosen.context_parallel
     choice.source = "default" if chosen is trials[0] else "auto"
     if not chosen.whole:

@@ -84,6 +84,7 @@ class MemoryOptions:
     activation_offload: bool = False  # train.activation_offload: the forward's saved activations on the host
     mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP's intermediate for this many tokens at a time
     recompute_attention: bool = True  # train.recompute_attention: false = checkpointing keeps attention's outputs
+    checkpoint_layers: int | str = "all"  # train.checkpoint_layers: how many layers checkpointing recomputes
 
     @property
     def spec(self) -> StrategySpec:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from contract.shape import ModelShape
 from contract.strategies import ZERO_MAX_LIVE_PARAMETERS, ZERO_SUB_GROUP_SIZE, zero_reduce_bucket_size
-from launcher.plan.activations import activation_terms, all_to_all_bytes, expert_dispatch_bytes, logits_terms
+from launcher.plan.activations import (activation_terms, all_to_all_bytes, checkpointed_count, expert_dispatch_bytes,
+                                       logits_terms)
 from launcher.plan.memory import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,
@@ -192,7 +193,9 @@ def gpu_memory(shape: ModelShape, opts: MemoryOptions) -> MemoryBreakdown:
         notes={name: note for name, (_, note) in described.items()},
     )
     breakdown.allocator_slack = _cached_not_reused(phases, state, peak, opts)
-    ckpt = "per-layer checkpointing" if opts.gradient_checkpointing else "no checkpointing"
+    checkpointed = checkpointed_count(shape, opts)
+    ckpt = "no checkpointing" if not checkpointed else "per-layer checkpointing" + (
+        f" of {checkpointed} layers" if checkpointed < shape.layers else "")
     ckpt += " keeping attention outputs" if opts.gradient_checkpointing and not opts.recompute_attention else ""
     kernels = "".join(text for on, text in ((opts.compile, ", compiled"), (opts.fused_mlp, ", fused MLP")) if on)
     loss = "full logits" if opts.loss_chunk_tokens == 0 else (

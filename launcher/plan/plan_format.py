@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 from contract import gpus
+from contract.config import checkpointed_layers
+from contract.shape import ModelShape
 from contract.strategies import STRATEGIES
 from launcher.plan.memory import GIB, MemoryBreakdown
 from launcher.plan.planner import MAX_SUGGESTED_NODES, Plan, PlanInput, Suggestion
@@ -107,7 +109,11 @@ def _preempt_lines(plan: Plan) -> list[str]:
 def _checkpointing(inp: PlanInput) -> str:
     if not inp.gradient_checkpointing:
         return "off"
-    return "on" if inp.recompute_attention else "on (attention outputs kept)"
+    layers = ModelShape.from_arch(inp.arch).layers
+    count = len(checkpointed_layers(layers, inp.checkpoint_layers))
+    kept = [] if inp.recompute_attention else ["attention outputs kept"]
+    parts = ([] if count == layers else [f"{count} of {layers} layers"]) + kept
+    return f"on ({', '.join(parts)})" if parts else "on"
 
 
 def format_plan(plan: Plan) -> str:
@@ -156,6 +162,7 @@ def suggestion_flags(suggestion: Suggestion) -> str:
     flags = {
         "nodes": lambda v: f"--nodes {v}", "strategy": lambda v: f"--strategy {v}",
         "gradient_checkpointing": lambda v: f"--gradient_checkpointing {str(v).lower()}",
+        "checkpoint_layers": lambda v: f"--set train.checkpoint_layers={v if isinstance(v, int) else repr(v)}",
         "micro_batch_tokens": lambda v: f"--set data.tokens_per_micro_batch={v}",
         "gradient_accumulation_steps": lambda v: f"--gradient_accumulation_steps {v}",
         "cpu_offload": lambda v: f"--set profile.cpu_offload={str(v).lower()}", "lora": lambda v: "--lora",

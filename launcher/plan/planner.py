@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import gpus
-from contract.config import Fp8Linears, TrainSection
+from contract.config import ALL_LAYERS, Fp8Linears, TrainSection
 from contract.parallel import context_blocker, expert_blocker, expert_sharding_blocker
 from contract.schema import build, require
 from contract.shape import LORA_TARGETS, ModelShape
@@ -56,6 +56,7 @@ class PlanInput:
     activation_offload: bool = False  # train.activation_offload: saved activations in pinned host memory
     mlp_chunk_tokens: int = 0  # train.mlp_chunk_tokens: the MLP over chunks of this many tokens (0 = whole)
     recompute_attention: bool = True  # train.recompute_attention: false = checkpointing keeps attention's outputs
+    checkpoint_layers: int | str = "all"  # train.checkpoint_layers: how many layers checkpointing recomputes
     gradient_accumulation_steps: int = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: Fp8Linears = ""  # train.precision = "fp8": whose float8 linears the decoder layers run (contract.config.fp8_linears)
@@ -106,7 +107,10 @@ class PlanInput:
         require(not self.fp8 or (self.device == "gpu" and not self.lora and self.spec.fsdp_version != 1
                                  and self.spec.engine != "deepspeed"),
                 "fp8", "float8 linears train full weights on GPUs under FSDP2 (or DDP on one GPU)")
-        ModelShape.from_arch(self.arch)  # raises naming the arch key
+        layers = ModelShape.from_arch(self.arch).layers  # raises naming the arch key
+        require(self.checkpoint_layers == ALL_LAYERS or int(self.checkpoint_layers) <= layers,
+                "train.checkpoint_layers", f"{self.checkpoint_layers} is more than the model's {layers} decoder "
+                "layers (all = every one)")
         require(self.context_blocker is None, "context_parallel", self.context_blocker or "")
         require(self.expert_blocker is None, "expert_parallel", self.expert_blocker or "")
 
@@ -296,6 +300,8 @@ def suggestions_for(inp: PlanInput) -> list[Suggestion]:
     candidates: list[Suggestion | None] = []
     if not inp.gradient_checkpointing:
         candidates.append(_try(inp, "enable gradient checkpointing", gradient_checkpointing=True))
+    elif inp.checkpoint_layers != ALL_LAYERS:
+        candidates.append(_try(inp, "checkpoint every decoder layer", checkpoint_layers=ALL_LAYERS))
     if not inp.cpu_ram_efficient_loading:
         candidates.append(_try(inp, "load weights on rank 0 only", cpu_ram_efficient_loading=True))
     candidates.append(_context_parallel(inp))

@@ -28,7 +28,7 @@ from typing import Any
 
 from contract import gpus
 from contract.shape import ModelShape
-from launcher.plan.activations import offloaded_activation_bytes
+from launcher.plan.activations import offloaded_activation_bytes, recompute_share
 from launcher.plan.memory import NF4_BYTES_PER_PARAM, MemoryOptions, trainable_params
 
 # launcher.plan.planner.PlanInput: not imported, the planner imports this module (no import cycle, even type-only)
@@ -108,11 +108,13 @@ def compute_seconds(shape: ModelShape, inp: PlanInput, per_token: float, tokens:
     """One micro-batch's FLOPs (forward again with per-layer checkpointing, attention's only with
     train.recompute_attention) at the achievable fraction of the peak. LoRA's factor and FP8's speed-up are the linears': attention (6·L·a·s̄ of the count, its forward
     recomputed) runs in the same bf16 kernels either way, and at long documents it is most of the step."""
-    recompute = 1 + forward_share(shape, inp, per_token) if inp.gradient_checkpointing else 1.0
-    counted = shape.attention_flops_per_token(_attended(inp)) * (4 / 3 if inp.gradient_checkpointing else 1.0)
+    share = _recomputed(shape, inp)  # of the decoder layers: train.checkpoint_layers
+    recompute = 1 + forward_share(shape, inp, per_token) * share
+    attention = shape.attention_flops_per_token(_attended(inp))
+    counted = attention * (1 + share / 3)  # attention's forward is a third of its step
     linears = per_token * recompute - counted  # the rest of the step, its forward recomputed
     # train.recompute_attention = false: the checkpoints keep attention's outputs, its forward runs once
-    attention = counted * (3 / 4 if inp.gradient_checkpointing and not inp.recompute_attention else 1.0)
+    attention = counted if inp.recompute_attention else attention
     base = peak * EFFICIENCY.get(inp.gpu_type.lower(), FALLBACK_EFFICIENCY)
     speed = (LORA_EFFICIENCY if inp.lora else 1.0) * (FP8_SPEEDUP if inp.fp8 else 1.0)
     return tokens * (attention + linears / speed) / base
@@ -126,6 +128,11 @@ def forward_share(shape: ModelShape, inp: PlanInput, per_token: float) -> float:
     if inp.lora:
         forward += 2 * shape.active_lora_params(inp.lora_r, inp.lora_target_modules)
     return forward / per_token
+
+
+def _recomputed(shape: ModelShape, inp: PlanInput) -> float:
+    """The share of the decoder layers whose forward (and its collectives, its NF4 expansions) runs again."""
+    return recompute_share(shape, memory_options(inp))
 
 
 def _attended(inp: PlanInput) -> float:
@@ -185,7 +192,7 @@ def _dequantize_seconds(shape: ModelShape, inp: PlanInput) -> float:
     backward: memory-bound, reading NF4 and writing bf16 per weight."""
     if inp.quant == "none":
         return 0.0
-    passes = 3 if inp.gradient_checkpointing else 2
+    passes = 2 + _recomputed(shape, inp)
     quantized = shape.target_params(inp.lora_target_modules)
     return passes * quantized * (NF4_BYTES_PER_PARAM + BF16) / (_hbm_gbps(inp) * 1e9)
 
@@ -198,7 +205,7 @@ def _context_parallel_seconds(shape: ModelShape, inp: PlanInput, tokens: float) 
     if n <= 1:
         return 0.0
     per_layer = tokens * (2 * shape.q_dim + 2 * shape.kv_dim) * BF16 * (n - 1) / n
-    passes = 3 if inp.gradient_checkpointing else 2
+    passes = 2 + _recomputed(shape, inp)
     return passes * shape.layers * per_layer / (_bus_gbps(inp, False) * 1e9)
 
 
@@ -211,7 +218,7 @@ def _expert_parallel_seconds(shape: ModelShape, inp: PlanInput, tokens: float) -
     if n <= 1 or not shape.is_moe:
         return 0.0
     per_layer = 2 * tokens * shape.experts_per_token * shape.hidden * BF16 * (n - 1) / n
-    passes = 3 if inp.gradient_checkpointing else 2
+    passes = 2 + _recomputed(shape, inp)
     exchange = passes * shape.moe_layer_count * per_layer / (_bus_gbps(inp, n > inp.gpus_per_node) * 1e9)
     # Fewer EP ranks than GPUs: each GPU all-gathers its experts from the R = world / N consecutive GPUs holding
     # them as FSDP shards (forward, and the recompute), and reduce-scatters their gradients; in line, not prefetched.

@@ -351,6 +351,7 @@ def _fit_micro_batch(launch: Launch, request: LaunchRequest) -> MicroBatchChoice
         if choice.tokens != inp.micro_batch_tokens:
             launch.train.data.tokens_per_micro_batch = choice.tokens
         launch.train.train.gradient_checkpointing = choice.checkpointing
+        launch.train.train.checkpoint_layers = choice.checkpoint_layers
         launch.train.train.activation_offload = choice.activation_offload
         launch.train.parallel.context = choice.context_parallel
     return choice

@@ -120,7 +120,7 @@ def plan_input_from_launch(launch: LaunchView, data: DataEstimate | None = None)
         micro_batch_tokens=cfg.micro_batch_tokens, gradient_accumulation_steps=t.gradient_accumulation_steps,
         context_parallel=cfg.parallel.context, expert_parallel=cfg.parallel.expert,
         activation_offload=t.activation_offload, mlp_chunk_tokens=t.mlp_chunk_tokens,
-        recompute_attention=t.recompute_attention,
+        recompute_attention=t.recompute_attention, checkpoint_layers=t.checkpoint_layers,
         precision=_precision(launch),  # type: ignore[arg-type]
         fp8=fp8_linears(t.fp8_recipe, t.fp8_all_gather) if t.precision == "fp8" else "",
         fp8_all_gather=t.precision == "fp8" and t.fp8_all_gather,

@@ -38,7 +38,7 @@ QLORA_KEYS = {  # bench/multi/gpu_qlora.py: a 70B run's fields, or the 1-vs-2-GP
     "warmup_steps", "real_tokens_per_s", "tokens_per_s_per_gpu", "flops_per_token", "tflops_per_gpu", "mfu", "mfu_last",
     "peak_mem_gib", "steps", "losses", "grad_norms", "final_loss", "load_log", "recompiles_after_first_log", "plan",
     "plan_error", "peer", "ratio_vs_peer", "one", "two", "max_loss_diff", "max_grad_norm_rel_diff", "target", "met",
-    "error", *checks.PREDICTION, "provenance"}
+    "error", *checks.PREDICTION, "provenance", "gradient_checkpointing", "checkpoint_layers"}
 OTHER_KEYS = {
     "ceilings": {"gpu", "copy_gbs", "square_bf16_tflops", "shape", "tokens", "steps", "loss_fwd_bwd_ms", "provenance"},
     "mlp": {"device", "shape", "tokens", "rows", "provenance"},

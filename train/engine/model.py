@@ -37,11 +37,10 @@ from contract.config import TrainConfig, fp8_linears
 from contract.schema import ConfigError
 from contract.shape import EXPERT_LORA_TARGETS, rope_factor
 from train.kernels import float8, swiglu
-from train.kernels.keep_attention import checkpoint_kwargs
 from train.kernels.long_context import chunk_mlps
 from train.kernels.loss import logit_grad_pass
 from train.observe.metrics import gpu_spec, mfu_peaks_line, peak_rss_mib
-from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers,
+from train.kernels.perf import (compile_decoder_layers, compiles_decoder_layers, decoder_layers, enable_checkpointing,
                                 gather_lm_head_with_root, use_fused_loss)
 from train.engine.qlora import build_quantized_model
 from train.engine.sharded_init import build_on_meta
@@ -185,10 +184,10 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if experts := use_grouped_experts(model):
         logger.info("mixture of experts: %d experts modules as grouped GEMMs (train/moe/experts.py)", experts)
     if cfg.train.gradient_checkpointing:
-        # Non-reentrant (frozen inputs under LoRA, FSDP2, keyword arguments); train.recompute_attention = false
-        # keeps the attention kernels' outputs from the forward (train/kernels/keep_attention.py).
-        checkpointing = checkpoint_kwargs(cfg.train.recompute_attention)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing)
+        checkpointed, layers = len(enable_checkpointing(model, cfg.train)), len(decoder_layers(model))
+        if checkpointed < layers:
+            logger.info("checkpointing %d of %d decoder layers (train.checkpoint_layers); the others keep their "
+                        "activations", checkpointed, layers)
         if not cfg.train.recompute_attention:
             logger.info("checkpointing keeps the attention outputs (train.recompute_attention = false)")
     if cfg.train.fused_loss:  # no vocabulary-sized logits (train/kernels/loss.py)

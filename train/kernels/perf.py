@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
-from contract.config import TrainConfig
+from contract.config import TrainConfig, TrainSection, checkpointed_layers
+from train.kernels.keep_attention import checkpoint_kwargs
 from train.kernels.loss import IGNORE_INDEX, linear_cross_entropy_sum, shift_labels
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,20 @@ def gather_lm_head_with_root(model: torch.nn.Module) -> None:
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return list(base.model.layers)
+
+
+def enable_checkpointing(model: torch.nn.Module, train: TrainSection) -> list[int]:
+    """Per-layer activation checkpointing, non-reentrant (frozen inputs under LoRA, FSDP2, keyword arguments), on
+    the decoder layers train.checkpoint_layers names (contract.config.checkpointed_layers); the others keep what
+    autograd saves. train.recompute_attention = false keeps the attention kernels' outputs in the checkpointed
+    ones (train/kernels/keep_attention.py). transformers' layers, and our compiled ones (`_checkpointed_forward`),
+    read each layer's own `gradient_checkpointing` at every call. Returns the checkpointed layers' indices."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(train.recompute_attention))
+    layers = decoder_layers(model)
+    chosen = checkpointed_layers(len(layers), train.checkpoint_layers)
+    for index, layer in enumerate(layers):
+        layer.gradient_checkpointing = index in chosen
+    return chosen
 
 
 def compiles_decoder_layers(cfg: TrainConfig, num_processes: int) -> bool:
