@@ -164,21 +164,22 @@ def test_compiled_layers_stay_checkpointed_once_fsdp2_has_wrapped_them(tmp_path)
     layers must still be checkpointed after that swap (a compiled bound wrapper was not: every layer kept its
     whole saved set, and llama-70b QLoRA ran out of memory on one H100): what autograd saves outside the
     checkpoints is the same with compiled layers as with eager ones (embedding, final norm, loss), and less
-    than without checkpointing."""
+    than without checkpointing. With train.checkpoint_layers = 1 (of 2), the compiled layer left out keeps its
+    saved set and the other stays checkpointed: more than all checkpointed, less than none."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from train.kernels.keep_attention import checkpoint_kwargs
-    from train.kernels.perf import compile_decoder_layers
+    from contract.config import ALL_LAYERS, TrainSection
+    from train.kernels.perf import compile_decoder_layers, enable_checkpointing
 
     ids = torch.randint(0, TINY_ARCH["vocab_size"], (1, 64), generator=torch.Generator().manual_seed(0))
 
-    def saved_outside_checkpoints(compiled: bool, checkpointing: bool = True) -> int:
+    def saved_outside_checkpoints(compiled: bool, layers: int | str | None = ALL_LAYERS) -> int:
         torch.manual_seed(0)
         model = LlamaForCausalLM(LlamaConfig(**TINY_ARCH, attn_implementation="sdpa", use_cache=False))
-        if checkpointing:  # as build_model does
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(True))
+        if layers is not None:  # as build_model does
+            enable_checkpointing(model, TrainSection(checkpoint_layers=layers))
         if compiled:
             compile_decoder_layers(model)
         for layer in model.model.layers:
@@ -194,8 +195,9 @@ def test_compiled_layers_stay_checkpointed_once_fsdp2_has_wrapped_them(tmp_path)
     torch._dynamo.reset()
     try:
         eager, compiled = saved_outside_checkpoints(False), saved_outside_checkpoints(True)
-        unchecked = saved_outside_checkpoints(False, checkpointing=False)
+        compiled_one = saved_outside_checkpoints(True, layers=1)
+        unchecked = saved_outside_checkpoints(False, layers=None)
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
-    assert compiled == eager < unchecked, (compiled, eager, unchecked)
+    assert compiled == eager < compiled_one < unchecked, (compiled, eager, compiled_one, unchecked)
