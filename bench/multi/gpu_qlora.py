@@ -4,7 +4,7 @@
     python -m bench.multi.gpu_qlora match --results bench/results/h100      # 2 GPUs vs 1 GPU, same job: loss curves
     python -m bench.multi.gpu_qlora llama70b --results bench/results/h100   # llama-70b shape on 2 GPUs, peak vs plan
     python -m bench.multi.gpu_qlora llama70b --gpus 1 --steps 14 --results bench/results/h200  # on one GPU (#64)
-    python -m bench.multi.gpu_qlora llama70b --gpus 1 --budget 4096 --checkpoint-layers 40 --results DIR  # 40 of 80
+    python -m bench.multi.gpu_qlora llama70b --gpus 1 --budget 4096 --checkpoint-layers 58 --results DIR  # 58 of 80
     python -m bench.multi.gpu_qlora llama70b --lora-bf16 --gpus 4 --docs 300 --budget 2048 --steps 22 \
         --results bench/results/h100                                  # the same shape, bf16 LoRA on 4 GPUs
     python -m bench.multi.gpu_qlora llama70b --lora-bf16 --gpus 4 --cpu-smoke  # tiny shape on CPU (gloo)

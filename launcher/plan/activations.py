@@ -122,6 +122,16 @@ def fused_mlp_weight_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) ->
     return 2 * elem * shape.mlp_width * shape.hidden if opts.fused_mlp else 0
 
 
+def dequantized_weight_bytes(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
+    """QLoRA under torch.compile'd decoder layers: the compiled graph saves each NF4 target weight's expansion in the
+    compute dtype for the backward (eager layers save the NF4 weight itself, no copy, and expand it again): one
+    layer's target weights, a per-layer copy kept like an activation by every layer left uncheckpointed and by the
+    layer being recomputed (1.7 GB at 70B). Measured on CPU (tests/train/test_qlora_compiled_saves.py)."""
+    if opts.quant != "nf4" or not opts.compile:
+        return 0
+    return elem * (shape.target_params(opts.lora_target_modules) // shape.layers)
+
+
 def lora_path_bytes_per_token(shape: ModelShape, opts: MemoryOptions, elem: int) -> int:
     """What PEFT's adapter path saves per token (all layers) beside the base linears. With dropout,
     each adapted module has its own Dropout: its output (a x in, a = `adapter_bytes`) and bool mask
@@ -152,12 +162,12 @@ def activation_terms(shape: ModelShape, opts: MemoryOptions, elem: int) -> dict[
     layer's activations (saved or recomputed alike) + its workspace.
     """
     tokens, d = opts.sequence_tokens, shape.hidden
-    weight_copy = fused_mlp_weight_bytes(shape, opts, elem)
+    weight_copy = fused_mlp_weight_bytes(shape, opts, elem) + dequantized_weight_bytes(shape, opts, elem)
     head = (4 + elem) * d + elem * d  # final RMSNorm + lm_head input (never checkpointed)
     layer = _layer_with_adapters_bytes(shape, opts, elem)
     kept = kept_attention_bytes(shape, opts, elem)  # per layer, on the GPU whatever activation_offload says
     checkpointed = checkpointed_count(shape, opts)
-    # the checkpointed layers' kept attention outputs and the others' fused-MLP weight copies stay on the GPU
+    # the checkpointed layers' kept attention outputs and the others' weight copies stay on the GPU
     saved = tokens * head + checkpointed * kept + (shape.layers - checkpointed) * weight_copy
     saved += 0 if opts.activation_offload else offloaded_activation_bytes(shape, opts, always=True)
     recompute = layer + weight_copy - kept if checkpointed else 0  # a recomputed layer reads its kept output back
