@@ -43,7 +43,7 @@ from bench.multi.host import toml_inline, write_run_dir
 from bench.common.processes import TIMED_OUT, run_logged
 from bench.report.results_io import throughput_numbers, write_result
 from bench.common.synthetic import LLAMA_1B, document_lengths, write_token_jsonl
-from contract.config import LoraSection
+from contract.config import LoraSection, load_train_config
 from contract.gpus import gpu_type_from_device_name
 from contract import protocol
 from contract.protocol import free_port
@@ -190,13 +190,13 @@ def loss_match(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
 
 
 def planned(arch: dict, gpus: int, budget: int, gpu_type: str, quant: str = "nf4",
-            layers: str = "all") -> dict[str, float]:
-    """What the planner predicts for the llama-70b run (GiB per GPU)."""
+            layers: str = "all", compiled: bool = False) -> dict[str, float]:
+    """What the planner predicts for the llama-70b run (GiB per GPU); `compiled`: its decoder layers compile."""
     from contract.shape import FUSED_LOSS_CHUNK_TOKENS
     from launcher.plan.planner import PlanInput, make_plan
 
     plan = make_plan(PlanInput(arch=arch, nodes=1, gpus_per_node=gpus, gpu_type=gpu_type, lora=True, quant=quant,
-                               micro_batch_tokens=budget, **checkpointing(layers),
+                               micro_batch_tokens=budget, **checkpointing(layers), compile=compiled,
                                loss_chunk_tokens=FUSED_LOSS_CHUNK_TOKENS, max_steps=20))
     gib = 2**30
     return {"allocated_gib": plan.gpu.allocated / gib, "reserved_gib": plan.gpu.reserved / gib,
@@ -215,8 +215,9 @@ def part_llama70b(args: argparse.Namespace) -> list[dict[str, Any]]:
     row |= {"shape": "tiny" if args.cpu_smoke else "llama-70b", "arch": arch, "budget": args.budget,
             "docs": args.docs, **checkpointing(args.checkpoint_layers)}
     gpu, peak = gpu_single.device_peak()
+    compiled = load_train_config(args.out / name / "train.toml").compiles_decoder_layers(True, gpus)  # as on the GPU
     row["plan"] = planned(arch, gpus, args.budget, gpu_type_from_device_name(gpu) or "h100", quant,  # the GPU it ran on
-                          args.checkpoint_layers)
+                          args.checkpoint_layers, compiled)
     if "error" not in row:
         adapters = ModelShape.from_arch(arch).lora_params(LoraSection().r, LoraSection().target_modules)
         row |= {"gpu": gpu, "peak_flops": peak, "lora_params": adapters, "peer": "none", "ratio_vs_peer": None,
