@@ -1,6 +1,6 @@
 """train.checkpoint_layers: checkpointing on some decoder layers only (train/kernels/perf.py enable_checkpointing,
 contract.config.checkpointed_layers). On CPU in one process: the loss and gradients are the fully checkpointed
-run's and the uncheckpointed run's, bitwise (fp32); only the chosen layers run their forward again; each layer left
+run's and the uncheckpointed run's, bitwise (bf16); only the chosen layers run their forward again; each layer left
 out keeps what autograd saves, the bytes launcher/plan/activations.py counts for it; and a training run takes the
 setting from train.toml."""
 
