@@ -216,25 +216,19 @@ def _trial(inp: PlanInput, tokens: int, checkpointing: bool, offload: bool | Non
 
 def _refinable(trials: list[Trial]) -> list[Trial]:
     """The trials whose layers `fewest_checkpointed` thins: the fastest that fits and the fastest that fits
-    checkpointing every layer without offload, where the same micro-batch does not fit without checkpointing
-    (which is faster still)."""
+    checkpointing every layer without offload (offloaded, the other layers' activations would all cross PCIe),
+    where the same micro-batch does not fit without checkpointing (which is faster still)."""
     fits = [t for t in trials if t.fits]
     unchecked = {(t.tokens, t.context_parallel) for t in fits if not t.checkpointing}
     candidates = [t for t in fits if t.checkpointing and not t.activation_offload
                   and t.checkpoint_layers == ALL_LAYERS and (t.tokens, t.context_parallel) not in unchecked]
-    chosen = [t for t in (best(fits), best(candidates)) if t is not None and t in candidates]
-    return [t for i, t in enumerate(chosen) if t not in chosen[:i]]
+    return list({id(t): t for t in (best(fits), best(candidates)) if t in candidates}.values())
 
 
-def fewest_checkpointed(inp: PlanInput, chosen: Trial | None) -> Trial | None:
-    """The chosen trial with the fewest checkpointed layers that still fit (bisection: memory grows as fewer
-    layers recompute); None when that gains less than MIN_THINNING_GAIN, when nothing fits, when every layer must
-    recompute, or when the trial does not
-    checkpoint every layer without activation offload (offloaded, the other layers' activations would all cross
-    PCIe)."""
-    if chosen is None or not chosen.checkpointing or chosen.activation_offload \
-            or chosen.checkpoint_layers != ALL_LAYERS:
-        return None
+def fewest_checkpointed(inp: PlanInput, chosen: Trial) -> Trial | None:
+    """`chosen` (one of `_refinable`'s) with the fewest checkpointed layers that still fit (bisection: memory grows
+    as fewer layers recompute); None when that gains less than MIN_THINNING_GAIN or when every layer must
+    recompute."""
     low, high, found = 1, ModelShape.from_arch(inp.arch).layers - 1, None
     while low <= high:  # the smallest n in [1, layers - 1] that fits
         middle = (low + high) // 2

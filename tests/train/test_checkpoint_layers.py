@@ -103,6 +103,6 @@ def test_the_setting_is_validated_and_a_run_takes_it_from_train_toml(tmp_path):
         with pytest.raises(ConfigError, match="train.checkpoint_layers"):
             TrainSection(checkpoint_layers=bad).validate()  # type: ignore[arg-type]
     run_dir = write_run(tmp_path / "run", {"model": {"arch": {**TINY_ARCH, "num_hidden_layers": LAYERS}},
-                                           "train": {"max_steps": 2, "checkpoint_layers": 1}}, processes=1)
+                                           "train": {"max_steps": 2, "checkpoint_layers": 1}})  # 2 ranks, FSDP2
     assert run_training(run_dir) == 0, read_log(run_dir)
     assert "checkpointing 1 of 4 decoder layers (train.checkpoint_layers)" in read_log(run_dir)

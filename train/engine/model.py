@@ -184,10 +184,7 @@ def build_model(cfg: TrainConfig, accelerator: Accelerator, attn_implementation:
     if experts := use_grouped_experts(model):
         logger.info("mixture of experts: %d experts modules as grouped GEMMs (train/moe/experts.py)", experts)
     if cfg.train.gradient_checkpointing:
-        checkpointed, layers = len(enable_checkpointing(model, cfg.train)), len(decoder_layers(model))
-        if checkpointed < layers:
-            logger.info("checkpointing %d of %d decoder layers (train.checkpoint_layers); the others keep their "
-                        "activations", checkpointed, layers)
+        enable_checkpointing(model, cfg.train)
         if not cfg.train.recompute_attention:
             logger.info("checkpointing keeps the attention outputs (train.recompute_attention = false)")
     if cfg.train.fused_loss:  # no vocabulary-sized logits (train/kernels/loss.py)

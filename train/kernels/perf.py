@@ -96,6 +96,9 @@ def enable_checkpointing(model: torch.nn.Module, train: TrainSection) -> list[in
     chosen = checkpointed_layers(len(layers), train.checkpoint_layers)
     for index, layer in enumerate(layers):
         layer.gradient_checkpointing = index in chosen
+    if len(chosen) < len(layers):
+        logger.info("checkpointing %d of %d decoder layers (train.checkpoint_layers); the others keep their "
+                    "activations", len(chosen), len(layers))
     return chosen
 
 
